@@ -1,0 +1,127 @@
+"""The torch_memory tool where CUDA is absent: host memory (RSS) per range instead of allocator snapshots.
+
+File: ``{save_path}/torch_memory/step{S}[-{E}]/rank{R}_pid{P}.host_memory.jsonl``, one line per closed range
+(``role``, ``name``, ``step``, ``rss_before``, ``rss_after``, ``peak_rss``, in bytes) and one summary line per role
+(``"kind": "role_summary"``). The peak is the true high-water mark inside the range: Linux's ``VmHWM`` is reset
+at each range start (``/proc/self/clear_refs``), and the mark reached so far is first folded into every range
+still open, so nested ranges keep correct peaks. Where the reset is not allowed, ``peak_rss`` is the process's
+lifetime peak and each line says ``"peak_scope": "process"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from rlprof.tools.base import RangeSite, Tool, ToolContext
+
+_STATUS = "/proc/self/status"
+_CLEAR_REFS = "/proc/self/clear_refs"
+
+
+def read_rss() -> tuple[int, int]:
+    """(current RSS, high-water mark RSS) of this process in bytes."""
+    rss = hwm = 0
+    try:
+        with open(_STATUS, "rb") as handle:
+            for line in handle:
+                if line.startswith(b"VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+                elif line.startswith(b"VmHWM:"):
+                    hwm = int(line.split()[1]) * 1024
+        return rss, max(hwm, rss)
+    except OSError:
+        import psutil
+
+        rss = psutil.Process().memory_info().rss
+        return rss, rss
+
+
+def reset_peak() -> bool:
+    """Reset the kernel's RSS high-water mark to the current RSS; False where that is not allowed."""
+    try:
+        with open(_CLEAR_REFS, "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@dataclass
+class _OpenRange:
+    site: RangeSite
+    step: Optional[int]
+    rss_before: int
+    peak: int
+
+
+class HostMemoryTool(Tool):
+    """Measures RSS before, after and at peak for every range of an enabled role inside the window."""
+
+    name = "torch_memory"
+
+    def __init__(self, context: ToolContext) -> None:
+        super().__init__(context)
+        self._lock = threading.Lock()
+        self._open: list[_OpenRange] = []
+        self._records: list[dict[str, Any]] = []
+        self._peak_scope = "range" if reset_peak() else "process"
+
+    def enter_range(self, site: RangeSite) -> Any:
+        with self._lock:
+            rss, hwm = read_rss()
+            for other in self._open:
+                other.peak = max(other.peak, hwm)
+            if self._peak_scope == "range":
+                reset_peak()
+            token = _OpenRange(site, self.window_last, rss, rss)
+            self._open.append(token)
+            return token
+
+    def exit_range(self, token: _OpenRange) -> None:
+        with self._lock:
+            rss, hwm = read_rss()
+            self._open.remove(token)
+            self._records.append(
+                {
+                    "kind": "range",
+                    "role": token.site.role,
+                    "name": token.site.name,
+                    "step": token.step,
+                    "rss_before": token.rss_before,
+                    "rss_after": rss,
+                    "peak_rss": max(token.peak, hwm),
+                    "peak_scope": self._peak_scope,
+                }
+            )
+
+    def stop_window(self) -> None:
+        try:
+            with self._lock:
+                records, self._records = self._records, []
+            folder = self.window_dir()
+            folder.mkdir(parents=True, exist_ok=True)
+            name = f"rank{self.context.rank}_pid{os.getpid()}.host_memory.jsonl"
+            tmp = folder / f".{name}.tmp"
+            with tmp.open("w", encoding="utf-8") as handle:
+                for record in records + summarize_by_role(records):
+                    handle.write(json.dumps(record) + "\n")
+            self.publish(tmp, folder / name)
+        finally:
+            super().stop_window()
+
+
+def summarize_by_role(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One ``role_summary`` per role: number of ranges, highest peak, largest RSS growth across one range."""
+    summaries: dict[str, dict[str, Any]] = {}
+    for record in records:
+        summary = summaries.setdefault(
+            record["role"], {"kind": "role_summary", "role": record["role"], "ranges": 0, "peak_rss": 0, "max_rss_growth": 0}
+        )
+        summary["ranges"] += 1
+        summary["peak_rss"] = max(summary["peak_rss"], record["peak_rss"])
+        summary["max_rss_growth"] = max(summary["max_rss_growth"], record["rss_after"] - record["rss_before"])
+    return list(summaries.values())
