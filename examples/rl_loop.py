@@ -137,6 +137,7 @@ def main(argv: list[str]) -> None:
         print(f"step {step}: reward={mean_reward:.3f} pg_loss={stats['pg_loss']:.4f} kl={stats['kl']:.4f}")
     rlprof.shutdown()
     if distributed:
+        torch.distributed.barrier()  # gloo can abort at teardown while a peer still sends; settle first
         torch.distributed.destroy_process_group()
 
 

@@ -23,19 +23,18 @@ from rlprof.tools import Tool, ToolContext, create_tool
 
 
 class RoleGate:
-    """Whether ranges of one role record right now, and the tool entry points they call when they do.
+    """Whether ranges of one role record right now, and the tool entry point they call when they do.
 
-    ``enter(site) -> token`` and ``exit(token)`` are the active tool's methods; ``fail(exc)`` reports a tool error.
-    A range reads ``exit`` when it opens, so it always closes with the tool it opened with.
+    ``enter(site)`` is the active tool's ``enter_range``: it opens the range and returns its closer, so a range
+    always closes with the tool it opened with. ``fail(exc)`` reports a tool error to the session.
     """
 
-    __slots__ = ("role", "open", "enter", "exit", "fail")
+    __slots__ = ("role", "open", "enter", "fail")
 
     def __init__(self, role: str) -> None:
         self.role = role
         self.open = False
         self.enter: Any = None
-        self.exit: Any = None
         self.fail: Any = None
 
     def __repr__(self) -> str:
@@ -202,7 +201,7 @@ class Session:
     def _sync_gate(self, gate: RoleGate) -> None:
         tool = self.tool
         if self.window_open and tool is not None and self.role_enabled(gate.role):
-            gate.enter, gate.exit, gate.fail = tool.enter_range, tool.exit_range, self._range_failed
+            gate.enter, gate.fail = tool.enter_range, self._range_failed
             gate.open = True
         else:
             gate.open = False

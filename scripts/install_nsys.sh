@@ -11,8 +11,7 @@ PREFIX=$(realpath -m "${RLPROF_NSYS_PREFIX:-.nsys}")
 
 found=${NSYS:-$(command -v nsys || true)}
 if [ -n "$found" ] && [ -x "$found" ]; then echo "$found"; exit 0; fi
-bin=$(ls "$PREFIX"/usr/lib/nsight-systems/host-linux-x64/nsys 2>/dev/null || true)
-if [ -n "$bin" ] && "$bin" --version >/dev/null 2>&1; then echo "$bin"; exit 0; fi
+if [ -x "$PREFIX/nsys" ] && "$PREFIX/nsys" --version >/dev/null 2>&1; then echo "$PREFIX/nsys"; exit 0; fi
 
 command -v apt-get >/dev/null && command -v dpkg >/dev/null || { echo "install_nsys.sh: needs apt-get and dpkg (Debian/Ubuntu)" >&2; exit 3; }
 . /etc/os-release
@@ -28,9 +27,9 @@ mkdir -p "$PREFIX"
 for deb in "$state"/debs/*.deb; do dpkg -x "$deb" "$PREFIX"; done
 # nsys looks for its host tools beside the target dir; Debian splits them across two lib folders.
 ln -sfn ../../nsight-systems/host-linux-x64 "$PREFIX/usr/lib/x86_64-linux-gnu/nsight-systems/host-linux-x64"
-# Debian's libssh-4 lands in the prefix, not on the loader path.
-bin="$PREFIX/usr/lib/nsight-systems/host-linux-x64/nsys"
-[ -x "$bin" ] || bin=$(find "$PREFIX" -type f -name nsys -perm -u+x | head -1)
+# The launcher is the target-side nsys; Debian's libssh-4 lands in the prefix, not on the loader path.
+bin=$(find "$PREFIX/usr" -type f -name nsys -perm -u+x | head -1)
+[ -n "$bin" ] || { echo "install_nsys.sh: no nsys binary in the unpacked packages" >&2; exit 3; }
 cat > "$PREFIX/nsys" <<WRAP
 #!/bin/sh
 export LD_LIBRARY_PATH="$PREFIX/usr/lib/x86_64-linux-gnu\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -57,13 +58,14 @@ class RangeSite:
         return f"RangeSite({self.label!r})"
 
 
-class Tool:
+class Tool(ABC):
     """A recorder driven by the session.
 
     The session calls ``start_window(step)`` when a selected step begins a window, ``advance(step)`` for each
-    further step inside it, and ``stop_window()`` when the window ends (or at shutdown); ranges of enabled roles
-    call ``enter_range(site)`` and ``exit_range(token)`` only while a window is open. Any exception a tool raises
-    makes the session warn once and turn the tool off: a tool never breaks the user's program.
+    further step inside it, and ``stop_window()`` when the window ends (or at shutdown). Ranges of enabled roles
+    call ``enter_range(site)`` only while a window is open; it opens the range and returns the no-argument callable
+    that closes it (a bound C method where possible: this is the hot path). Any exception a tool raises makes the
+    session warn once and turn the tool off: a tool never breaks the user's program.
     """
 
     name = "none"
@@ -82,11 +84,9 @@ class Tool:
     def stop_window(self) -> None:
         self.window_first = self.window_last = None
 
-    def enter_range(self, site: RangeSite) -> Any:
-        return None
-
-    def exit_range(self, token: Any) -> None:
-        return None
+    @abstractmethod
+    def enter_range(self, site: RangeSite) -> Callable[[], Any]:
+        """Open a range for ``site`` and return the callable that closes it."""
 
     def close(self) -> None:
         """Release what the tool holds; the session stops an open window first."""

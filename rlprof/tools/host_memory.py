@@ -10,11 +10,12 @@ lifetime peak and each line says ``"peak_scope": "process"``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from rlprof.tools.base import RangeSite, Tool, ToolContext
 
@@ -70,7 +71,7 @@ class HostMemoryTool(Tool):
         self._records: list[dict[str, Any]] = []
         self._peak_scope = "range" if reset_peak() else "process"
 
-    def enter_range(self, site: RangeSite) -> Any:
+    def enter_range(self, site: RangeSite) -> Callable[[], Any]:
         with self._lock:
             rss, hwm = read_rss()
             for other in self._open:
@@ -79,9 +80,9 @@ class HostMemoryTool(Tool):
                 reset_peak()
             token = _OpenRange(site, self.window_last, rss, rss)
             self._open.append(token)
-            return token
+            return functools.partial(self._exit_range, token)
 
-    def exit_range(self, token: _OpenRange) -> None:
+    def _exit_range(self, token: _OpenRange) -> None:
         with self._lock:
             rss, hwm = read_rss()
             self._open.remove(token)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from rlprof.tools.base import RangeSite, Tool, ToolContext
 
@@ -113,6 +113,9 @@ class NsysTool(Tool):
         self.domain = open_domain(DOMAIN)
         self.capture = _CudaCapture()
         self.discrete = context.config.global_profiler.global_tool_config.nsys.discrete
+        self._push = self.domain.push_range
+        self._pop = self.domain.pop_range
+        self._may_capture_per_range = self.capture.available  # discrete capture needs CUDA; off: one test per range
         self._role_discrete: dict[str, bool] = {}
         self._depth = threading.local()
         self._step_range: Optional[Any] = None
@@ -156,21 +159,25 @@ class NsysTool(Tool):
             self.domain.end_range(self._step_range)
             self._step_range = None
 
-    def enter_range(self, site: RangeSite) -> Any:
-        self.domain.push_range(site.cached(self, self._attributes))
-        if self.capture.available and self._is_discrete(site.role):
-            depth = getattr(self._depth, "value", 0)
-            if depth == 0:
-                self.capture.start()
-            self._depth.value = depth + 1
-            return site.role
-        return None
+    def enter_range(self, site: RangeSite) -> Callable[[], Any]:
+        attributes = site.tool_data if site.tool_owner is self else site.cached(self, self._attributes)
+        self._push(attributes)
+        if self._may_capture_per_range and self._is_discrete(site.role):
+            return self._enter_capture()
+        return self._pop
 
-    def exit_range(self, token: Any) -> None:
+    def _enter_capture(self) -> Callable[[], Any]:
+        """Discrete mode: the outermost range of each thread starts a capture; its closer stops it."""
+        depth = getattr(self._depth, "value", 0)
+        if depth == 0:
+            self.capture.start()
+        self._depth.value = depth + 1
+        return self._exit_capture
+
+    def _exit_capture(self) -> None:
         try:
-            if token is not None:
-                self._depth.value -= 1
-                if self._depth.value == 0:
-                    self.capture.stop()
+            self._depth.value -= 1
+            if self._depth.value == 0:
+                self.capture.stop()
         finally:
-            self.domain.pop_range()
+            self._pop()

@@ -8,11 +8,12 @@ recorded stacks are cut to ``stack_depth`` frames.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -71,13 +72,16 @@ class CudaMemoryTool(Tool):
             pickle.dump(snapshot, handle)
         return self.publish(tmp, final)
 
-    def enter_range(self, site: RangeSite) -> Any:
+    def enter_range(self, site: RangeSite) -> Callable[[], Any]:
         previous = torch.cuda.memory._get_memory_metadata()
         torch.cuda.memory._set_memory_metadata(site.label)
-        return previous
+        return functools.partial(torch.cuda.memory._set_memory_metadata, previous)
 
-    def exit_range(self, token: Any) -> None:
-        torch.cuda.memory._set_memory_metadata(token)
+    def close(self) -> None:
+        if self.recording:  # turned off mid-window: stop recording, write nothing
+            self.recording = False
+            _watch_oom(None)
+            torch.cuda.memory._record_memory_history(None)
 
     def write_oom_snapshot(self) -> None:
         """Called by the OOM observer: one ``oom_rank{R}_pid{P}_step{N}.pickle`` per window."""

@@ -8,12 +8,13 @@ torch.distributed, so Holistic Trace Analysis and TensorBoard's PyTorch profiler
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
-from torch.profiler import ProfilerAction, ProfilerActivity
+from torch.profiler import ProfilerAction, ProfilerActivity, _ExperimentalConfig
 
 from rlprof.tools.base import RangeSite, Tool, ToolContext
 
@@ -49,7 +50,12 @@ class TorchProfilerTool(Tool):
 
     def start_window(self, step: int) -> None:
         super().start_window(step)
-        profiler = torch.profiler.profile(activities=self.activities, schedule=_record_every_step, **self.options)
+        profiler = torch.profiler.profile(
+            activities=self.activities,
+            schedule=_record_every_step,
+            experimental_config=_ExperimentalConfig(profile_all_threads=True),  # rollout/reward threads too
+            **self.options,
+        )
         profiler.step_num = step
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             info = {"backend": "none", "rank": self.context.rank, "world_size": self.context.world_size}
@@ -74,8 +80,11 @@ class TorchProfilerTool(Tool):
         finally:
             super().stop_window()
 
-    def enter_range(self, site: RangeSite) -> Any:
-        return torch.ops.profiler._record_function_enter_new(site.label, None)
+    def enter_range(self, site: RangeSite) -> Callable[[], Any]:
+        handle = torch.ops.profiler._record_function_enter_new(site.label, None)
+        return functools.partial(torch.ops.profiler._record_function_exit._RecordFunction, handle)
 
-    def exit_range(self, token: Any) -> None:
-        torch.ops.profiler._record_function_exit._RecordFunction(token)
+    def close(self) -> None:
+        if self.profiler is not None:  # turned off mid-window: stop recording, write nothing
+            profiler, self.profiler = self.profiler, None
+            profiler.stop()

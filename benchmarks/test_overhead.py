@@ -1,0 +1,101 @@
+"""Overhead of rlprof's annotations against the least a hand-written wrapper could do.
+
+- off: a ``@profiled`` call with no tool (or role/step not selected) vs a minimal pass-through wrapper.
+  Target <= 1.2x.
+- nsys on: a ``@profiled`` call inside a selected step with the nsys tool vs the same wrapper doing raw
+  ``nvtx.push_range``/``nvtx.pop_range`` with the same message, colour, domain and category. Target <= 1.3x.
+  Also reported, not asserted: against the fastest possible raw use of nvtx (a Domain with pre-built event
+  attributes), which rlprof trails by one Python call per range.
+
+The ratio is stored in the benchmark's ``extra_info`` and printed; run ``pytest benchmarks -s`` to see it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import nvtx
+
+from conftest import ratio
+
+import rlprof
+from rlprof.tools.nsys import DOMAIN, open_domain, role_color
+
+OFF_TARGET = 1.2
+NSYS_TARGET = 1.3
+
+
+def work(x):
+    return x
+
+
+def pass_through(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def raw_nvtx(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        nvtx.push_range(message="work", color=role_color("actor"), domain=DOMAIN, category="actor")
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            nvtx.pop_range(domain=DOMAIN)
+
+    return wrapper
+
+
+def raw_domain_prebuilt(fn, domain, attributes):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        domain.push_range(attributes)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            domain.pop_range()
+
+    return wrapper
+
+
+def compare(benchmark, name, subject, baseline, target=None):
+    s, b, r = ratio(lambda: subject(1), lambda: baseline(1))
+    benchmark.extra_info.update({f"{name}_ns": s * 1e9, f"{name}_baseline_ns": b * 1e9, f"{name}_ratio": r})
+    goal = f"target <= {target}" if target else "information"
+    print(f"\n{name}: {s * 1e9:.1f} ns/call vs baseline {b * 1e9:.1f} ns/call -> ratio {r:.3f} ({goal})")
+    return r
+
+
+def report(benchmark, name, subject, baseline, target):
+    r = compare(benchmark, name, subject, baseline, target)
+    benchmark(subject, 1)
+    return r
+
+
+def test_profiled_call_with_profiling_off(benchmark):
+    rlprof.init({"global_profiler": {"tool": None}})
+    profiled = rlprof.profiled(role="actor")(work)
+    r = report(benchmark, "profiled_off", profiled, pass_through(work), OFF_TARGET)
+    assert r <= OFF_TARGET * 1.25, f"profiling-off overhead {r:.2f}x is far above the {OFF_TARGET}x target"
+
+
+def test_profiled_call_with_step_not_selected(benchmark):
+    rlprof.init({"global_profiler": {"tool": "nsys", "steps": [5], "save_path": "outputs/bench"}})
+    rlprof.step(1)
+    profiled = rlprof.profiled(role="actor")(work)
+    r = report(benchmark, "profiled_unselected_step", profiled, pass_through(work), OFF_TARGET)
+    assert r <= OFF_TARGET * 1.25
+
+
+def test_profiled_call_with_nsys_on(benchmark):
+    rlprof.init({"global_profiler": {"tool": "nsys", "steps": [1], "save_path": "outputs/bench"}})
+    rlprof.step(1)
+    profiled = rlprof.profiled(role="actor", name="work")(work)
+    domain = open_domain(DOMAIN)
+    attributes = domain.get_event_attributes(message="work", color=role_color("actor"), category="actor")
+    compare(benchmark, "vs_prebuilt_domain", profiled, raw_domain_prebuilt(work, domain, attributes))
+    r = report(benchmark, "profiled_nsys_on", profiled, raw_nvtx(work), NSYS_TARGET)
+    assert r <= NSYS_TARGET * 1.25, f"nsys-on overhead {r:.2f}x is far above the {NSYS_TARGET}x target"

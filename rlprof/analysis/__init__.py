@@ -1,0 +1,1 @@
+"""Readers that summarise what the tools wrote (nsys reports, manifests)."""

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run every test, the slow end-to-end ones included, then the benchmarks.
+# Quick loop while developing: .venv/bin/python -m pytest -m "not slow"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.venv/torch_extensions}
+.venv/bin/python -m pytest tests "$@"
+.venv/bin/python -m pytest benchmarks -p no:cacheprovider --benchmark-columns=min,mean,rounds -q
