@@ -1,0 +1,48 @@
+"""Timing and throughput metrics of one training step."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Optional
+
+# Phases whose per-token time is taken over response tokens (generation); the others over all tokens.
+PER_RESPONSE_TOKEN = frozenset({"gen"})
+PER_TOKEN = frozenset({"ref", "values", "adv", "update_critic", "update_actor", "old_log_prob", "reward"})
+
+
+def compute_timing_metrics(
+    timing_raw: Mapping[str, float], num_prompt_tokens: int, num_response_tokens: int
+) -> dict[str, float]:
+    """``timing_s/{phase}`` for every timed phase, and ``timing_per_token_ms/{phase}``: for ``gen`` per response
+    token, for ref/values/adv/update_critic/update_actor/old_log_prob/reward per token (prompt + response).
+    Phases not timed are absent; a phase with no tokens gets no per-token entry."""
+    metrics = {f"timing_s/{name}": float(seconds) for name, seconds in timing_raw.items()}
+    total_tokens = num_prompt_tokens + num_response_tokens
+    for name, seconds in timing_raw.items():
+        tokens = num_response_tokens if name in PER_RESPONSE_TOKEN else total_tokens if name in PER_TOKEN else 0
+        if tokens > 0:
+            metrics[f"timing_per_token_ms/{name}"] = 1000.0 * seconds / tokens
+    return metrics
+
+
+def compute_throughput_metrics(
+    step_seconds: float,
+    total_num_tokens: int,
+    num_devices: int,
+    num_samples: Optional[int] = None,
+    gen_seconds: Optional[float] = None,
+) -> dict[str, float]:
+    """``perf/total_num_tokens``, ``perf/time_per_step`` and ``perf/throughput`` (tokens / s / device); with
+    ``num_samples`` and ``gen_seconds``, also ``perf/rollout_samples_per_s`` (responses generated per second)."""
+    if step_seconds <= 0:
+        raise ValueError(f"step_seconds={step_seconds} must be positive")
+    if num_devices <= 0:
+        raise ValueError(f"num_devices={num_devices} must be positive")
+    metrics = {
+        "perf/total_num_tokens": float(total_num_tokens),
+        "perf/time_per_step": float(step_seconds),
+        "perf/throughput": total_num_tokens / step_seconds / num_devices,
+    }
+    if num_samples is not None and gen_seconds:
+        metrics["perf/rollout_samples_per_s"] = num_samples / gen_seconds
+    return metrics

@@ -1,0 +1,97 @@
+"""``console`` backend: the seed's log lines, a periodic table of every metric and a progress bar (rich)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Optional
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from rlprof.tracking.base import Backend, first_present
+
+LOSS_KEYS = ("actor/pg_loss", "critic/vf_loss")
+REWARD_KEYS = ("critic/rewards/mean", "critic/score/mean")
+KL_KEYS = ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")
+
+
+def step_line(metrics: Mapping[str, float], step: int, total_steps: Optional[int], total_epochs: Optional[int]) -> str:
+    """``[INFO] Epoch 1/100 - Loss: 2.345, Reward: 0.123, KL: 0.045`` (the seed's line). The epoch comes from
+    ``training/epoch`` when the total is known, else ``Step s/N``; values not logged are left out."""
+    epoch = metrics.get("training/epoch")
+    if epoch is not None and total_epochs:
+        head = f"Epoch {int(epoch)}/{total_epochs} - Step {step}"
+    else:
+        head = f"Step {step}/{total_steps}" if total_steps else f"Step {step}"
+    parts = []
+    for label, keys in (("Loss", LOSS_KEYS), ("Reward", REWARD_KEYS), ("KL", KL_KEYS)):
+        value = first_present(metrics, keys)
+        if value is not None:
+            parts.append(f"{label}: {value:.3f}")
+    return f"[INFO] {head}" + (" - " + ", ".join(parts) if parts else "")
+
+
+def detail_lines(metrics: Mapping[str, float]) -> list[str]:
+    """The seed's ``[DEBUG]`` throughput and memory lines, from whichever metrics were logged."""
+    lines = []
+    if "perf/rollout_samples_per_s" in metrics:
+        lines.append(f"[DEBUG] Rollout throughput: {metrics['perf/rollout_samples_per_s']:.0f} samples/sec")
+    if "perf/throughput" in metrics:
+        lines.append(f"[DEBUG] Throughput: {metrics['perf/throughput']:.0f} tokens/sec/device")
+    if "perf/max_memory_reserved_gb" in metrics and "perf/device_memory_total_gb" in metrics:
+        used, total = metrics["perf/max_memory_reserved_gb"], metrics["perf/device_memory_total_gb"]
+        lines.append(f"[DEBUG] Memory usage: {used:.1f}GB/{total:.1f}GB ({100 * used / total:.1f}%)")
+    elif "perf/cpu_memory_used_gb" in metrics and "perf/cpu_memory_total_gb" in metrics:
+        used, total = metrics["perf/cpu_memory_used_gb"], metrics["perf/cpu_memory_total_gb"]
+        lines.append(f"[DEBUG] Memory usage: {used:.1f}GB/{total:.1f}GB ({100 * used / total:.1f}%) host")
+    return lines
+
+
+def metrics_table(metrics: Mapping[str, float], step: int) -> Table:
+    table = Table(title=f"metrics at step {step}", show_lines=False)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in sorted(metrics):
+        table.add_row(key, f"{metrics[key]:.6g}")
+    return table
+
+
+class ConsoleBackend(Backend):
+    """Per step: the seed's ``[INFO]`` line and ``[DEBUG]`` lines; every ``table_every`` steps (and the last) a
+    table of all metrics; with ``total_steps``, a progress bar with the time remaining."""
+
+    name = "console"
+
+    def __init__(self, console: Optional[Console] = None, total_steps: Optional[int] = None,
+                 total_epochs: Optional[int] = None, table_every: int = 10) -> None:
+        if table_every <= 0:
+            raise ValueError(f"table_every={table_every} must be positive")
+        self.console = console or Console()
+        self.total_steps = total_steps
+        self.total_epochs = total_epochs
+        self.table_every = table_every
+        self.progress: Optional[Progress] = None
+        if total_steps:
+            self.progress = Progress(
+                TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"),
+                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=self.console,
+                auto_refresh=False, transient=False,
+            )
+            self.task = self.progress.add_task("training", total=total_steps)
+            self.progress.start()
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        print_line = self.console.print
+        print_line(step_line(metrics, step, self.total_steps, self.total_epochs), markup=False, highlight=False)
+        for line in detail_lines(metrics):
+            print_line(line, markup=False, highlight=False)
+        if step % self.table_every == 0 or (self.total_steps and step >= self.total_steps):
+            print_line(metrics_table(metrics, step))
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step)
+            self.progress.refresh()
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()

@@ -1,0 +1,41 @@
+"""``wandb`` backend (``WANDB_MODE=offline`` works without a server)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+from rlprof.tracking.base import RemoteRunBackend, RunState
+
+
+class WandbBackend(RemoteRunBackend):
+    """Logs to one wandb run per training run; a resumed training run continues the same run id.
+
+    wandb cannot drop logged steps, so on resume the steps it already holds (up to the last one logged) keep
+    their first values and are skipped, with one warning; later steps are logged as usual.
+    """
+
+    name = "wandb"
+
+    def __init__(self, project: str, experiment: str, log_dir: Path, config: Optional[Mapping[str, Any]],
+                 resume_step: Optional[int] = None) -> None:
+        import wandb
+
+        log_dir = Path(log_dir)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        state_path = log_dir / "wandb_run.json"
+        previous = RunState.load(state_path) if resume_step is not None else None
+        self.state = previous or RunState(state_path, uuid.uuid4().hex[:12])
+        self.run = wandb.init(project=project, name=experiment, dir=str(log_dir), id=self.state.run_id,
+                              resume="allow", config=dict(config or {}), reinit="create_new")
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        if self.already_logged(step):
+            return
+        self.run.log(dict(metrics), step=step)
+        self.state.save(step)
+
+    def close(self) -> None:
+        self.run.finish()

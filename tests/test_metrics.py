@@ -1,0 +1,219 @@
+"""Timers and metric builders: marked_timer, timing/throughput/data/memory metrics, the explicit-reducer
+aggregator, cross-rank timing over two real processes, and MFU from hand-derived FLOP counts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+import torch
+
+import rlprof
+from conftest import ROOT, free_port
+from rlprof.metrics import (MetricAggregator, Reduce, compute_data_metrics, compute_memory_metrics,
+                            compute_throughput_metrics, compute_timing_metrics, estimate_flops, mfu_metrics,
+                            peak_flops, timing_spread)
+from rlprof.metrics.flops import cpu_peak_flops, model_shape
+from rlprof.timer import marked_timer
+
+
+def test_marked_timer_accumulates_nests_and_records_a_range(tmp_path):
+    rlprof.init({"global_profiler": {"tool": "torch", "steps": [1], "save_path": str(tmp_path)}})
+    timing = {}
+    with rlprof.step(1):
+        with marked_timer("step", timing):
+            with marked_timer("gen", timing, role="rollout"):
+                time.sleep(0.02)
+            with marked_timer("gen", timing, role="rollout"):
+                time.sleep(0.02)
+    rlprof.shutdown()
+    assert 0.04 <= timing["gen"] < timing["step"]
+    import gzip, json
+    from rlprof.manifest import read_manifest
+    with gzip.open(tmp_path / read_manifest(tmp_path)[0]["path"], "rt") as handle:
+        names = [e["name"] for e in json.load(handle)["traceEvents"] if e.get("ph") == "X"]
+    assert names.count("rollout/gen") == 2 and names.count("trainer/step") == 1
+
+
+def test_marked_timer_records_the_time_of_a_raising_block_and_reraises_unchanged():
+    timing = {}
+    error = KeyError("missing batch")
+    with pytest.raises(KeyError) as info:
+        with marked_timer("update_actor", timing):
+            time.sleep(0.01)
+            raise error
+    assert info.value is error
+    assert timing["update_actor"] >= 0.01
+
+
+def test_timing_metrics_per_token():
+    metrics = compute_timing_metrics({"gen": 2.0, "update_actor": 3.0, "step": 6.0},
+                                     num_prompt_tokens=600, num_response_tokens=400)
+    assert metrics == {
+        "timing_s/gen": 2.0, "timing_s/update_actor": 3.0, "timing_s/step": 6.0,
+        "timing_per_token_ms/gen": 5.0,  # per response token: 2000 ms / 400
+        "timing_per_token_ms/update_actor": 3.0,  # per token: 3000 ms / 1000
+    }
+
+
+def test_throughput_metrics():
+    metrics = compute_throughput_metrics(step_seconds=4.0, total_num_tokens=8000, num_devices=2, num_samples=64,
+                                         gen_seconds=2.0)
+    assert metrics == {"perf/total_num_tokens": 8000.0, "perf/time_per_step": 4.0, "perf/throughput": 1000.0,
+                       "perf/rollout_samples_per_s": 32.0}
+    with pytest.raises(ValueError, match="num_devices=0"):
+        compute_throughput_metrics(1.0, 10, 0)
+
+
+def test_data_metrics():
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    metrics = compute_data_metrics(
+        token_level_scores=torch.tensor([[0.0, 0.0, 1.0], [0.5, 9.0, 9.0]]),
+        token_level_rewards=torch.tensor([[-0.1, 0.0, 1.0], [0.4, 9.0, 9.0]]),
+        advantages=torch.tensor([[1.0, 2.0, 3.0], [-4.0, 99.0, 99.0]]),
+        returns=torch.tensor([[1.0, 1.0, 1.0], [2.0, 99.0, 99.0]]),
+        values=torch.tensor([[0.5, 0.5, 0.5], [0.1, 99.0, 99.0]]),
+        response_mask=mask, prompt_lengths=torch.tensor([4, 8]), max_response_length=3, max_prompt_length=8,
+    )
+    assert metrics["critic/score/mean"] == pytest.approx(0.75) and metrics["critic/score/min"] == 0.5
+    assert metrics["critic/rewards/max"] == pytest.approx(0.9)
+    assert metrics["critic/advantages/mean"] == pytest.approx(0.5) and metrics["critic/advantages/min"] == -4.0
+    assert metrics["critic/returns/max"] == 2.0 and metrics["critic/values/min"] == pytest.approx(0.1)
+    assert metrics["response_length/mean"] == 2.0 and metrics["response_length/clip_ratio"] == 0.5
+    assert metrics["prompt_length/max"] == 8.0 and metrics["prompt_length/clip_ratio"] == 0.5
+
+
+def test_memory_metrics_on_cpu():
+    metrics = compute_memory_metrics()
+    assert 0 < metrics["perf/process_rss_gb"] and 0 < metrics["perf/cpu_memory_used_gb"] < metrics["perf/cpu_memory_total_gb"]
+    assert ("perf/max_memory_allocated_gb" in metrics) == (torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
+def test_aggregator_uses_the_stated_reducer_per_metric():
+    agg = MetricAggregator()
+    for loss, tokens, clip, lr in ((1.0, 10, 0.1, 1e-3), (4.0, 30, 0.3, 2e-3)):
+        agg.add("actor/pg_loss", loss, Reduce.WEIGHTED_MEAN, weight=tokens)
+        agg.add("actor/pg_clipfrac", clip, Reduce.MEAN)
+        agg.add("perf/tokens", tokens, Reduce.SUM)
+        agg.add("actor/grad_norm", loss, Reduce.MAX)
+        agg.add("actor/lr", lr, Reduce.LAST)
+        agg.add("critic/vpred_min", -loss, Reduce.MIN)
+    assert agg.compute() == pytest.approx({"actor/pg_loss": 3.25, "actor/pg_clipfrac": 0.2, "perf/tokens": 40.0,
+                                           "actor/grad_norm": 4.0, "actor/lr": 2e-3, "critic/vpred_min": -4.0})
+    with pytest.raises(ValueError, match="actor/pg_loss: added with reduce=mean after reduce=weighted_mean"):
+        agg.add("actor/pg_loss", 1.0, Reduce.MEAN)
+    with pytest.raises(TypeError, match="must be a rlprof.metrics.Reduce"):
+        agg.add("x", 1.0, "mean")
+
+
+def test_timing_spread_pure():
+    spread = timing_spread([{"gen": 1.0, "update_actor": 2.0}, {"gen": 3.0, "update_actor": 2.0}])
+    assert spread["timing_ranks/gen/min"] == 1.0 and spread["timing_ranks/gen/max"] == 3.0
+    assert spread["timing_ranks/gen/mean"] == 2.0 and spread["timing_ranks/gen/straggler"] == 1.5
+    assert spread["timing_ranks/update_actor/straggler"] == 1.0
+
+
+@pytest.mark.slow
+def test_two_process_timing_reduction(tmp_path):
+    script = tmp_path / "reduce.py"
+    script.write_text(
+        "import json, torch.distributed as dist\n"
+        "from rlprof.metrics import reduce_timing_across_ranks\n"
+        "dist.init_process_group('gloo')\n"
+        "rank = dist.get_rank()\n"
+        "timing = {'gen': [1.0, 3.0][rank], 'update_actor': [2.0, 2.0][rank]}\n"
+        "if rank == 1: timing['ref'] = 0.5\n"
+        "out = reduce_timing_across_ranks(timing)\n"
+        f"open(r'{tmp_path}/rank%d.json' % rank, 'w').write(json.dumps(out))\n"
+        "dist.barrier()\n"
+        "dist.destroy_process_group()\n")
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+                    str(script)], check=True, capture_output=True, timeout=300,
+                   env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    import json
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert results[0] == results[1]
+    out = results[0]
+    assert (out["timing_ranks/gen/min"], out["timing_ranks/gen/max"], out["timing_ranks/gen/mean"]) == (1.0, 3.0, 2.0)
+    assert out["timing_ranks/gen/straggler"] == 1.5 and out["timing_ranks/update_actor/straggler"] == 1.0
+    assert out["timing_ranks/ref/mean"] == 0.5  # timed on one rank only
+
+
+LLAMA = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+         "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 32000, "hidden_act": "silu"}
+QWEN2 = {"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+         "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064, "hidden_act": "silu"}
+MIXTRAL = {"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000, "hidden_act": "silu",
+           "num_local_experts": 8, "num_experts_per_tok": 2}
+
+
+def hand_flops(h, layers, heads, kv, head_dim, inter_total_per_token_mlp, vocab, seqs):
+    """Forward FLOPs written out term by term (multiply-add = 2)."""
+    tokens = sum(seqs)
+    per_layer_token = (2 * h * heads * head_dim      # q
+                       + 2 * 2 * h * kv * head_dim   # k, v
+                       + 2 * heads * head_dim * h    # o
+                       + inter_total_per_token_mlp)  # mlp (+ router)
+    attention = sum(layers * 2 * heads * head_dim * s * (s + 1) for s in seqs)  # causal QK^T + AV, counted once
+    return tokens * (layers * per_layer_token + 2 * h * vocab) + attention
+
+
+def test_flops_llama_dense():
+    seqs = [512, 1024]
+    expected = hand_flops(4096, 32, 32, 32, 128, 3 * 2 * 4096 * 11008, 32000, seqs)
+    estimate = estimate_flops(LLAMA, seqs)
+    assert estimate.forward == expected and estimate.training == 3 * expected and estimate.tokens == 1536
+    # sanity: ~2 FLOPs per parameter per token for short sequences (Llama-2-7B has 6.74e9 parameters)
+    assert 2 * 6.5e9 < estimate_flops(LLAMA, [1]).forward < 2 * 6.8e9
+
+
+def test_flops_qwen2_grouped_query_attention():
+    seqs = [300]
+    assert estimate_flops(QWEN2, seqs).forward == hand_flops(3584, 28, 28, 4, 128, 3 * 2 * 3584 * 18944, 152064, seqs)
+
+
+def test_flops_mixtral_counts_router_and_top_k_experts():
+    seqs = [256, 256, 100]
+    mlp = 2 * 4096 * 8 + 2 * 3 * 2 * 4096 * 14336  # router over 8 experts + 2 active SwiGLU experts
+    assert estimate_flops(MIXTRAL, seqs).forward == hand_flops(4096, 32, 32, 8, 128, mlp, 32000, seqs)
+
+
+def test_flops_from_a_real_transformers_config():
+    from transformers import LlamaConfig
+
+    assert estimate_flops(LlamaConfig(**{k: v for k, v in LLAMA.items() if k != "model_type"}), [64]).forward == \
+        estimate_flops(LLAMA, [64]).forward
+    assert model_shape({"n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
+                        "activation_function": "gelu_new"}).mlp_matrices == 2  # GPT-2: plain 4h MLP
+
+
+def test_mfu_with_known_device_and_override():
+    flops = estimate_flops(LLAMA, [1000]).training
+    metrics = mfu_metrics("actor", LLAMA, [1000], seconds=1.0, num_devices=2, device="NVIDIA H100 80GB HBM3")
+    assert metrics["perf/mfu/actor"] == pytest.approx(flops / (2 * 989e12))
+    assert peak_flops("NVIDIA H100 PCIe") == 756e12 and peak_flops("NVIDIA H200") == 989e12
+    assert peak_flops("NVIDIA L4") == 121e12 and peak_flops("NVIDIA L40S") == 362e12
+    assert mfu_metrics("critic", LLAMA, [10], 1.0, peak_tflops=100.0, device="Mystery")["perf/mfu/critic"] > 0
+
+
+def test_mfu_unknown_device_or_model_is_absent_with_one_warning(monkeypatch):
+    monkeypatch.delenv("RLPROF_PEAK_TFLOPS", raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert mfu_metrics("actor", LLAMA, [10], 1.0, device="Voodoo 5 6000") == {}
+        assert mfu_metrics("actor", LLAMA, [10], 1.0, device="Voodoo 5 6000") == {}
+        assert mfu_metrics("ref", {"hidden_size": 8}, [10], 1.0, device="NVIDIA A100") == {}
+    messages = [str(w.message) for w in caught]
+    assert len([m for m in messages if "Voodoo" in m]) == 1
+    assert any("perf/mfu/ref is left out" in m and "num_attention_heads" in m for m in messages)
+
+
+def test_cpu_peak_estimate_and_env_override(monkeypatch):
+    assert cpu_peak_flops() is None or cpu_peak_flops() > 1e9
+    monkeypatch.setenv("RLPROF_PEAK_TFLOPS", "2.5")
+    assert peak_flops("anything") == 2.5e12

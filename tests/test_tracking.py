@@ -1,0 +1,178 @@
+"""Trackers: every backend's records read back with that backend's own reader, the seed's console format,
+resume without duplicated steps, and a failing backend that does not stop the others."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+from rich.console import Console
+
+from rlprof.tracking import Tracker, parse_backends
+from rlprof.tracking.base import mlflow_safe_key
+from rlprof.tracking.jsonl import read_jsonl
+
+
+@pytest.fixture
+def dirs(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path
+
+
+def metrics_for(step: int, run: int = 1) -> dict[str, float]:
+    return {"actor/pg_loss": 1.0 / step + run, "critic/rewards/mean": 0.1 * step, "actor/kl_loss": 0.01 * step,
+            "perf/mfu/actor": 0.4, "odd:key@v1": float(step)}
+
+
+def same_series(actual, expected) -> bool:
+    """(step, value) pairs: the same steps, in order, and values equal to float precision."""
+    return [s for s, _ in actual] == [s for s, _ in expected] and \
+        [v for _, v in actual] == pytest.approx([v for _, v in expected])
+
+
+def tensorboard_scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(log_dir))
+    accumulator.Reload()
+    return [(event.step, event.value) for event in accumulator.Scalars(tag)]
+
+
+def wandb_history(log_dir: Path) -> list[dict]:
+    import json
+
+    from rlprof.analysis.wandb_offline import read_run_history
+
+    run_id = json.loads((log_dir / "wandb_run.json").read_text())["run_id"]
+    return read_run_history(log_dir / "wandb", run_id)
+
+
+def mlflow_history(log_dir: Path, key: str) -> list[tuple[int, float]]:
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from rlprof.tracking.mlflow import tracking_uri
+
+    run_id = json.loads((log_dir / "mlflow_run.json").read_text())["run_id"]
+    client = MlflowClient(tracking_uri=tracking_uri(log_dir))
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def test_each_backend_holds_the_logged_values(dirs):
+    log_dir = dirs / "run"
+    with Tracker("proj", "exp", ["tensorboard", "file", "wandb", "mlflow"], log_dir=log_dir,
+                 config={"actor": {"lr": 1e-6}, "trainer": {"total_epochs": 2}}) as tracker:
+        for step in (1, 2, 3):
+            tracker.log(metrics_for(step), step)
+    expected = [(s, 1.0 / s + 1) for s in (1, 2, 3)]
+    tb = tensorboard_scalars(dirs / "tb", "actor/pg_loss")
+    assert [s for s, _ in tb] == [1, 2, 3] and [v for _, v in tb] == pytest.approx([v for _, v in expected])
+    assert [(r["step"], r["actor/pg_loss"]) for r in read_jsonl(log_dir / "metrics.jsonl")] == expected
+    wb = wandb_history(log_dir)
+    assert same_series([(r["_step"], r["actor/pg_loss"]) for r in wb], expected)
+    assert wb[0]["odd:key@v1"] == 1.0
+    assert same_series(mlflow_history(log_dir, "actor/pg_loss"), expected)
+    assert mlflow_history(log_dir, mlflow_safe_key("odd:key@v1")) == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    assert mlflow_safe_key("odd:key@v1") == "odd_key_v1"
+
+
+def test_tensorboard_default_dir_is_tensorboard_log_project_experiment(tmp_path, monkeypatch):
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with Tracker("proj", "exp", ["tensorboard"]) as tracker:
+        tracker.log({"a": 1.0}, 1)
+    assert tensorboard_scalars(tmp_path / "tensorboard_log" / "proj" / "exp", "a") == [(1, 1.0)]
+
+
+def test_console_prints_the_seed_lines_the_table_and_progress():
+    out = io.StringIO()
+    console = Console(file=out, width=120, force_terminal=False, color_system=None)
+    with Tracker("p", "e", ["console"], console=console, total_steps=4, total_epochs=2, table_every=2) as tracker:
+        for step in (1, 2, 3, 4):
+            tracker.log({**metrics_for(step), "training/epoch": 1 + (step - 1) // 2,
+                         "perf/rollout_samples_per_s": 1250.0, "perf/throughput": 800.0,
+                         "perf/cpu_memory_used_gb": 12.4, "perf/cpu_memory_total_gb": 16.0}, step)
+    text = out.getvalue()
+    assert "[INFO] Epoch 1/2 - Step 1 - Loss: 2.000, Reward: 0.100, KL: 0.010" in text
+    assert "[INFO] Epoch 2/2 - Step 4 - Loss: 1.250, Reward: 0.400, KL: 0.040" in text
+    assert "[DEBUG] Rollout throughput: 1250 samples/sec" in text
+    assert "[DEBUG] Memory usage: 12.4GB/16.0GB (77.5%) host" in text
+    assert text.count("metrics at step") == 2 and "perf/mfu/actor" in text  # the periodic table, steps 2 and 4
+    assert "4/4" in text and "ETA" in text  # the progress bar
+
+
+@pytest.mark.parametrize("value", ['["console","wandb"]', "['console', 'wandb']", "console,wandb",
+                                   ["console", "wandb"], OmegaConf.create({"l": ["console", "wandb"]}).l])
+def test_logger_setting_forms(value):
+    assert parse_backends(value) == ["console", "wandb"]
+
+
+def test_unknown_backend_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown backend 'neptune'; known backends: console, tensorboard, file, wandb, mlflow"):
+        parse_backends('["console","neptune"]')
+
+
+def test_resume_ends_with_one_record_per_step_in_every_backend(dirs):
+    log_dir = dirs / "run"
+    backends = ["tensorboard", "file", "wandb", "mlflow"]
+    with Tracker("proj", "exp", backends, log_dir=log_dir) as tracker:
+        for step in range(1, 6):
+            tracker.log(metrics_for(step, run=1), step)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Tracker("proj", "exp", backends, log_dir=log_dir, resume_step=4) as tracker:
+            for step in range(4, 8):
+                tracker.log(metrics_for(step, run=2), step)
+    steps = list(range(1, 8))
+    # TensorBoard (purge_step) and JSONL (rewritten) hold the resumed run's values for 4 and 5
+    new = [(s, 1.0 / s + (1 if s < 4 else 2)) for s in steps]
+    assert same_series(tensorboard_scalars(dirs / "tb", "actor/pg_loss"), new)
+    assert same_series([(r["step"], r["actor/pg_loss"]) for r in read_jsonl(log_dir / "metrics.jsonl")], new)
+    # wandb and mlflow cannot drop records: steps 4 and 5 keep the first values, once each, with a warning
+    kept = [(s, 1.0 / s + (1 if s <= 5 else 2)) for s in steps]
+    assert same_series([(r["_step"], r["actor/pg_loss"]) for r in wandb_history(log_dir)], kept)
+    assert same_series(mlflow_history(log_dir, "actor/pg_loss"), kept)
+    skipped = [str(w.message) for w in caught if "cannot drop" in str(w.message)]
+    assert len(skipped) == 2 and any(m.startswith("wandb keeps steps <= 5") for m in skipped)
+
+
+class BrokenDisk:
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+    def flush(self):
+        raise OSError(28, "No space left on device")
+
+
+def test_a_failing_backend_warns_once_and_the_others_go_on(dirs):
+    log_dir = dirs / "run"
+    tracker = Tracker("proj", "exp", ["file", "tensorboard"], log_dir=log_dir)
+    tracker.log({"a": 1.0}, 1)
+    file_backend = tracker.backends[0]
+    file_backend._handle.close()
+    file_backend._handle = BrokenDisk()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in (2, 3, 4):
+            tracker.log({"a": float(step)}, step)
+        tracker.close()
+    failures = [str(w.message) for w in caught if "failed" in str(w.message)]
+    assert len(failures) == 1 and "file backend failed while logging" in failures[0] and "No space left" in failures[0]
+    assert tensorboard_scalars(dirs / "tb", "a") == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
+    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [1]
+
+
+def test_steps_must_increase_and_values_be_numbers(dirs):
+    with Tracker("p", "e", ["file"], log_dir=dirs / "r") as tracker:
+        tracker.log({"a": 1}, 3)
+        with pytest.raises(ValueError, match="step=3 is not after the last logged step 3"):
+            tracker.log({"a": 1}, 3)
+        with pytest.raises(TypeError, match="metric 'a': 'high' is not a number"):
+            tracker.log({"a": "high"}, 4)
