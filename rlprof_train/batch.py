@@ -1,0 +1,111 @@
+"""The batch that flows through a PPO step, and how it is cut into micro-batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Optional
+
+import torch
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class RolloutBatch:
+    """Prompts (left-padded to P) and responses (right-padded to R) as one ``[B, P+R]`` sequence per response.
+
+    Filled in phase by phase: rollout (sequences), reward (scores), actor/ref/critic passes (log-probs, values),
+    advantage estimation (rewards, advantages, returns). ``uid`` groups the n responses of one prompt.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    response_mask: Tensor
+    prompt_length: int
+    uid: list[int]
+    data_source: list[str]
+    ground_truth: list[str]
+    token_level_scores: Optional[Tensor] = None
+    old_log_probs: Optional[Tensor] = None
+    ref_log_probs: Optional[Tensor] = None
+    values: Optional[Tensor] = None
+    token_level_rewards: Optional[Tensor] = None
+    advantages: Optional[Tensor] = None
+    returns: Optional[Tensor] = None
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def response_length(self) -> int:
+        return self.response_mask.shape[1]
+
+    @property
+    def responses(self) -> Tensor:
+        return self.input_ids[:, self.prompt_length:]
+
+    def prompt_lengths(self) -> Tensor:
+        return self.attention_mask[:, : self.prompt_length].sum(-1)
+
+    def sequence_lengths(self) -> Tensor:
+        """Real tokens (prompt + response) of each sequence."""
+        return self.prompt_lengths() + self.response_mask.sum(-1)
+
+    def select(self, rows: list[int]) -> "RolloutBatch":
+        """The rows ``rows`` of every per-response field."""
+        index = torch.tensor(rows, dtype=torch.long)
+        picked = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor):
+                picked[f.name] = value[index]
+            elif isinstance(value, list):
+                picked[f.name] = [value[i] for i in rows]
+        return replace(self, **picked)
+
+
+def fixed_micro_batches(count: int, size: int) -> list[list[int]]:
+    """Consecutive rows in micro-batches of ``size`` (the last may be smaller)."""
+    return [list(range(start, min(start + size, count))) for start in range(0, count, size)]
+
+
+def token_budget_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Micro-batches whose token counts stay within ``budget``, balanced: the fewest bins that fit, filled
+    longest-first into the currently lightest bin. A sequence longer than the budget is an error."""
+    if not lengths:
+        return []
+    longest = max(lengths)
+    if longest > budget:
+        raise ValueError(f"a sequence of {longest} tokens exceeds the micro-batch token budget "
+                         f"ppo_max_token_len_per_gpu={budget}; raise it to at least {longest}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    bins = -(-sum(lengths) // budget)
+    while True:
+        loads, members = [0] * bins, [[] for _ in range(bins)]
+        for i in order:
+            target = min(range(bins), key=loads.__getitem__)
+            if loads[target] + lengths[i] > budget:
+                break
+            loads[target] += lengths[i]
+            members[target].append(i)
+        else:
+            return [sorted(m) for m in members if m]
+        bins += 1
+
+
+def micro_batches(batch: RolloutBatch, dynamic: bool, size: int, token_budget: int) -> list[list[int]]:
+    """Row groups for the passes over ``batch``: by token budget when ``dynamic``, else of ``size`` rows."""
+    if dynamic:
+        return token_budget_micro_batches(batch.sequence_lengths().tolist(), token_budget)
+    return fixed_micro_batches(batch.size, size)
+
+
+def gather_rows(parts: list[tuple[list[int], torch.Tensor]], size: int) -> torch.Tensor:
+    """Reassemble per-micro-batch rows into one tensor in the batch's row order."""
+    first = parts[0][1]
+    out = torch.empty((size, *first.shape[1:]), dtype=first.dtype)
+    for rows, values in parts:
+        out[torch.tensor(rows)] = values
+    return out

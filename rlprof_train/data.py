@@ -1,0 +1,207 @@
+"""Prompts: the built-in procedural task, or verl-format parquet/JSONL files; tokenised, length-checked, batched in
+a deterministic order that a resumed run reproduces.
+
+A verl-format row has ``prompt`` (a string, or chat messages ``[{"role": ..., "content": ...}]``), ``data_source``
+(which reward function scores it) and ``reward_model: {ground_truth: ...}``. Chat messages go through the
+tokenizer's chat template when it has one (``data.apply_chat_template``); otherwise their contents are joined
+with newlines. Prompts longer than ``data.max_prompt_length`` follow ``data.truncation``: ``error`` (the default:
+name the row and stop), ``left`` (keep the end), ``right`` (keep the start) or ``filter`` (drop the row, counted
+in the log).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+ARITHMETIC_SOURCE = "rlprof/arithmetic"
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt: its token ids (unpadded), where it came from and what a correct answer is."""
+
+    index: int
+    prompt_ids: tuple[int, ...]
+    data_source: str
+    ground_truth: str
+
+
+def arithmetic_rows(count: int, max_operand: int, seed: int) -> list[dict[str, Any]]:
+    """``count`` prompts ``"a+b="`` with operands in ``0..max_operand`` (answer: the sum)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        rows.append({"prompt": f"{a}+{b}=", "data_source": ARITHMETIC_SOURCE, "reward_model": {"ground_truth": str(a + b)}})
+    return rows
+
+
+BUILTIN_TASKS = {"arithmetic": arithmetic_rows}
+
+
+def read_rows(files: Any) -> list[dict[str, Any]]:
+    """Rows of one or more ``.parquet`` / ``.jsonl`` / ``.json`` files."""
+    paths = [files] if isinstance(files, (str, Path)) else list(files)
+    rows: list[dict[str, Any]] = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise FileNotFoundError(f"data file {path} does not exist")
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            rows.extend(pq.read_table(path).to_pylist())
+        elif path.suffix in (".jsonl", ".json"):
+            with path.open(encoding="utf-8") as handle:
+                text = handle.read()
+            rows.extend(json.loads(text) if text.lstrip().startswith("[") else
+                        [json.loads(line) for line in text.splitlines() if line.strip()])
+        else:
+            raise ValueError(f"data file {path}: unsupported format {path.suffix!r}; use .parquet, .jsonl or .json")
+    return rows
+
+
+def check_data_files(files: Any, prompt_key: str, setting: str) -> None:
+    """Fail early when a data file is missing, of an unknown format, or has no ``prompt_key`` column."""
+    paths = [files] if isinstance(files, (str, Path)) else list(files)
+    for path in map(Path, paths):
+        if not path.exists():
+            raise ValueError(f"{setting}: {path} does not exist")
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            columns = pq.read_schema(path).names
+        elif path.suffix in (".jsonl", ".json"):
+            rows = read_rows(path)
+            columns = sorted(rows[0]) if rows else []
+        else:
+            raise ValueError(f"{setting}: {path} has unsupported format {path.suffix!r}; use .parquet, .jsonl or .json")
+        if prompt_key not in columns:
+            raise ValueError(f"{setting}: {path} has no {prompt_key!r} column (data.prompt_key); "
+                             f"columns: {', '.join(columns) or 'none'}")
+
+
+def prompt_text(prompt: Any, tokenizer: Any, use_template: Any) -> str:
+    """The text to tokenise for a prompt cell (string or chat messages)."""
+    if isinstance(prompt, str):
+        return prompt
+    if not isinstance(prompt, Sequence) or not all(isinstance(m, dict) and "content" in m for m in prompt):
+        raise ValueError(f"prompt {prompt!r} is neither a string nor a list of chat messages with 'content'")
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if use_template is True and not has_template:
+        raise ValueError("data.apply_chat_template=true but the tokenizer has no chat template")
+    if has_template and use_template in (True, "auto"):
+        return tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+    return "\n".join(m["content"] for m in prompt)
+
+
+def build_examples(rows: list[dict[str, Any]], tokenizer: Any, *, prompt_key: str, max_prompt_length: int,
+                   truncation: str, use_template: Any, source_name: str) -> tuple[list[Example], int]:
+    """Tokenised examples and the number of rows dropped by ``truncation=filter``."""
+    examples, dropped = [], 0
+    for i, row in enumerate(rows):
+        if prompt_key not in row:
+            raise ValueError(f"{source_name} row {i} has no {prompt_key!r} column (data.prompt_key); "
+                             f"columns: {', '.join(sorted(row))}")
+        ids = tokenizer(prompt_text(row[prompt_key], tokenizer, use_template), add_special_tokens=False)["input_ids"]
+        if len(ids) > max_prompt_length:
+            if truncation == "error":
+                raise ValueError(f"{source_name} row {i}: the prompt has {len(ids)} tokens, more than "
+                                 f"data.max_prompt_length={max_prompt_length}; raise it or set data.truncation to "
+                                 "left, right or filter")
+            if truncation == "filter":
+                dropped += 1
+                continue
+            ids = ids[-max_prompt_length:] if truncation == "left" else ids[:max_prompt_length]
+        reward_model = row.get("reward_model") or {}
+        examples.append(Example(len(examples), tuple(ids), str(row.get("data_source", "unknown")),
+                                str(reward_model.get("ground_truth", ""))))
+    if not examples:
+        raise ValueError(f"{source_name}: no usable prompts")
+    return examples, dropped
+
+
+def load_datasets(data_cfg: Any, tokenizer: Any, seed: int) -> tuple[list[Example], list[Example], list[str]]:
+    """(train, val, notes) from ``data.*`` settings; notes are log lines about what was done."""
+    notes = []
+    common = dict(prompt_key=data_cfg.prompt_key, max_prompt_length=data_cfg.max_prompt_length,
+                  truncation=data_cfg.truncation, use_template=data_cfg.apply_chat_template)
+    if data_cfg.train_files is None:
+        if data_cfg.task not in BUILTIN_TASKS:
+            raise ValueError(f"data.task={data_cfg.task!r} is unknown; choose one of: {', '.join(BUILTIN_TASKS)}")
+        make = BUILTIN_TASKS[data_cfg.task]
+        train_rows = make(data_cfg.train_size, data_cfg.task_max_operand, seed)
+        val_rows = make(data_cfg.val_size, data_cfg.task_max_operand, seed + 10_000)
+        notes.append(f"data: built-in task {data_cfg.task!r}: {len(train_rows)} training and {len(val_rows)} "
+                     "validation prompts")
+    else:
+        train_rows = read_rows(data_cfg.train_files)
+        val_rows = read_rows(data_cfg.val_files) if data_cfg.val_files is not None else []
+    train, dropped = build_examples(train_rows, tokenizer, source_name="data.train_files", **common)
+    if dropped:
+        notes.append(f"data: dropped {dropped} over-long training prompts (data.truncation=filter)")
+    val: list[Example] = []
+    if val_rows:
+        val, dropped = build_examples(val_rows, tokenizer, source_name="data.val_files", **common)
+        if dropped:
+            notes.append(f"data: dropped {dropped} over-long validation prompts (data.truncation=filter)")
+    return train, val, notes
+
+
+class StepBatches:
+    """The prompts of every training step, fixed by (seed, epoch): step ``s`` (from 1) always gets the same
+    prompts, so a run resumed at step s continues the same order. Incomplete last batches of an epoch are dropped."""
+
+    def __init__(self, examples: list[Example], batch_size: int, seed: int, shuffle: bool) -> None:
+        if len(examples) < batch_size:
+            raise ValueError(f"data.train_batch_size={batch_size} is larger than the {len(examples)} training prompts")
+        self.examples = examples
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.steps_per_epoch = len(examples) // batch_size
+
+    def order(self, epoch: int) -> list[int]:
+        indices = list(range(len(self.examples)))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(indices)
+        return indices
+
+    def epoch_of(self, step: int) -> int:
+        return (step - 1) // self.steps_per_epoch
+
+    def batch(self, step: int) -> list[Example]:
+        """The prompts of training step ``step`` (1-based)."""
+        epoch, position = divmod(step - 1, self.steps_per_epoch)
+        order = self.order(epoch)
+        chosen = order[position * self.batch_size : (position + 1) * self.batch_size]
+        return [self.examples[i] for i in chosen]
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, length: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention_mask) ``[B, L]``, left-padded to ``length`` (default: the longest)."""
+    length = length or max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), length), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if seq:
+            ids[row, length - len(seq):] = torch.tensor(seq, dtype=torch.long)
+            mask[row, length - len(seq):] = 1
+    return ids, mask
+
+
+def shard(items: list[Any], rank: int, world_size: int) -> list[Any]:
+    """This rank's contiguous share of a global batch (sizes are validated to divide evenly)."""
+    per_rank = len(items) // world_size
+    return items[rank * per_rank : (rank + 1) * per_rank]
+
+
+def iter_chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

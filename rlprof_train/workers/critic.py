@@ -1,0 +1,76 @@
+"""The critic: a DeepSpeed engine around the value model; predicts values and runs clipped value updates."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from rlprof.metrics import MetricAggregator, Reduce
+from rlprof_train import algos
+from rlprof_train.batch import RolloutBatch, gather_rows, micro_batches
+from rlprof_train.models import ValueModel, position_ids
+from rlprof_train.workers.engine import DistEnv, activation_offload, global_sum, make_engine
+
+
+class CriticWorker:
+    """Owns the value model's engine. ``cfg`` is the whole trainer config."""
+
+    def __init__(self, cfg: Any, model_path: str, env: DistEnv) -> None:
+        self.cfg = cfg.critic
+        self.model_cfg = cfg.actor_rollout_ref.model
+        self.dynamic = cfg.actor_rollout_ref.actor.use_dynamic_bsz
+        self.env = env
+        module = ValueModel(model_path, self.model_cfg.dtype, self.model_cfg.enable_gradient_checkpointing)
+        self.engine = make_engine(module, self.cfg.optim, zero_stage=self.cfg.zero_stage, offload_optimizer=False,
+                                  offload_param=False, grad_clip=self.cfg.grad_clip, dtype=self.model_cfg.dtype,
+                                  world_size=env.world_size)
+
+    def _values(self, batch: RolloutBatch) -> torch.Tensor:
+        """V of the state before each response token: ``[B, R]``."""
+        values = self.engine(batch.input_ids, batch.attention_mask, position_ids(batch.attention_mask))
+        return values[:, -batch.response_length - 1 : -1]
+
+    @torch.no_grad()
+    def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
+        parts = [(rows, self._values(batch.select(rows)))
+                 for rows in micro_batches(batch, self.dynamic, self.cfg.ppo_micro_batch_size_per_gpu,
+                                           self.cfg.ppo_max_token_len_per_gpu)]
+        return gather_rows(parts, batch.size) * batch.response_mask
+
+    def update(self, batch: RolloutBatch, mini_size: int) -> dict[str, float]:
+        """Value epochs over ``batch``: one optimizer step per mini-batch of ``mini_size`` responses (this rank)."""
+        agg = MetricAggregator()
+        rng = random.Random(batch.uid[0])
+        for _ in range(self.cfg.ppo_epochs):
+            rows = list(range(batch.size))
+            rng.shuffle(rows)
+            for start in range(0, len(rows), mini_size):
+                self._update_mini_batch(batch.select(rows[start : start + mini_size]), agg)
+        return agg.compute()
+
+    def _update_mini_batch(self, mini: RolloutBatch, agg: MetricAggregator) -> None:
+        world = self.env.world_size
+        counts = dict(total_tokens=global_sum(float(mini.response_mask.sum()), world),
+                      total_seqs=global_sum(float(mini.size), world), norm_length=float(mini.response_length))
+        mini_loss = 0.0
+        for rows in micro_batches(mini, self.dynamic, self.cfg.ppo_micro_batch_size_per_gpu, self.cfg.ppo_max_token_len_per_gpu):
+            micro = mini.select(rows)
+            with activation_offload(self.model_cfg.enable_activation_offload):
+                vpreds = self._values(micro)
+                vf_loss, clipfrac = algos.value_loss(vpreds, micro.returns, micro.values, micro.response_mask,
+                                                     cliprange_value=self.cfg.cliprange_value,
+                                                     loss_agg_mode=self.cfg.loss_agg_mode, **counts)
+                self.engine.backward(vf_loss * world, scale_wrt_gas=False)
+            tokens = float(micro.response_mask.sum())
+            mini_loss += vf_loss.item()
+            agg.add("critic/vf_clipfrac", clipfrac.item(), Reduce.WEIGHTED_MEAN, tokens)
+            agg.add("critic/vpred_mean", algos.masked_mean(vpreds.detach(), micro.response_mask).item(),
+                    Reduce.WEIGHTED_MEAN, tokens)
+        self.engine.step()
+        agg.add("critic/vf_loss", mini_loss, Reduce.MEAN)
+        grad_norm = self.engine.get_global_grad_norm()
+        if grad_norm is not None:
+            agg.add("critic/grad_norm", float(grad_norm), Reduce.MEAN)
+        agg.add("critic/lr", self.engine.optimizer.param_groups[0]["lr"], Reduce.LAST)

@@ -1,0 +1,97 @@
+"""DeepSpeed engines for the trained roles (actor, critic), and the process group they run in."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: str) -> DistEnv:
+    """Join (or, run by hand, create) the process group: gloo on CPU, nccl on CUDA.
+
+    torchrun and the deepspeed launcher set RANK/WORLD_SIZE/LOCAL_RANK; a plain ``python -m`` run gets a world of
+    one on a free local port (DeepSpeed would otherwise look for MPI).
+    """
+    import deepspeed
+
+    if "RANK" not in os.environ:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+    env = DistEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)))
+    if device == "cuda":
+        torch.cuda.set_device(env.local_rank)
+    return env
+
+
+def deepspeed_config(zero_stage: int, offload_optimizer: bool, offload_param: bool, grad_clip: float,
+                     dtype: str, world_size: int) -> dict[str, Any]:
+    """The engine config: the caller owns gradient accumulation (one ``step()`` per mini-batch, however many
+    micro-batches it had), so batch sizes here are nominal."""
+    zero: dict[str, Any] = {"stage": zero_stage}
+    if offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if offload_param:
+        zero["offload_param"] = {"device": "cpu"}
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world_size,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": dtype == "bfloat16"},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def make_engine(module: torch.nn.Module, optim: Any, *, zero_stage: int, offload_optimizer: bool,
+                offload_param: bool, grad_clip: float, dtype: str, world_size: int) -> Any:
+    """A DeepSpeed engine around ``module`` with AdamW (DeepSpeed's CPU Adam when the optimizer is offloaded;
+    otherwise torch's AdamW, which needs no extension build)."""
+    import deepspeed
+
+    config = deepspeed_config(zero_stage, offload_optimizer, offload_param, grad_clip, dtype, world_size)
+    params = dict(lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas))
+    if offload_optimizer:
+        config["optimizer"] = {"type": "AdamW", "params": {**params, "betas": list(params["betas"])}}
+        engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
+    else:
+        optimizer = torch.optim.AdamW(module.parameters(), **params)
+        engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
+    return engine
+
+
+def global_sum(value: float, world_size: int) -> float:
+    """Σ over ranks of ``value`` (a collective when world_size > 1)."""
+    if world_size == 1:
+        return value
+    total = torch.tensor([value], dtype=torch.float64)
+    torch.distributed.all_reduce(total)
+    return float(total)
+
+
+def activation_offload(enabled: bool) -> Any:
+    """Saved activations go to pinned host memory during the pass (GPU); nothing to move on CPU."""
+    if enabled and torch.cuda.is_available():
+        return torch.autograd.graph.save_on_cpu(pin_memory=True)
+    return contextlib.nullcontext()
