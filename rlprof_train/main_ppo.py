@@ -12,7 +12,6 @@ import sys
 from typing import Optional
 
 import torch
-from rich.console import Console
 
 import rlprof
 from rlprof.config import ConfigError
@@ -20,8 +19,10 @@ from rlprof_train.config import load_trainer_config, validate
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    console = Console(stderr=True)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for arg in [a for a in argv if a.startswith("--local_rank")]:  # added by the deepspeed launcher
+        argv.remove(arg)
+        os.environ.setdefault("LOCAL_RANK", arg.split("=", 1)[1])
     if any(arg in ("-h", "--help") for arg in argv):
         print(__doc__)
         return 0
@@ -30,7 +31,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg = load_trainer_config(argv)
         validate(cfg, world_size)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
-        console.print(f"[bold red]config error:[/bold red] {exc}", markup=True, highlight=False)
+        print(f"config error: {exc}", file=sys.stderr)
         return 2
 
     from rlprof_train.trainer import PPOTrainer
@@ -39,12 +40,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     device = cfg.trainer.device if cfg.trainer.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     env = init_distributed(device)
     rlprof.init(cfg)
-    log = (lambda line: console.print(f"[INFO] {line}", markup=False, highlight=False)) if env.is_main else (lambda line: None)
+    log = (lambda line: print(f"[INFO] {line}", file=sys.stderr, flush=True)) if env.is_main else (lambda line: None)
     try:
         trainer = PPOTrainer(cfg, env, log)
         trainer.fit()
     except (ValueError, FileNotFoundError) as exc:
-        console.print(f"[bold red]error:[/bold red] {exc}", markup=True, highlight=False)
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:
         rlprof.shutdown()
