@@ -4,6 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.venv/torch_extensions}
 .venv/bin/python -m pytest tests "$@"
 .venv/bin/python -m pytest benchmarks -p no:cacheprovider --benchmark-columns=min,mean,rounds -q
