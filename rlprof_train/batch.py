@@ -109,3 +109,45 @@ def gather_rows(parts: list[tuple[list[int], torch.Tensor]], size: int) -> torch
     for rows, values in parts:
         out[torch.tensor(rows)] = values
     return out
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Rows packed into one sequence without padding.
+
+    ``ids``/``positions``: ``[1, T]`` (positions restart at 0 for each row, which is how the model tells the rows
+    apart and attends block-causally); ``rows``/``cols``: the ``[B, R]`` slot of each real response token;
+    ``predicts``: the packed index of the logit that predicts it (the token before it).
+    """
+
+    ids: Tensor
+    positions: Tensor
+    rows: Tensor
+    cols: Tensor
+    predicts: Tensor
+
+    def unpack(self, values: Tensor, batch: int, response_length: int) -> Tensor:
+        """Scatter one value per real response token into a zero-padded ``[B, R]`` tensor."""
+        out = values.new_zeros((batch, response_length))
+        out[self.rows, self.cols] = values
+        return out
+
+
+def pack(input_ids: Tensor, attention_mask: Tensor, response_length: int) -> Packed:
+    """Pack the real tokens of left-padded prompts + right-padded responses (``[B, P+R]``) into one row."""
+    ids, positions, rows, cols, predicts = [], [], [], [], []
+    offset = 0
+    prompt_length = input_ids.shape[1] - response_length
+    for row in range(input_ids.shape[0]):
+        real = attention_mask[row].bool()
+        tokens = input_ids[row][real]
+        n_prompt = int(real[:prompt_length].sum())
+        n_response = int(real[prompt_length:].sum())
+        ids.append(tokens)
+        positions.append(torch.arange(len(tokens)))
+        rows.append(torch.full((n_response,), row, dtype=torch.long))
+        cols.append(torch.arange(n_response))
+        predicts.append(offset + n_prompt - 1 + torch.arange(n_response))
+        offset += len(tokens)
+    return Packed(torch.cat(ids)[None], torch.cat(positions)[None], torch.cat(rows), torch.cat(cols),
+                  torch.cat(predicts))

@@ -93,9 +93,6 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
         raise _fail("actor_rollout_ref.actor.fsdp_config.offload_policy", True,
                     "maps to DeepSpeed parameter + optimizer offload to the host, which needs "
                     "actor_rollout_ref.actor.zero_stage=3 (DeepSpeedCPUAdam is built on first use)")
-    if model.use_remove_padding:
-        raise _fail("actor_rollout_ref.model.use_remove_padding", True,
-                    "sequence packing is not available in this trainer yet; leave it false (padded batches)")
     if actor.offload_param and actor.zero_stage != 3:
         raise _fail("actor_rollout_ref.actor.offload_param", True, "parameter offload needs zero_stage=3")
     if actor.offload_optimizer and actor.zero_stage == 0:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from rlprof_train import algos
+from rlprof_train.batch import pack
 from rlprof_train.data import arithmetic_rows
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
@@ -155,10 +156,24 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.weight)
         torch.nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                position_ids: torch.Tensor) -> torch.Tensor:
+        """Values ``[B, L]``; with ``attention_mask=None`` and restarting ``position_ids``, rows packed in one."""
         hidden = self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                            use_cache=False).last_hidden_state
         return self.value_head(hidden).squeeze(-1).float()
+
+    def response_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
+                        packed: bool = False, forward: Any = None) -> torch.Tensor:
+        """V of the state before each response token, ``[B, R]`` (0 on padding). ``forward``: the callable to run
+        (the DeepSpeed engine wrapping this module), default this module."""
+        forward = forward or self
+        if packed:
+            layout = pack(input_ids, attention_mask, response_length)
+            values = forward(layout.ids, None, layout.positions)[0, layout.predicts]
+            return layout.unpack(values, input_ids.shape[0], response_length)
+        values = forward(input_ids, attention_mask, position_ids(attention_mask))
+        return values[:, -response_length - 1 : -1] * attention_mask[:, -response_length:]
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -169,27 +184,44 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 def response_log_probs(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int, temperature: float = 1.0,
     *, with_entropy: bool = False, chunked_entropy: bool = False, checkpoint_entropy: bool = False,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-probs ``[B, R]`` of the last ``response_length`` tokens of ``input_ids`` under ``model`` at
     ``temperature`` (the rollout's, so they match the sampling distribution), and their entropies when asked.
 
+    ``packed`` (``use_remove_padding``) runs the model on the real tokens only, all rows in one packed sequence,
+    and computes the head only where a response token is predicted; the padded path runs on ``[B, P+R]``.
     ``chunked_entropy`` computes entropies a chunk of positions at a time; ``checkpoint_entropy`` recomputes the
-    entropy's softmax in backward instead of keeping it.
+    entropy's softmax in backward instead of keeping it. Padding positions are 0 in both outputs.
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
-                   use_cache=False).logits
-    logits = logits[:, -response_length - 1 : -1].float() / max(temperature, 1e-6)
-    responses = input_ids[:, -response_length:]
-    log_probs = torch.gather(F.log_softmax(logits, dim=-1), 2, responses[..., None]).squeeze(-1)
-    if not with_entropy:
-        return log_probs, None
-    entropy_fn = algos.entropy_from_logits_chunked if chunked_entropy else algos.entropy_from_logits
-    if checkpoint_entropy and logits.requires_grad:
-        from torch.utils.checkpoint import checkpoint
-
-        entropy = checkpoint(entropy_fn, logits, use_reentrant=False)
+    if packed:
+        layout = pack(input_ids, attention_mask, response_length)
+        logits = model(input_ids=layout.ids, position_ids=layout.positions, use_cache=False).logits[0]
+        logits = logits[layout.predicts].float() / max(temperature, 1e-6)  # [N, V]
+        targets = layout.ids[0, layout.predicts + 1]
     else:
-        entropy = entropy_fn(logits)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                       position_ids=position_ids(attention_mask), use_cache=False).logits
+        logits = logits[:, -response_length - 1 : -1].float() / max(temperature, 1e-6)  # [B, R, V]
+        targets = input_ids[:, -response_length:]
+    log_probs = torch.gather(F.log_softmax(logits, dim=-1), -1, targets[..., None]).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        entropy_fn = algos.entropy_from_logits_chunked if chunked_entropy else algos.entropy_from_logits
+        if checkpoint_entropy and logits.requires_grad:
+            from torch.utils.checkpoint import checkpoint
+
+            entropy = checkpoint(entropy_fn, logits, use_reentrant=False)
+        else:
+            entropy = entropy_fn(logits)
+    if packed:
+        batch = input_ids.shape[0]
+        log_probs = layout.unpack(log_probs, batch, response_length)
+        entropy = layout.unpack(entropy, batch, response_length) if entropy is not None else None
+    else:
+        response_mask = attention_mask[:, -response_length:]
+        log_probs = log_probs * response_mask
+        entropy = entropy * response_mask if entropy is not None else None
     return log_probs, entropy
 
 

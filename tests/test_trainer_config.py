@@ -34,7 +34,6 @@ def test_unknown_key_suggests_the_nearest():
     ("actor_rollout_ref.actor.strategy=fsdp2", ["strategy='fsdp2'", "DeepSpeed", "zero_stage"]),
     ("actor_rollout_ref.actor.fsdp_config.forward_prefetch=true", ["forward_prefetch", "ZeRO 3 prefetches"]),
     ("actor_rollout_ref.actor.fsdp_config.offload_policy=true", ["offload_policy", "zero_stage=3"]),
-    ("actor_rollout_ref.model.use_remove_padding=true", ["use_remove_padding", "not available"]),
     ("data.max_response_length=0", ["data.max_response_length=0", "positive integer"]),
     ("algorithm.adv_estimator=ppo", ["adv_estimator='ppo'", "gae, grpo, rloo"]),
     ("actor_rollout_ref.actor.zero_stage=4", ["zero_stage=4", "0, 1, 2, 3"]),

@@ -39,7 +39,7 @@ class ActorWorker:
         return response_log_probs(
             self.engine, batch.input_ids, batch.attention_mask, batch.response_length, self.temperature,
             with_entropy=with_entropy, chunked_entropy=self.cfg.ref.entropy_from_logits_with_chunking,
-            checkpoint_entropy=self.actor_cfg.entropy_checkpointing)
+            checkpoint_entropy=self.actor_cfg.entropy_checkpointing, packed=self.cfg.model.use_remove_padding)
 
     @torch.no_grad()
     def compute_log_prob(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
@@ -69,19 +69,24 @@ class ActorWorker:
         return agg.compute()
 
     def _update_mini_batch(self, mini: RolloutBatch, agg: MetricAggregator) -> None:
-        cfg, world = self.actor_cfg, self.env.world_size
-        counts = dict(total_tokens=global_sum(float(mini.response_mask.sum()), world),
-                      total_seqs=global_sum(float(mini.size), world), norm_length=float(mini.response_length))
-        mini_loss = 0.0
-        for rows in micro_batches(mini, cfg.use_dynamic_bsz, cfg.ppo_micro_batch_size_per_gpu, cfg.ppo_max_token_len_per_gpu):
-            micro = mini.select(rows)
-            mini_loss += self._micro_step(micro, counts, agg)
+        agg.add("actor/pg_loss", self.accumulate_gradients(mini, agg), Reduce.MEAN)
         self.engine.step()
-        agg.add("actor/pg_loss", mini_loss, Reduce.MEAN)
         grad_norm = self.engine.get_global_grad_norm()
         if grad_norm is not None:
             agg.add("actor/grad_norm", float(grad_norm), Reduce.MEAN)
         agg.add("actor/lr", self.engine.optimizer.param_groups[0]["lr"], Reduce.LAST)
+
+    def accumulate_gradients(self, mini: RolloutBatch, agg: MetricAggregator) -> float:
+        """Forward/backward every micro-batch of ``mini`` (no optimizer step); returns the mini-batch's loss.
+
+        Losses are normalised by the mini-batch's global token/sequence counts, so the accumulated gradient is the
+        same however the mini-batch is cut (fixed micro-batch size or token budget)."""
+        cfg, world = self.actor_cfg, self.env.world_size
+        counts = dict(total_tokens=global_sum(float(mini.response_mask.sum()), world),
+                      total_seqs=global_sum(float(mini.size), world), norm_length=float(mini.response_length))
+        return sum(self._micro_step(mini.select(rows), counts, agg)
+                   for rows in micro_batches(mini, cfg.use_dynamic_bsz, cfg.ppo_micro_batch_size_per_gpu,
+                                             cfg.ppo_max_token_len_per_gpu))
 
     @rlprof.profiled(role="actor", name="micro_batch_forward_backward")
     def _micro_step(self, micro: RolloutBatch, counts: dict, agg: MetricAggregator) -> float:

@@ -10,7 +10,7 @@ import torch
 from rlprof.metrics import MetricAggregator, Reduce
 from rlprof_train import algos
 from rlprof_train.batch import RolloutBatch, gather_rows, micro_batches
-from rlprof_train.models import ValueModel, position_ids
+from rlprof_train.models import ValueModel
 from rlprof_train.workers.engine import DistEnv, activation_offload, global_sum, make_engine
 
 
@@ -29,8 +29,8 @@ class CriticWorker:
 
     def _values(self, batch: RolloutBatch) -> torch.Tensor:
         """V of the state before each response token: ``[B, R]``."""
-        values = self.engine(batch.input_ids, batch.attention_mask, position_ids(batch.attention_mask))
-        return values[:, -batch.response_length - 1 : -1]
+        return self.engine.module.response_values(batch.input_ids, batch.attention_mask, batch.response_length,
+                                                  packed=self.model_cfg.use_remove_padding, forward=self.engine)
 
     @torch.no_grad()
     def compute_values(self, batch: RolloutBatch) -> torch.Tensor:

@@ -27,7 +27,8 @@ class RefWorker:
             micro = batch.select(rows)
             lp, entropy = response_log_probs(self.model, micro.input_ids, micro.attention_mask, micro.response_length,
                                              self.cfg.rollout.temperature, with_entropy=True,
-                                             chunked_entropy=self.cfg.ref.entropy_from_logits_with_chunking)
+                                             chunked_entropy=self.cfg.ref.entropy_from_logits_with_chunking,
+                                             packed=self.cfg.model.use_remove_padding)
             log_probs.append((rows, lp))
             entropies.append((rows, entropy))
         entropy = gather_rows(entropies, batch.size)

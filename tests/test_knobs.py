@@ -1,0 +1,128 @@
+"""The seed's memory/throughput knobs change cost, not results: packed == padded, token-budget micro-batches ==
+fixed ones, gradient checkpointing == plain, each checked on the real model (and the real DeepSpeed actor)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlprof.metrics import MetricAggregator
+from rlprof_train import algos
+from rlprof_train.batch import RolloutBatch, pack, token_budget_micro_batches
+from rlprof_train.config import load_trainer_config
+from rlprof_train.models import ValueModel, build_tiny_llama, build_tokenizer, load_causal_lm, response_log_probs
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("model")
+    tokenizer = build_tokenizer([f"{a}+{b}={a + b}" for a in range(20) for b in range(20)])
+    build_tiny_llama(tokenizer, seed=3).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def ragged_batch(seed: int = 0, rows: int = 6, prompt: int = 7, response: int = 9) -> RolloutBatch:
+    """Left-padded prompts and right-padded responses of very different lengths."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_lengths = torch.randint(1, prompt + 1, (rows,), generator=g)
+    response_lengths = torch.randint(1, response + 1, (rows,), generator=g)
+    prompt_lengths[0], response_lengths[0] = prompt, response  # one row with no padding at all
+    ids = torch.randint(4, 250, (rows, prompt + response), generator=g)  # the tokenizer has >= 260 tokens
+    mask = torch.zeros_like(ids)
+    for r in range(rows):
+        mask[r, prompt - prompt_lengths[r]: prompt + response_lengths[r]] = 1
+    ids = ids * mask  # pad id 0
+    response_mask = mask[:, prompt:]
+    return RolloutBatch(ids, mask, response_mask, prompt, uid=[r // 2 for r in range(rows)], data_source=["x"] * rows,
+                        ground_truth=["0"] * rows, old_log_probs=torch.randn(rows, response, generator=g) * 0.1 - 2,
+                        ref_log_probs=torch.randn(rows, response, generator=g) * 0.1 - 2,
+                        advantages=torch.randn(rows, response, generator=g) * response_mask)
+
+
+def test_pack_layout():
+    ids = torch.tensor([[0, 5, 6, 7, 0], [8, 9, 1, 2, 3]])
+    mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    layout = pack(ids, mask, response_length=2)  # prompts [5, 6] and [8, 9, 1]; responses [7] and [2, 3]
+    assert layout.ids.tolist() == [[5, 6, 7, 8, 9, 1, 2, 3]]
+    assert layout.positions.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4]]
+    assert layout.rows.tolist() == [0, 1, 1] and layout.cols.tolist() == [0, 0, 1]
+    assert layout.predicts.tolist() == [1, 5, 6]  # the logit before each response token
+
+
+def test_packed_log_probs_entropy_and_gradients_equal_padded(model_dir):
+    model = load_causal_lm(model_dir)
+    batch = ragged_batch()
+    results = {}
+    for packed in (False, True):
+        model.zero_grad()
+        lp, entropy = response_log_probs(model, batch.input_ids, batch.attention_mask, batch.response_length,
+                                         temperature=0.8, with_entropy=True, packed=packed)
+        loss = algos.policy_loss(batch.old_log_probs, lp, batch.advantages, batch.response_mask).pg_loss
+        loss.backward()
+        results[packed] = (lp.detach(), entropy.detach(), loss.detach(),
+                           torch.cat([p.grad.flatten() for p in model.parameters()]))
+    for padded_value, packed_value in zip(results[False], results[True]):
+        torch.testing.assert_close(packed_value, padded_value, atol=2e-5, rtol=1e-4)
+    assert results[True][0][batch.response_mask == 0].abs().sum() == 0
+
+
+def test_packed_values_equal_padded(model_dir):
+    critic = ValueModel(model_dir)
+    torch.nn.init.normal_(critic.value_head.weight)  # a non-zero head, so the comparison means something
+    batch = ragged_batch(seed=1)
+    padded = critic.response_values(batch.input_ids, batch.attention_mask, batch.response_length)
+    packed = critic.response_values(batch.input_ids, batch.attention_mask, batch.response_length, packed=True)
+    torch.testing.assert_close(packed, padded, atol=2e-5, rtol=1e-4)
+    assert padded.abs().sum() > 0
+
+
+def test_token_budget_micro_batches_are_balanced_and_within_budget():
+    lengths = [50, 10, 40, 30, 20, 60, 5, 45]
+    bins = token_budget_micro_batches(lengths, budget=100)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    loads = [sum(lengths[i] for i in b) for b in bins]
+    assert all(load <= 100 for load in loads) and len(bins) == 3 and max(loads) - min(loads) <= 25
+    with pytest.raises(ValueError, match="exceeds the micro-batch token budget ppo_max_token_len_per_gpu=40"):
+        token_budget_micro_batches([50, 10], budget=40)
+
+
+@pytest.fixture(scope="module")
+def dist_env():
+    from rlprof_train.workers.engine import init_distributed
+
+    return init_distributed("cpu")
+
+
+def actor_grads(model_dir, env, batch: RolloutBatch, *overrides: str) -> torch.Tensor:
+    from rlprof_train.workers.actor import ActorWorker
+
+    cfg = load_trainer_config([f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.actor.zero_stage=0",
+                               *overrides])
+    worker = ActorWorker(cfg.actor_rollout_ref, str(model_dir), env)
+    worker.accumulate_gradients(batch, MetricAggregator())
+    return torch.cat([p.grad.flatten() for p in worker.module.parameters()])
+
+
+@pytest.mark.slow
+def test_dynamic_batch_size_gives_the_fixed_micro_batch_gradient(model_dir, dist_env):
+    batch = ragged_batch(seed=2, rows=8)
+    fixed = actor_grads(model_dir, dist_env, batch, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3")
+    dynamic = actor_grads(model_dir, dist_env, batch, "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                          "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20")
+    whole = actor_grads(model_dir, dist_env, batch, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8")
+    assert len(token_budget_micro_batches(batch.sequence_lengths().tolist(), 20)) > 3  # really several micro-batches
+    torch.testing.assert_close(dynamic, fixed, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(fixed, whole, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_gradient_checkpointing_gives_the_plain_gradient(model_dir, dist_env):
+    batch = ragged_batch(seed=3)
+    plain = actor_grads(model_dir, dist_env, batch)
+    checkpointed = actor_grads(model_dir, dist_env, batch, "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+                               "actor_rollout_ref.actor.entropy_checkpointing=true",
+                               "actor_rollout_ref.actor.entropy_coeff=0.01")
+    entropy_plain = actor_grads(model_dir, dist_env, batch, "actor_rollout_ref.actor.entropy_coeff=0.01")
+    torch.testing.assert_close(checkpointed, entropy_plain, atol=1e-6, rtol=1e-4)
+    assert not torch.allclose(plain, entropy_plain)  # the entropy term is really in the checkpointed run
