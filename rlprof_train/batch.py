@@ -53,6 +53,24 @@ class RolloutBatch:
         """Real tokens (prompt + response) of each sequence."""
         return self.prompt_lengths() + self.response_mask.sum(-1)
 
+    def trim_padding(self) -> "RolloutBatch":
+        """The same rows without the prompt columns that are padding in every row (left) and the response columns
+        that are padding in every row (right): what a padded forward of this micro-batch really needs."""
+        prompt_real = self.attention_mask[:, : self.prompt_length].any(0).nonzero()
+        cut_left = int(prompt_real[0]) if len(prompt_real) else self.prompt_length
+        response_real = self.response_mask.any(0).nonzero()
+        keep_right = int(response_real[-1]) + 1 if len(response_real) else 1
+        width = self.input_ids.shape[1]
+        trimmed = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor) and value.dim() == 2:
+                if value.shape[1] == width:
+                    trimmed[f.name] = value[:, cut_left : self.prompt_length + keep_right]
+                elif value.shape[1] == self.response_length:
+                    trimmed[f.name] = value[:, :keep_right]
+        return replace(self, prompt_length=self.prompt_length - cut_left, **trimmed)
+
     def select(self, rows: list[int]) -> "RolloutBatch":
         """The rows ``rows`` of every per-response field."""
         index = torch.tensor(rows, dtype=torch.long)
@@ -72,14 +90,11 @@ def fixed_micro_batches(count: int, size: int) -> list[list[int]]:
 
 
 def token_budget_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
-    """Micro-batches whose token counts stay within ``budget``, balanced: the fewest bins that fit, filled
-    longest-first into the currently lightest bin. A sequence longer than the budget is an error."""
+    """Micro-batches of packed rows whose total length stays within ``budget``, balanced: the fewest bins that fit,
+    filled longest-first into the currently lightest bin. A row longer than the budget is an error."""
     if not lengths:
         return []
-    longest = max(lengths)
-    if longest > budget:
-        raise ValueError(f"a sequence of {longest} tokens exceeds the micro-batch token budget "
-                         f"ppo_max_token_len_per_gpu={budget}; raise it to at least {longest}")
+    _check_budget(max(lengths), budget)
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     bins = -(-sum(lengths) // budget)
     while True:
@@ -95,19 +110,54 @@ def token_budget_micro_batches(lengths: list[int], budget: int) -> list[list[int
         bins += 1
 
 
-def micro_batches(batch: RolloutBatch, dynamic: bool, size: int, token_budget: int) -> list[list[int]]:
-    """Row groups for the passes over ``batch``: by token budget when ``dynamic``, else of ``size`` rows."""
-    if dynamic:
+def padded_budget_micro_batches(prompt_lengths: list[int], response_lengths: list[int], budget: int) -> list[list[int]]:
+    """Micro-batches of padded rows whose padded size, rows × (longest prompt + longest response) after trimming,
+    stays within ``budget``: rows sorted by response then prompt length are cut into consecutive runs, so rows of
+    similar shape share a micro-batch and little of what is computed is padding."""
+    if not prompt_lengths:
+        return []
+    _check_budget(max(p + r for p, r in zip(prompt_lengths, response_lengths)), budget)
+    bins, current, widest_prompt, widest_response = [], [], 0, 0
+    for i in sorted(range(len(prompt_lengths)), key=lambda i: (response_lengths[i], prompt_lengths[i])):
+        prompt, response = max(widest_prompt, prompt_lengths[i]), max(widest_response, response_lengths[i])
+        if current and (len(current) + 1) * (prompt + response) > budget:
+            bins.append(sorted(current))
+            current, prompt, response = [], prompt_lengths[i], response_lengths[i]
+        current.append(i)
+        widest_prompt, widest_response = prompt, response
+    return bins + [sorted(current)]
+
+
+def _check_budget(longest: int, budget: int) -> None:
+    if longest > budget:
+        raise ValueError(f"a sequence of {longest} tokens exceeds the micro-batch token budget "
+                         f"ppo_max_token_len_per_gpu={budget}; raise it to at least {longest}")
+
+
+def micro_batches(batch: RolloutBatch, dynamic: bool, size: int, token_budget: int,
+                  packed: bool = False) -> list[list[int]]:
+    """Row groups for the passes over ``batch``: by token budget when ``dynamic`` (costed as packed or as trimmed
+    padded rows), else of ``size`` rows."""
+    if not dynamic:
+        return fixed_micro_batches(batch.size, size)
+    if packed:
         return token_budget_micro_batches(batch.sequence_lengths().tolist(), token_budget)
-    return fixed_micro_batches(batch.size, size)
+    return padded_budget_micro_batches(batch.prompt_lengths().tolist(), batch.response_mask.sum(-1).tolist(),
+                                       token_budget)
 
 
-def gather_rows(parts: list[tuple[list[int], torch.Tensor]], size: int) -> torch.Tensor:
-    """Reassemble per-micro-batch rows into one tensor in the batch's row order."""
-    first = parts[0][1]
-    out = torch.empty((size, *first.shape[1:]), dtype=first.dtype)
+def micro_batch(batch: RolloutBatch, rows: list[int], packed: bool) -> RolloutBatch:
+    """The rows of one micro-batch, trimmed to their own width on the padded path (packing has no padding)."""
+    micro = batch.select(rows)
+    return micro if packed else micro.trim_padding()
+
+
+def gather_rows(parts: list[tuple[list[int], torch.Tensor]], size: int, width: int) -> torch.Tensor:
+    """Reassemble per-micro-batch ``[rows, w]`` results (w <= width, trimmed micro-batches) into ``[size, width]``
+    in the batch's row order, zero-filled on the right."""
+    out = torch.zeros((size, width), dtype=parts[0][1].dtype)
     for rows, values in parts:
-        out[torch.tensor(rows)] = values
+        out[torch.tensor(rows), : values.shape[1]] = values
     return out
 
 

@@ -8,7 +8,7 @@ import torch
 
 from rlprof.metrics import MetricAggregator
 from rlprof_train import algos
-from rlprof_train.batch import RolloutBatch, pack, token_budget_micro_batches
+from rlprof_train.batch import RolloutBatch, pack, padded_budget_micro_batches, token_budget_micro_batches
 from rlprof_train.config import load_trainer_config
 from rlprof_train.models import ValueModel, build_tiny_llama, build_tokenizer, load_causal_lm, response_log_probs
 
@@ -85,6 +85,20 @@ def test_token_budget_micro_batches_are_balanced_and_within_budget():
     assert all(load <= 100 for load in loads) and len(bins) == 3 and max(loads) - min(loads) <= 25
     with pytest.raises(ValueError, match="exceeds the micro-batch token budget ppo_max_token_len_per_gpu=40"):
         token_budget_micro_batches([50, 10], budget=40)
+
+
+def test_padded_budget_groups_rows_of_similar_shape_and_trim_removes_their_padding():
+    prompts, responses = [2, 6, 2, 6, 3, 5], [9, 1, 8, 2, 9, 1]
+    bins = padded_budget_micro_batches(prompts, responses, budget=24)
+    assert sorted(i for b in bins for i in b) == list(range(6))
+    for b in bins:
+        assert len(b) * (max(prompts[i] for i in b) + max(responses[i] for i in b)) <= 24
+    assert [1, 3, 5] in bins  # the short responses travel together
+    batch = ragged_batch(seed=4)
+    trimmed = batch.select([1, 2]).trim_padding()
+    assert trimmed.attention_mask[:, 0].any() and trimmed.response_mask[:, -1].any()
+    assert trimmed.input_ids.shape[1] < batch.input_ids.shape[1]
+    assert int(trimmed.attention_mask.sum()) == int(batch.select([1, 2]).attention_mask.sum())
 
 
 @pytest.fixture(scope="module")

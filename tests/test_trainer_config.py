@@ -40,6 +40,7 @@ def test_unknown_key_suggests_the_nearest():
     ("trainer.logger=[console,neptune]", ["unknown backend 'neptune'"]),
     ("actor_rollout_ref.model.path=/no/such/model", ["model.path='/no/such/model'", "no such directory"]),
     ("custom_reward_function.path=/no/such/reward.py", ["custom_reward_function.path", "no such file"]),
+    ("actor_rollout_ref.rollout.name=sglang", ["rollout.name='sglang'", "hf, vllm"]),
     ("global_profiler.tool=npu", ["global_profiler.tool", "'npu'", "nsys, torch, torch_memory"]),
 ])
 def test_bad_settings_are_rejected_before_any_work(override, fragments, capsys):

@@ -10,7 +10,7 @@ import torch
 import rlprof
 from rlprof.metrics import MetricAggregator, Reduce
 from rlprof_train import algos
-from rlprof_train.batch import RolloutBatch, gather_rows, micro_batches
+from rlprof_train.batch import RolloutBatch, gather_rows, micro_batch, micro_batches
 from rlprof_train.models import load_causal_lm, response_log_probs
 from rlprof_train.workers.engine import DistEnv, activation_offload, global_sum, make_engine
 
@@ -45,13 +45,14 @@ class ActorWorker:
     def compute_log_prob(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """Log-probs ``[B, R]`` of the sampled responses under the current policy, and ``actor/entropy``."""
         log_probs, entropies = [], []
+        packed = self.cfg.model.use_remove_padding
         for rows in micro_batches(batch, self.actor_cfg.use_dynamic_bsz, self.cfg.rollout.log_prob_micro_batch_size_per_gpu,
-                                  self.actor_cfg.ppo_max_token_len_per_gpu):
-            lp, entropy = self._log_probs(batch.select(rows), with_entropy=True)
+                                  self.actor_cfg.ppo_max_token_len_per_gpu, packed):
+            lp, entropy = self._log_probs(micro_batch(batch, rows, packed), with_entropy=True)
             log_probs.append((rows, lp))
             entropies.append((rows, entropy))
-        out = gather_rows(log_probs, batch.size)
-        entropy = gather_rows(entropies, batch.size)
+        out = gather_rows(log_probs, batch.size, batch.response_length)
+        entropy = gather_rows(entropies, batch.size, batch.response_length)
         return out, {"actor/entropy": algos.masked_mean(entropy, batch.response_mask).item()}
 
     def update(self, batch: RolloutBatch, n: int) -> dict[str, float]:
@@ -84,9 +85,10 @@ class ActorWorker:
         cfg, world = self.actor_cfg, self.env.world_size
         counts = dict(total_tokens=global_sum(float(mini.response_mask.sum()), world),
                       total_seqs=global_sum(float(mini.size), world), norm_length=float(mini.response_length))
-        return sum(self._micro_step(mini.select(rows), counts, agg)
+        packed = self.cfg.model.use_remove_padding
+        return sum(self._micro_step(micro_batch(mini, rows, packed), counts, agg)
                    for rows in micro_batches(mini, cfg.use_dynamic_bsz, cfg.ppo_micro_batch_size_per_gpu,
-                                             cfg.ppo_max_token_len_per_gpu))
+                                             cfg.ppo_max_token_len_per_gpu, packed))
 
     @rlprof.profiled(role="actor", name="micro_batch_forward_backward")
     def _micro_step(self, micro: RolloutBatch, counts: dict, agg: MetricAggregator) -> float:

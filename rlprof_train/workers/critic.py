@@ -9,7 +9,7 @@ import torch
 
 from rlprof.metrics import MetricAggregator, Reduce
 from rlprof_train import algos
-from rlprof_train.batch import RolloutBatch, gather_rows, micro_batches
+from rlprof_train.batch import RolloutBatch, gather_rows, micro_batch, micro_batches
 from rlprof_train.models import ValueModel
 from rlprof_train.workers.engine import DistEnv, activation_offload, global_sum, make_engine
 
@@ -34,10 +34,11 @@ class CriticWorker:
 
     @torch.no_grad()
     def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
-        parts = [(rows, self._values(batch.select(rows)))
+        packed = self.model_cfg.use_remove_padding
+        parts = [(rows, self._values(micro_batch(batch, rows, packed)))
                  for rows in micro_batches(batch, self.dynamic, self.cfg.ppo_micro_batch_size_per_gpu,
-                                           self.cfg.ppo_max_token_len_per_gpu)]
-        return gather_rows(parts, batch.size) * batch.response_mask
+                                           self.cfg.ppo_max_token_len_per_gpu, packed)]
+        return gather_rows(parts, batch.size, batch.response_length) * batch.response_mask
 
     def update(self, batch: RolloutBatch, mini_size: int) -> dict[str, float]:
         """Value epochs over ``batch``: one optimizer step per mini-batch of ``mini_size`` responses (this rank)."""
@@ -55,8 +56,10 @@ class CriticWorker:
         counts = dict(total_tokens=global_sum(float(mini.response_mask.sum()), world),
                       total_seqs=global_sum(float(mini.size), world), norm_length=float(mini.response_length))
         mini_loss = 0.0
-        for rows in micro_batches(mini, self.dynamic, self.cfg.ppo_micro_batch_size_per_gpu, self.cfg.ppo_max_token_len_per_gpu):
-            micro = mini.select(rows)
+        packed = self.model_cfg.use_remove_padding
+        for rows in micro_batches(mini, self.dynamic, self.cfg.ppo_micro_batch_size_per_gpu,
+                                  self.cfg.ppo_max_token_len_per_gpu, packed):
+            micro = micro_batch(mini, rows, packed)
             with activation_offload(self.model_cfg.enable_activation_offload):
                 vpreds = self._values(micro)
                 vf_loss, clipfrac = algos.value_loss(vpreds, micro.returns, micro.values, micro.response_mask,
