@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/python -m pytest tests "$@"
-.venv/bin/python -m pytest benchmarks -p no:cacheprovider --benchmark-columns=min,mean,rounds -q
+.venv/bin/python -m pytest benchmarks -p no:cacheprovider --benchmark-columns=min,mean,rounds -q -s
