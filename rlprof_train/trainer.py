@@ -153,6 +153,9 @@ class PPOTrainer:
             with marked_timer("old_log_prob", timing, role="actor"):
                 batch.old_log_probs, metrics = self.actor.compute_log_prob(batch)
                 worker_metrics.update(metrics)
+            if "rollout_log_probs" in batch.extras:  # the engine's own log-probs: how far off-policy the samples are
+                gap = (batch.old_log_probs - batch.extras["rollout_log_probs"]).abs()
+                worker_metrics["rollout/log_prob_abs_diff"] = algos.masked_mean(gap, batch.response_mask).item()
             if self.ref is not None:
                 with marked_timer("ref", timing, role="ref"):
                     batch.ref_log_probs, metrics = self.ref.compute_ref_log_prob(batch)
@@ -253,6 +256,7 @@ class PPOTrainer:
             self.log(f"checkpoint: saved {target}")
 
     def close(self) -> None:
+        self.rollout.close()
         if self.tracker is not None:
             self.tracker.close()
             self.tracker = None

