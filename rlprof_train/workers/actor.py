@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import torch
@@ -12,7 +11,8 @@ from rlprof.metrics import MetricAggregator, Reduce
 from rlprof_train import algos
 from rlprof_train.batch import RolloutBatch, gather_rows, micro_batch, micro_batches
 from rlprof_train.models import load_causal_lm, response_log_probs
-from rlprof_train.workers.engine import DistEnv, activation_offload, global_sum, make_engine
+from rlprof_train.workers.engine import (DistEnv, activation_offload, loss_counts, make_engine, mini_batches,
+                                         optimizer_step)
 
 
 class ActorWorker:
@@ -60,31 +60,18 @@ class ActorWorker:
         cfg = self.actor_cfg
         agg = MetricAggregator()
         mini_size = cfg.ppo_mini_batch_size * n // self.env.world_size
-        rng = random.Random(batch.uid[0])
-        for _ in range(cfg.ppo_epochs):
-            rows = list(range(batch.size))
-            if cfg.shuffle:
-                rng.shuffle(rows)
-            for start in range(0, len(rows), mini_size):
-                self._update_mini_batch(batch.select(rows[start : start + mini_size]), agg)
+        for rows in mini_batches(batch.size, mini_size, cfg.ppo_epochs, cfg.shuffle, seed=batch.uid[0]):
+            agg.add("actor/pg_loss", self.accumulate_gradients(batch.select(rows), agg), Reduce.MEAN)
+            optimizer_step(self.engine, "actor", agg)
         return agg.compute()
-
-    def _update_mini_batch(self, mini: RolloutBatch, agg: MetricAggregator) -> None:
-        agg.add("actor/pg_loss", self.accumulate_gradients(mini, agg), Reduce.MEAN)
-        self.engine.step()
-        grad_norm = self.engine.get_global_grad_norm()
-        if grad_norm is not None:
-            agg.add("actor/grad_norm", float(grad_norm), Reduce.MEAN)
-        agg.add("actor/lr", self.engine.optimizer.param_groups[0]["lr"], Reduce.LAST)
 
     def accumulate_gradients(self, mini: RolloutBatch, agg: MetricAggregator) -> float:
         """Forward/backward every micro-batch of ``mini`` (no optimizer step); returns the mini-batch's loss.
 
         Losses are normalised by the mini-batch's global token/sequence counts, so the accumulated gradient is the
         same however the mini-batch is cut (fixed micro-batch size or token budget)."""
-        cfg, world = self.actor_cfg, self.env.world_size
-        counts = dict(total_tokens=global_sum(float(mini.response_mask.sum()), world),
-                      total_seqs=global_sum(float(mini.size), world), norm_length=float(mini.response_length))
+        cfg = self.actor_cfg
+        counts = loss_counts(mini.response_mask, self.env.world_size)
         packed = self.cfg.model.use_remove_padding
         return sum(self._micro_step(micro_batch(mini, rows, packed), counts, agg)
                    for rows in micro_batches(mini, cfg.use_dynamic_bsz, cfg.ppo_micro_batch_size_per_gpu,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import torch
@@ -11,7 +10,8 @@ from rlprof.metrics import MetricAggregator, Reduce
 from rlprof_train import algos
 from rlprof_train.batch import RolloutBatch, gather_rows, micro_batch, micro_batches
 from rlprof_train.models import ValueModel
-from rlprof_train.workers.engine import DistEnv, activation_offload, global_sum, make_engine
+from rlprof_train.workers.engine import (DistEnv, activation_offload, loss_counts, make_engine, mini_batches,
+                                         optimizer_step)
 
 
 class CriticWorker:
@@ -43,18 +43,13 @@ class CriticWorker:
     def update(self, batch: RolloutBatch, mini_size: int) -> dict[str, float]:
         """Value epochs over ``batch``: one optimizer step per mini-batch of ``mini_size`` responses (this rank)."""
         agg = MetricAggregator()
-        rng = random.Random(batch.uid[0])
-        for _ in range(self.cfg.ppo_epochs):
-            rows = list(range(batch.size))
-            rng.shuffle(rows)
-            for start in range(0, len(rows), mini_size):
-                self._update_mini_batch(batch.select(rows[start : start + mini_size]), agg)
+        for rows in mini_batches(batch.size, mini_size, self.cfg.ppo_epochs, shuffle=True, seed=batch.uid[0]):
+            self._update_mini_batch(batch.select(rows), agg)
         return agg.compute()
 
     def _update_mini_batch(self, mini: RolloutBatch, agg: MetricAggregator) -> None:
         world = self.env.world_size
-        counts = dict(total_tokens=global_sum(float(mini.response_mask.sum()), world),
-                      total_seqs=global_sum(float(mini.size), world), norm_length=float(mini.response_length))
+        counts = loss_counts(mini.response_mask, world)
         mini_loss = 0.0
         packed = self.model_cfg.use_remove_padding
         for rows in micro_batches(mini, self.dynamic, self.cfg.ppo_micro_batch_size_per_gpu,
@@ -71,9 +66,5 @@ class CriticWorker:
             agg.add("critic/vf_clipfrac", clipfrac.item(), Reduce.WEIGHTED_MEAN, tokens)
             agg.add("critic/vpred_mean", algos.masked_mean(vpreds.detach(), micro.response_mask).item(),
                     Reduce.WEIGHTED_MEAN, tokens)
-        self.engine.step()
         agg.add("critic/vf_loss", mini_loss, Reduce.MEAN)
-        grad_norm = self.engine.get_global_grad_norm()
-        if grad_norm is not None:
-            agg.add("critic/grad_norm", float(grad_norm), Reduce.MEAN)
-        agg.add("critic/lr", self.engine.optimizer.param_groups[0]["lr"], Reduce.LAST)
+        optimizer_step(self.engine, "critic", agg)

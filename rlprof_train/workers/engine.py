@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,3 +97,33 @@ def activation_offload(enabled: bool) -> Any:
     if enabled and torch.cuda.is_available():
         return torch.autograd.graph.save_on_cpu(pin_memory=True)
     return contextlib.nullcontext()
+
+
+def mini_batches(size: int, mini_size: int, epochs: int, shuffle: bool, seed: int) -> Iterator[list[int]]:
+    """Row indices of every mini-batch: ``epochs`` passes over ``size`` rows, cut into runs of ``mini_size``
+    (reshuffled each pass when ``shuffle``, from ``seed``)."""
+    rng = random.Random(seed)
+    for _ in range(epochs):
+        rows = list(range(size))
+        if shuffle:
+            rng.shuffle(rows)
+        for start in range(0, size, mini_size):
+            yield rows[start : start + mini_size]
+
+
+def loss_counts(response_mask: torch.Tensor, world_size: int) -> dict[str, float]:
+    """The mini-batch's token and sequence counts over all ranks, for :func:`rlprof_train.algos.agg_loss`."""
+    return dict(total_tokens=global_sum(float(response_mask.sum()), world_size),
+                total_seqs=global_sum(float(response_mask.shape[0]), world_size),
+                norm_length=float(response_mask.shape[1]))
+
+
+def optimizer_step(engine: Any, role: str, agg: Any) -> None:
+    """``engine.step()``, then ``{role}/grad_norm`` (when DeepSpeed reports it) and ``{role}/lr`` into ``agg``."""
+    from rlprof.metrics import Reduce
+
+    engine.step()
+    grad_norm = engine.get_global_grad_norm()
+    if grad_norm is not None:
+        agg.add(f"{role}/grad_norm", float(grad_norm), Reduce.MEAN)
+    agg.add(f"{role}/lr", engine.optimizer.param_groups[0]["lr"], Reduce.LAST)
