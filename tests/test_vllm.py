@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from conftest import ROOT
-from rlprof.metrics import MetricAggregator
 from rlprof_train.config import load_trainer_config
 from rlprof_train.data import Example
 from rlprof_train.workers.rollout.base import SamplingParams
