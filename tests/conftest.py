@@ -22,6 +22,17 @@ def _no_session_leaks():
     rlprof.shutdown()
 
 
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This environment for a child program, minus what a process group left here (tests that run DeepSpeed in
+    this process set RANK/MASTER_PORT...; a child inheriting them would try to join that group's port)."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    env.update(PYTHONPATH=str(ROOT), **extra)
+    return env
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -33,7 +44,7 @@ def run_example(
 ) -> subprocess.CompletedProcess:
     """Run ``prefix + examples/rl_loop.py + overrides`` (prefix: python, or torchrun / nsys + python)."""
     command = [*prefix, str(EXAMPLE), f"global_profiler.save_path={save_path}", *overrides]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = subprocess_env(OMP_NUM_THREADS="1")
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     assert result.returncode == 0, f"{command} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result

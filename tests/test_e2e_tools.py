@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, free_port, run_example, torchrun
+from conftest import ROOT, free_port, run_example, subprocess_env, torchrun
 from rlprof.analysis.nsys_report import count_by_role, export_sqlite, read_nvtx_ranges
 from rlprof.manifest import read_manifest
 
@@ -119,7 +119,7 @@ def test_nsys_closes_the_ranges_of_a_raising_function(tmp_path, nsys):
         "                pass\n" % str(tmp_path / "out"))
     report = tmp_path / "raise"
     subprocess.run([*nsys_profile(nsys, report), str(script)], check=True, capture_output=True, timeout=600,
-                   env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                   env=subprocess_env())
     ranges = [r for r in read_nvtx_ranges(export_sqlite(nsys, f"{report}.nsys-rep")) if r.category == "actor"]
     outer = [r for r in ranges if r.name == "outer"]
     inner = [r for r in ranges if r.name == "explode"]

@@ -3,7 +3,6 @@ aggregator, cross-rank timing over two real processes, and MFU from hand-derived
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ import pytest
 import torch
 
 import rlprof
-from conftest import ROOT, free_port
+from conftest import free_port, subprocess_env
 from rlprof.metrics import (MetricAggregator, Reduce, compute_data_metrics, compute_memory_metrics,
                             compute_throughput_metrics, compute_timing_metrics, estimate_flops, mfu_metrics,
                             peak_flops, timing_spread)
@@ -133,7 +132,7 @@ def test_two_process_timing_reduction(tmp_path):
         "dist.destroy_process_group()\n")
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
                     str(script)], check=True, capture_output=True, timeout=300,
-                   env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                   env=subprocess_env())
     import json
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert results[0] == results[1]

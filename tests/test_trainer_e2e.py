@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, free_port
+from conftest import ROOT, free_port, subprocess_env
 from rlprof.analysis.nsys_report import count_by_role, export_sqlite, read_nvtx_ranges
 from rlprof.manifest import read_manifest
 from rlprof.tracking.jsonl import read_jsonl
@@ -39,7 +39,7 @@ def trainer_command(tmp_path: Path, *overrides: str) -> list[str]:
 def run_trainer(tmp_path: Path, *overrides: str, prefix: tuple[str, ...] = (sys.executable, "-m"),
                 timeout: float = 900) -> subprocess.CompletedProcess:
     command = [*prefix, "rlprof_train.main_ppo", *trainer_command(tmp_path, *overrides)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = subprocess_env(OMP_NUM_THREADS="1")
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     assert result.returncode == 0, f"{command}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
     return result
@@ -109,7 +109,7 @@ def test_killed_run_resumes_with_the_same_steps_and_data_order(tmp_path):
     run_trainer(reference, *steps)
     killed = tmp_path / "killed"
     command = [sys.executable, "-m", "rlprof_train.main_ppo", *trainer_command(killed, *steps)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = subprocess_env(OMP_NUM_THREADS="1")
     process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 600
     while not (killed / "ckpt" / "global_step_15").exists() and process.poll() is None and time.monotonic() < deadline:

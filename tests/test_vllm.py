@@ -4,14 +4,13 @@ actor's current weights under ZeRO 2 and ZeRO 3, GRPO learns with it, and start-
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, subprocess_env
 from rlprof_train.config import load_trainer_config
 from rlprof_train.data import Example
 from rlprof_train.workers.rollout.base import SamplingParams
@@ -88,7 +87,7 @@ def run_trainer(tmp_path, *overrides):
     command = [sys.executable, "-m", "rlprof_train.main_ppo", f"trainer.log_dir={tmp_path / 'logs'}",
                f"trainer.default_local_dir={tmp_path / 'ckpt'}", 'trainer.logger=["file"]', *overrides]
     return subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                          env=subprocess_env())
 
 
 def test_grpo_with_vllm_rollout_learns_like_hf(tmp_path):
