@@ -99,7 +99,12 @@ def create_tiny_model(out: Path, task: str = "arithmetic", max_operand: int = 4,
     tokenizer = build_tokenizer(corpus)
     model = build_tiny_llama(tokenizer, seed=seed)
     if sft_steps:
-        format_warm_start(model, tokenizer, max_operand, sft_steps, seed, correct_share)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # the same model whatever the machine's thread count (float sums depend on it)
+        try:
+            format_warm_start(model, tokenizer, max_operand, sft_steps, seed, correct_share)
+        finally:
+            torch.set_num_threads(threads)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
