@@ -1,15 +1,17 @@
 """One measurement for benchmarks/test_knobs.py, run in a fresh process per knob so peaks do not mix:
-``python benchmarks/knob_probe.py NAME override ...`` prints one JSON line.
+``python benchmarks/knob_probe.py NAME SHAPE override ...`` prints one JSON line.
 
-The real DeepSpeed actor (rlprof_train's ActorWorker) runs two passes over one ragged mini-batch on a small Llama
-(6 layers, hidden 256, vocabulary 8192): the update pass (forward + backward of the actor loss, no optimizer step)
+The real DeepSpeed actor (rlprof_train's ActorWorker) runs two passes over one ragged mini-batch on a small Llama of
+one of two shapes (``SHAPES``): ``head`` (6 layers, hidden 256, vocabulary 8192: the LM head and the logits dominate
+memory) or ``deep`` (8 layers, hidden 384, vocabulary 512: the layers' activations dominate). The update pass (forward + backward of the actor loss, no optimizer step)
 and the log-prob pass (no grad, with entropies, as for old_log_prob; measured first). Measured after a warm-up: wall time (best of
 2), real tokens per second, and the peak of the process's resident memory above its level before the pass (rlprof's
-host-memory high-water mark, reset before each pass), plus the token positions the model computed (padding included).
+host-memory high-water mark, reset before each pass, after freed memory went back to the OS), plus the token positions the model computed (padding included).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import sys
 import tempfile
@@ -24,23 +26,28 @@ from rlprof_train.config import load_trainer_config
 from rlprof_train.workers.actor import ActorWorker
 from rlprof_train.workers.engine import init_distributed
 
-ROWS, PROMPT, RESPONSE, VOCAB = 16, 64, 192, 8192
+ROWS, PROMPT, RESPONSE = 16, 64, 192
+SHAPES = {
+    "head": dict(vocab_size=8192, hidden_size=256, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=4),
+    "deep": dict(vocab_size=512, hidden_size=384, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=6),
+}
 
 
-def small_model(path: str) -> None:
+def small_model(path: str, shape: str) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=1024, num_hidden_layers=6,
-                         num_attention_heads=4, num_key_value_heads=4, head_dim=64, max_position_embeddings=512)
+    dims = SHAPES[shape]
+    config = LlamaConfig(**dims, num_key_value_heads=dims["num_attention_heads"], head_dim=64,
+                         max_position_embeddings=512)
     LlamaForCausalLM(config).save_pretrained(path)
 
 
-def ragged_batch() -> RolloutBatch:
+def ragged_batch(vocab: int) -> RolloutBatch:
     g = torch.Generator().manual_seed(0)
     prompt_lengths = torch.randint(8, PROMPT + 1, (ROWS,), generator=g)
     response_lengths = torch.randint(8, RESPONSE + 1, (ROWS,), generator=g)
-    ids = torch.randint(3, VOCAB, (ROWS, PROMPT + RESPONSE), generator=g)
+    ids = torch.randint(3, vocab, (ROWS, PROMPT + RESPONSE), generator=g)
     mask = torch.zeros_like(ids)
     for r in range(ROWS):
         mask[r, PROMPT - prompt_lengths[r]: PROMPT + response_lengths[r]] = 1
@@ -62,20 +69,28 @@ def computed_positions(batch: RolloutBatch, cfg) -> int:
     return total
 
 
-def main(name: str, overrides: list[str]) -> None:
+def main(name: str, shape: str, overrides: list[str]) -> None:
     env = init_distributed("cpu")
     with tempfile.TemporaryDirectory() as path:
-        small_model(path)
+        small_model(path, shape)
         cfg = load_trainer_config([f"actor_rollout_ref.model.path={path}", "actor_rollout_ref.actor.zero_stage=0",
                                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", *overrides])
         worker = ActorWorker(cfg.actor_rollout_ref, path, env)
-    batch = ragged_batch()
+    batch = ragged_batch(SHAPES[shape]["vocab_size"])
     log_prob = measure(lambda: worker.compute_log_prob(batch), worker)  # first: its peak is not raised by the update's
     update = measure(lambda: worker.accumulate_gradients(batch, MetricAggregator()), worker)
     real = int(batch.attention_mask.sum())
-    print(json.dumps({"knob": name, "update_tokens_per_s": real / update[0], "update_peak_mb": update[1],
+    print(json.dumps({"knob": name, "shape": shape, "update_tokens_per_s": real / update[0], "update_peak_mb": update[1],
                       "log_prob_tokens_per_s": real / log_prob[0], "log_prob_peak_mb": log_prob[1],
                       "computed_positions": computed_positions(batch, cfg), "real_tokens": real}))
+
+
+def release_free_memory() -> None:
+    """Hand memory the allocator keeps from earlier passes back to the OS, so RSS is the live set (glibc)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
 
 
 def measure(run, worker) -> tuple[float, float]:
@@ -84,6 +99,7 @@ def measure(run, worker) -> tuple[float, float]:
     times, peaks = [], []
     for _ in range(2):
         worker.engine.zero_grad()
+        release_free_memory()
         before, _ = read_rss()
         reset_peak()
         start = time.perf_counter()
@@ -94,4 +110,4 @@ def measure(run, worker) -> tuple[float, float]:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])

@@ -142,6 +142,7 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", gradient_checkpoint
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=TORCH_DTYPES[dtype])
+    model.train()  # from_pretrained returns eval mode, where transformers skips gradient checkpointing
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
@@ -154,7 +155,7 @@ class ValueModel(torch.nn.Module):
         super().__init__()
         from transformers import AutoModel
 
-        self.body = AutoModel.from_pretrained(str(path), dtype=TORCH_DTYPES[dtype])
+        self.body = AutoModel.from_pretrained(str(path), dtype=TORCH_DTYPES[dtype]).train()
         if gradient_checkpointing:
             self.body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.value_head = torch.nn.Linear(self.body.config.hidden_size, 1, dtype=TORCH_DTYPES[dtype])

@@ -108,12 +108,18 @@ def dist_env():
     return init_distributed("cpu")
 
 
-def actor_grads(model_dir, env, batch: RolloutBatch, *overrides: str) -> torch.Tensor:
+def actor_grads(model_dir, env, batch: RolloutBatch, *overrides: str, layer_calls: list | None = None) -> torch.Tensor:
+    """The accumulated gradient of the real DeepSpeed actor; ``layer_calls`` receives one entry per forward of the
+    first decoder layer (recomputation in backward shows up as extra calls)."""
     from rlprof_train.workers.actor import ActorWorker
 
     cfg = load_trainer_config([f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.actor.zero_stage=0",
                                *overrides])
     worker = ActorWorker(cfg.actor_rollout_ref, str(model_dir), env)
+    if layer_calls is not None:  # count executions (torch suppresses module hooks while recomputing)
+        layer = worker.module.model.layers[0]
+        forward = layer.forward
+        layer.forward = lambda *args, **kwargs: (layer_calls.append(1), forward(*args, **kwargs))[1]
     worker.accumulate_gradients(batch, MetricAggregator())
     return torch.cat([p.grad.flatten() for p in worker.module.parameters()])
 
@@ -134,9 +140,12 @@ def test_dynamic_batch_size_gives_the_fixed_micro_batch_gradient(model_dir, dist
 def test_gradient_checkpointing_gives_the_plain_gradient(model_dir, dist_env):
     batch = ragged_batch(seed=3)
     plain = actor_grads(model_dir, dist_env, batch)
+    calls_checkpointed, calls_plain = [], []
     checkpointed = actor_grads(model_dir, dist_env, batch, "actor_rollout_ref.model.enable_gradient_checkpointing=true",
                                "actor_rollout_ref.actor.entropy_checkpointing=true",
-                               "actor_rollout_ref.actor.entropy_coeff=0.01")
-    entropy_plain = actor_grads(model_dir, dist_env, batch, "actor_rollout_ref.actor.entropy_coeff=0.01")
+                               "actor_rollout_ref.actor.entropy_coeff=0.01", layer_calls=calls_checkpointed)
+    entropy_plain = actor_grads(model_dir, dist_env, batch, "actor_rollout_ref.actor.entropy_coeff=0.01",
+                                layer_calls=calls_plain)
+    assert len(calls_checkpointed) == 2 * len(calls_plain) > 0  # checkpointing really recomputed every layer
     torch.testing.assert_close(checkpointed, entropy_plain, atol=1e-6, rtol=1e-4)
     assert not torch.allclose(plain, entropy_plain)  # the entropy term is really in the checkpointed run
