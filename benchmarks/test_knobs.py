@@ -3,11 +3,10 @@
 Every knob runs in its own process (benchmarks/knob_probe.py) on the same ragged mini-batch, on the model shape where
 its effect lives (gradient checkpointing on an activation-heavy model, the rest on an LM-head-heavy one); the table (peak memory
 above the pre-pass level, tokens/s, token positions computed per real token) is printed and written to
-``outputs/benchmarks/knobs.md``. The assertions are the expected directions that hold here, as ratios within this
-one run: packing raises tokens/s on ragged batches, dynamic batch size cuts padding waste, entropy chunking lowers
-the log-prob pass's peak. Gradient checkpointing is measured but not asserted: it recomputes (tests/test_knobs.py
-proves it) yet lowers this process's peak RSS by about 1% only, which is not understood yet (see
-docs/performance_tuning.md).
+``outputs/benchmarks/knobs.md``. Asserted, as ratios within this one run, are the directions that are stable on a
+2-core machine: gradient checkpointing lowers the update's peak memory (by 20% at least), packing computes no padding
+and dynamic batch size less of it, entropy chunking lowers the log-prob pass's peak. Tokens/s are reported, not
+asserted: they move by about 15% between runs here, as much as packing gains on this batch.
 """
 
 from __future__ import annotations
@@ -69,7 +68,10 @@ def test_knobs(benchmark):
     print("\n" + text)
     benchmark.extra_info["knobs"] = results
     base = results[BASELINE]
-    assert results["use_remove_padding"]["update_tokens_per_s"] > base["update_tokens_per_s"]
+    deep_checkpointed = results["deep model: enable_gradient_checkpointing"]
+    assert deep_checkpointed["update_peak_mb"] < 0.8 * results[DEEP_BASELINE]["update_peak_mb"]
+    packed = results["use_remove_padding"]
+    assert packed["computed_positions"] == packed["real_tokens"] < base["computed_positions"]
     assert results["use_dynamic_bsz (padded, 2048-token budget)"]["computed_positions"] < base["computed_positions"]
     entropy = results[ENTROPY_BASELINE]
     assert results["entropy_from_logits_with_chunking"]["log_prob_peak_mb"] < entropy["log_prob_peak_mb"]
