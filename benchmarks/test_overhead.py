@@ -2,10 +2,13 @@
 
 - off: a ``@profiled`` call with no tool (or role/step not selected) vs a minimal pass-through wrapper.
   Target <= 1.2x.
-- nsys on: a ``@profiled`` call inside a selected step with the nsys tool vs the same wrapper doing raw
-  ``nvtx.push_range``/``nvtx.pop_range`` with the same message, colour, domain and category. Target <= 1.3x.
-  Also reported, not asserted: against the fastest possible raw use of nvtx (a Domain with pre-built event
-  attributes), which rlprof trails by one Python call per range.
+- nsys on: a ``@profiled`` call inside a selected step with the nsys tool vs the same wrapper around the fastest
+  documented use of nvtx: a ``Domain`` with pre-built event attributes (``domain.push_range(attributes)``). Target
+  <= 1.15x. Also reported: against nvtx's module API (``nvtx.push_range``/``pop_range`` with message, colour, domain
+  and category per call) and against the lowest level there is (``nvtx._lib.lib.push_range(attributes, handle)``,
+  the C calls rlprof itself binds per site).
+
+Each target is asserted on the best of up to three measurements (a noisy machine retries; the bound stays).
 
 The ratio is stored in the benchmark's ``extra_info`` and printed; run ``pytest benchmarks -s`` to see it.
 """
@@ -22,7 +25,8 @@ import rlprof
 from rlprof.tools.nsys import DOMAIN, open_domain, role_color
 
 OFF_TARGET = 1.2
-NSYS_TARGET = 1.3
+NSYS_TARGET = 1.15
+ATTEMPTS = 3
 
 
 def work(x):
@@ -49,6 +53,18 @@ def raw_nvtx(fn):
     return wrapper
 
 
+def raw_lib(fn, push, pop):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        push()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            pop()
+
+    return wrapper
+
+
 def raw_domain_prebuilt(fn, domain, attributes):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -62,7 +78,15 @@ def raw_domain_prebuilt(fn, domain, attributes):
 
 
 def compare(benchmark, name, subject, baseline, target=None):
-    s, b, r = ratio(lambda: subject(1), lambda: baseline(1))
+    """Measure the ratio (up to ATTEMPTS times while it misses ``target``) and record the best one."""
+    best = None
+    for _ in range(ATTEMPTS if target else 1):
+        s, b, r = ratio(lambda: subject(1), lambda: baseline(1))
+        if best is None or r < best[2]:
+            best = (s, b, r)
+        if target is None or r <= target:
+            break
+    s, b, r = best
     benchmark.extra_info.update({f"{name}_ns": s * 1e9, f"{name}_baseline_ns": b * 1e9, f"{name}_ratio": r})
     goal = f"target <= {target}" if target else "information"
     print(f"\n{name}: {s * 1e9:.1f} ns/call vs baseline {b * 1e9:.1f} ns/call -> ratio {r:.3f} ({goal})")
@@ -79,7 +103,7 @@ def test_profiled_call_with_profiling_off(benchmark):
     rlprof.init({"global_profiler": {"tool": None}})
     profiled = rlprof.profiled(role="actor")(work)
     r = report(benchmark, "profiled_off", profiled, pass_through(work), OFF_TARGET)
-    assert r <= OFF_TARGET * 1.25, f"profiling-off overhead {r:.2f}x is far above the {OFF_TARGET}x target"
+    assert r <= OFF_TARGET, f"profiling-off overhead {r:.2f}x is above the {OFF_TARGET}x target"
 
 
 def test_profiled_call_with_step_not_selected(benchmark):
@@ -87,15 +111,19 @@ def test_profiled_call_with_step_not_selected(benchmark):
     rlprof.step(1)
     profiled = rlprof.profiled(role="actor")(work)
     r = report(benchmark, "profiled_unselected_step", profiled, pass_through(work), OFF_TARGET)
-    assert r <= OFF_TARGET * 1.25
+    assert r <= OFF_TARGET, f"unselected-step overhead {r:.2f}x is above the {OFF_TARGET}x target"
 
 
 def test_profiled_call_with_nsys_on(benchmark):
+    from nvtx._lib import lib
+
     rlprof.init({"global_profiler": {"tool": "nsys", "steps": [1], "save_path": "outputs/bench"}})
     rlprof.step(1)
     profiled = rlprof.profiled(role="actor", name="work")(work)
     domain = open_domain(DOMAIN)
     attributes = domain.get_event_attributes(message="work", color=role_color("actor"), category="actor")
-    compare(benchmark, "vs_prebuilt_domain", profiled, raw_domain_prebuilt(work, domain, attributes))
-    r = report(benchmark, "profiled_nsys_on", profiled, raw_nvtx(work), NSYS_TARGET)
-    assert r <= NSYS_TARGET * 1.25, f"nsys-on overhead {r:.2f}x is far above the {NSYS_TARGET}x target"
+    compare(benchmark, "vs_nvtx_module_api", profiled, raw_nvtx(work))
+    compare(benchmark, "vs_lowest_level_c_calls", profiled, raw_lib(
+        work, functools.partial(lib.push_range, attributes, domain.handle), functools.partial(lib.pop_range, domain.handle)))
+    r = report(benchmark, "profiled_nsys_on", profiled, raw_domain_prebuilt(work, domain, attributes), NSYS_TARGET)
+    assert r <= NSYS_TARGET, f"nsys-on overhead {r:.2f}x vs a pre-built Domain is above the {NSYS_TARGET}x target"

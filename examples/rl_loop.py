@@ -9,13 +9,17 @@ A tiny autoregressive policy learns to emit a target token; every phase is a dec
     torchrun --nproc_per_node 2 examples/rl_loop.py global_profiler.tool=torch role_profiler.all_ranks=true
 
 ``role_profiler`` is shared by every role block below (OmegaConf interpolation); override one role with e.g.
-``actor.profiler.ranks=[1]``.
+``actor.profiler.ranks=[1]``. ``--config FILE.yaml`` replaces the profiler settings (``global_profiler`` and the
+role blocks) with the file's, e.g. the seed's ``actor_rollout_ref.actor.profiler`` block alone::
+
+    python examples/rl_loop.py --config profile.yaml global_profiler.steps=[2]
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -110,8 +114,21 @@ def update(policy: TinyPolicy, optimizer: torch.optim.Optimizer, tokens: torch.T
     return {"pg_loss": pg_loss.item(), "vf_loss": vf_loss.item(), "kl": kl.item()}
 
 
+ROLE_KEYS = ("role_profiler", "rollout", "reward", "ref", "critic", "actor")
+
+
+def load(argv: list[str]) -> Any:
+    """DEFAULTS, then ``--config FILE`` (its profiler settings replace the default role blocks), then overrides."""
+    base = OmegaConf.create(DEFAULTS)
+    if argv[:1] == ["--config"]:
+        base = OmegaConf.merge(OmegaConf.masked_copy(base, [k for k in base if k not in ROLE_KEYS]),
+                               OmegaConf.load(argv[1]))
+        argv = argv[2:]
+    return OmegaConf.merge(base, OmegaConf.from_dotlist(argv))
+
+
 def main(argv: list[str]) -> None:
-    cfg = OmegaConf.merge(OmegaConf.create(DEFAULTS), OmegaConf.from_dotlist(argv))
+    cfg = load(argv)
     loop = cfg.loop
     distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1
     if distributed:  # launched by torchrun: data-parallel ranks that average their rewards for the log line

@@ -14,21 +14,25 @@ Decorate once, choose by config::
                 ...
             update_actor(batch)
     rlprof.shutdown()
+
+Extending: a recording tool is a :class:`rlprof.tools.Tool` registered with :func:`register_tool`.
 """
 
 from rlprof.annotate import profile_range, profiled
-from rlprof.config import ConfigError, ProfilerConfig, load_config
-from rlprof.session import Session, get_session, init, shutdown, step
+from rlprof.schema import ConfigError
+from rlprof.session import get_session, init, is_recording, shutdown, step
+from rlprof.timer import marked_timer
+from rlprof.tools import register_tool
 
 __all__ = [
     "ConfigError",
-    "ProfilerConfig",
-    "Session",
     "get_session",
     "init",
-    "load_config",
+    "is_recording",
+    "marked_timer",
     "profile_range",
     "profiled",
+    "register_tool",
     "shutdown",
     "step",
 ]

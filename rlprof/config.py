@@ -3,7 +3,7 @@
 The schema follows verl's layout so that verl YAML loads unchanged::
 
     global_profiler:                # one block: which tool, which steps, where to write
-      tool: torch                   # null | nsys | torch | torch_memory
+      tool: torch                   # null or a registered tool: nsys | torch | torch_memory | your own
       steps: [2, 3]                 # or a window in the tool's block (step_start/step_end)
       save_path: ./outputs/profile
       global_tool_config:
@@ -13,95 +13,75 @@ The schema follows verl's layout so that verl YAML loads unchanged::
         profiler: {enable: true, all_ranks: false, ranks: [0]}   # one block per role
 
 Any mapping key named ``profiler`` (other than ``global_profiler``) anywhere in the config declares a role
-named after its parent key (``reward_model`` is read as ``reward``). Loading fails with :class:`ConfigError`
-before any work starts, naming the key, the bad value and what is allowed.
+named after its parent key (``reward_model`` is read as ``reward``). As in verl's colocated actor-rollout-ref
+worker, ``rollout`` and ``ref`` follow the actor's block unless they declare their own. Each tool's block in
+``global_tool_config`` is the settings dataclass it was registered with (:func:`rlprof.register_tool`).
+Loading fails with :class:`ConfigError` before any work starts, naming the key, the bad value and what is
+allowed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import types
-import typing
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-ToolName = Literal["nsys", "torch", "torch_memory"]
-TOOL_NAMES: tuple[str, ...] = typing.get_args(ToolName)
-TorchContent = Literal["cpu", "cuda", "shapes", "stack", "memory", "flops", "modules"]
+from rlprof.schema import ConfigError, build, coerce, unknown_key_message
+
+__all__ = ["ConfigError", "GlobalProfilerConfig", "ProfilerConfig", "RoleProfilerConfig", "StepSelection",
+           "load_config"]
+
 ROLE_ALIASES = {"reward_model": "reward"}
+ROLE_PARENTS = {"rollout": "actor", "ref": "actor"}
+"""Roles that follow another role's block unless they declare their own (verl's actor-rollout-ref worker)."""
 
 
-class ConfigError(ValueError):
-    """A profiler configuration that cannot be used; the message names the key, the value and what is allowed."""
+class ToolConfigs(Mapping[str, Any]):
+    """``global_tool_config``: each registered tool's settings, by tool name (``cfg.torch`` or ``cfg["torch"]``)."""
 
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        self._settings = dict(settings)
 
-@dataclass
-class NsysToolConfig:
-    """Nsight Systems: NVTX ranges (domain ``rlprof``, category = role) plus cudaProfilerApi capture on GPU."""
+    def __getitem__(self, name: str) -> Any:
+        return self._settings[name]
 
-    discrete: bool = False
-    """True: bracket each range with its own capture (one report per task); False: one capture per step window."""
-    step_start: Optional[int] = None
-    """First profiled step of a contiguous window (inclusive); an alternative to ``global_profiler.steps``."""
-    step_end: Optional[int] = None
-    """Last profiled step of the window (inclusive); null means open-ended."""
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["_settings"][name]
+        except KeyError:
+            raise AttributeError(name) from None
 
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._settings)
 
-@dataclass
-class TorchToolConfig:
-    """torch.profiler over each step window, one gzipped Chrome trace per window per rank."""
+    def __len__(self) -> int:
+        return len(self._settings)
 
-    step_start: Optional[int] = None
-    """First profiled step of a contiguous window (inclusive); an alternative to ``global_profiler.steps``."""
-    step_end: Optional[int] = None
-    """Last profiled step of the window (inclusive); null means open-ended."""
-    contents: list[TorchContent] = field(default_factory=list)
-    """Extra detail: cpu, cuda (activities; both default to on where available), shapes, stack, memory, flops, modules."""
-    discrete: bool = False
-    """Accepted for verl compatibility; the torch tool always writes one trace per window per process."""
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ToolConfigs) and self._settings == other._settings
 
-
-@dataclass
-class TorchMemoryToolConfig:
-    """CUDA caching-allocator history over each step window, one snapshot pickle per window per rank."""
-
-    trace_alloc_max_entries: int = 100_000
-    """Most alloc/free events kept in the ring buffer (older ones are overwritten)."""
-    stack_depth: int = 32
-    """Frames kept per recorded allocation stack in the written snapshot."""
-    step_start: Optional[int] = None
-    """First recorded step of a contiguous window (inclusive); an alternative to ``global_profiler.steps``."""
-    step_end: Optional[int] = None
-    """Last recorded step of the window (inclusive); null means open-ended."""
-    oom_snapshot: bool = True
-    """Write ``oom_rank{R}_*.pickle`` when CUDA runs out of memory while recording (once per window)."""
-
-
-@dataclass
-class ToolConfigs:
-    """Per-tool settings; only the block of the active tool is used."""
-
-    nsys: NsysToolConfig = field(default_factory=NsysToolConfig)
-    torch: TorchToolConfig = field(default_factory=TorchToolConfig)
-    torch_memory: TorchMemoryToolConfig = field(default_factory=TorchMemoryToolConfig)
+    def __repr__(self) -> str:
+        return f"ToolConfigs({self._settings!r})"
 
 
 @dataclass
 class GlobalProfilerConfig:
     """The run-wide choice of tool, steps and output folder."""
 
-    tool: Optional[ToolName] = None
-    """Which tool records: null (none), nsys, torch or torch_memory."""
+    tool: Optional[str] = None
+    """Which tool records: null (none) or a registered tool (nsys, torch, torch_memory, or your own)."""
     steps: Optional[list[int]] = None
     """Training steps to record; contiguous runs form one window each. null: use the tool's step window, or all steps."""
     save_path: str = "outputs/profile"
     """Folder for traces, snapshots and manifest.jsonl."""
-    global_tool_config: ToolConfigs = field(default_factory=ToolConfigs)
-    """Settings of each tool."""
+    global_tool_config: ToolConfigs = field(default_factory=lambda: ToolConfigs(_default_tool_settings()))
+    """Settings of each registered tool."""
 
 
 @dataclass
@@ -117,7 +97,8 @@ class RoleProfilerConfig:
     discrete: Optional[bool] = None
     """nsys only: overrides ``global_tool_config.nsys.discrete`` for this role's ranges."""
     tool_config: Optional[dict[str, Any]] = None
-    """Accepted for verl compatibility (its per-worker tool settings); rlprof takes tool settings from global_tool_config."""
+    """verl's per-worker tool settings. Honoured: ``nsys.discrete`` (as ``discrete`` above); a setting equal to the
+    global one is accepted; any other is refused (rlprof runs one tool per process, set by ``global_tool_config``)."""
 
 
 @dataclass
@@ -126,10 +107,33 @@ class ProfilerConfig:
 
     global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
     roles: dict[str, RoleProfilerConfig] = field(default_factory=dict)
+    """The role blocks the config declares, by role name."""
 
-    def role(self, name: str) -> RoleProfilerConfig:
-        """The block of role ``name``; a role without a block gets the defaults (enabled on rank 0)."""
-        return self.roles.get(name) or RoleProfilerConfig()
+    def role(self, name: str) -> Optional[RoleProfilerConfig]:
+        """The block that governs role ``name``: its own, else its parent's (rollout, ref -> actor), else None."""
+        block = self.roles.get(name)
+        if block is None and name in ROLE_PARENTS:
+            block = self.roles.get(ROLE_PARENTS[name])
+        return block
+
+    def role_enabled(self, name: str, rank: int) -> bool:
+        """Whether ``name``'s ranges record on ``rank``: with no role blocks every role records on rank 0; with
+        role blocks, exactly the roles they govern, each on its ranks."""
+        if not self.roles:
+            return rank == 0
+        block = self.role(name)
+        return block is not None and block.enable and (block.all_ranks or rank in block.ranks)
+
+    def records_on(self, rank: int) -> bool:
+        """Whether any role records on ``rank`` (else that rank starts no tool and writes nothing)."""
+        if not self.roles:
+            return rank == 0
+        return any(self.role_enabled(name, rank) for name in self.roles)
+
+    def tool_settings(self) -> Any:
+        """The active tool's settings block, or None without a tool."""
+        tool = self.global_profiler.tool
+        return self.global_profiler.global_tool_config[tool] if tool else None
 
     def step_selection(self) -> "StepSelection":
         """The steps the active tool records, from ``steps`` or the tool's window."""
@@ -155,8 +159,38 @@ class StepSelection:
     def selects_all(self) -> bool:
         return self.steps is None and self.start is None and self.end is None
 
+    def last(self) -> Optional[int]:
+        """The last selected step, or None when the selection is open-ended."""
+        if self.steps is not None:
+            return max(self.steps) if self.steps else None
+        return self.end
+
+    def windows(self) -> list[tuple[int, int]]:
+        """The (first, last) step of each window of an explicit or closed selection (empty when open-ended)."""
+        if self.steps is not None:
+            runs: list[tuple[int, int]] = []
+            for step in sorted(self.steps):
+                if runs and step == runs[-1][1] + 1:
+                    runs[-1] = (runs[-1][0], step)
+                else:
+                    runs.append((step, step))
+            return runs
+        if self.end is None:
+            return []
+        return [(self.start if self.start is not None else 0, self.end)]
+
 
 # --------------------------------------------------------------------------------------------- loading
+
+
+def _tool_registry() -> Any:
+    from rlprof.tools import registry
+
+    return registry
+
+
+def _default_tool_settings() -> dict[str, Any]:
+    return {spec.name: spec.config() for spec in _tool_registry().tool_specs()}
 
 
 def load_config(cfg: Any = None, world_size: Optional[int] = None) -> ProfilerConfig:
@@ -171,31 +205,85 @@ def load_config(cfg: Any = None, world_size: Optional[int] = None) -> ProfilerCo
         tree = _to_container(cfg)
         if not isinstance(tree, Mapping):
             raise ConfigError(f"profiler config: expected a mapping, got {type(tree).__name__}")
-        config = ProfilerConfig(
-            global_profiler=_build(GlobalProfilerConfig, tree.get("global_profiler") or {}, "global_profiler"),
-            roles=_find_roles(tree),
-        )
+        _check_top_level(tree)
+        config = ProfilerConfig(global_profiler=_build_global(tree.get("global_profiler") or {}),
+                                roles=_find_roles(tree))
     validate(config, world_size)
     return config
 
 
 def _to_container(cfg: Any) -> Any:
-    if cfg is None:
-        return {}
-    if isinstance(cfg, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(cfg, resolve=True)
-    if isinstance(cfg, str):
-        text = cfg
-        if "\n" not in cfg and cfg.endswith((".yaml", ".yml")):
-            with open(cfg, encoding="utf-8") as handle:
-                text = handle.read()
-        return OmegaConf.to_container(OmegaConf.create(text), resolve=True)
-    if isinstance(cfg, Mapping):
-        return OmegaConf.to_container(OmegaConf.create(dict(cfg)), resolve=True)
+    try:
+        if cfg is None:
+            return {}
+        if isinstance(cfg, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(cfg, resolve=True)
+        if isinstance(cfg, os.PathLike):
+            cfg = os.fspath(cfg)
+        if isinstance(cfg, str):
+            return OmegaConf.to_container(OmegaConf.create(_yaml_text(cfg)), resolve=True)
+        if isinstance(cfg, Mapping):
+            return OmegaConf.to_container(OmegaConf.create(dict(cfg)), resolve=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"profiler config: cannot read it ({type(exc).__name__}: {_first_line(exc)})") from None
     raise ConfigError(f"profiler config: cannot read a {type(cfg).__name__}; pass a mapping, DictConfig or YAML path")
 
 
-def _find_roles(tree: Mapping, path: str = "") -> dict[str, RoleProfilerConfig]:
+def _yaml_text(cfg: str) -> str:
+    """The YAML text of ``cfg``: the file it names, or ``cfg`` itself when it is YAML text."""
+    import yaml
+
+    if "\n" not in cfg and os.path.isfile(cfg):
+        with open(cfg, encoding="utf-8") as handle:
+            text = handle.read()
+        source = cfg
+    elif "\n" not in cfg and (cfg.endswith((".yaml", ".yml")) or (os.sep in cfg and ":" not in cfg)):
+        raise ConfigError(f"profiler config: {cfg!r} is not a file (give a YAML file path, YAML text or a mapping)")
+    else:
+        text, source = cfg, "the YAML text"
+    try:
+        parsed = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"profiler config: {source} is not valid YAML ({_first_line(exc)})") from None
+    if parsed is not None and not isinstance(parsed, Mapping):
+        raise ConfigError(f"profiler config: {source} holds {type(parsed).__name__} {parsed!r}, not a mapping of settings")
+    return text
+
+
+def _first_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _check_top_level(tree: Mapping[str, Any]) -> None:
+    """A top-level key that is a near miss of ``global_profiler`` is a typo, not the user's own setting."""
+    if "global_profiler" in tree:
+        return
+    for key in tree:
+        if isinstance(key, str) and difflib.get_close_matches(key, ["global_profiler"], n=1, cutoff=0.8):
+            raise ConfigError(f"{key}: unknown top-level key (did you mean 'global_profiler'?)")
+
+
+def _build_global(data: Any) -> GlobalProfilerConfig:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"global_profiler: expected a mapping, got {data!r}")
+    tools = dict(data.get("global_tool_config") or {})
+    names = _tool_registry().tool_names()
+    settings = _default_tool_settings()
+    for name, block in tools.items():
+        if name not in names:
+            raise ConfigError(unknown_key_message(f"global_profiler.global_tool_config.{name}", str(name), names)
+                              .replace("unknown key", "unknown tool").replace("allowed keys", "registered tools"))
+        settings[name] = build(type(settings[name]), block, f"global_profiler.global_tool_config.{name}")
+    rest = {k: v for k, v in data.items() if k != "global_tool_config"}
+    config = build(GlobalProfilerConfig, rest, "global_profiler")
+    config.global_tool_config = ToolConfigs(settings)
+    if config.tool is not None and config.tool not in names:
+        raise ConfigError(f"global_profiler.tool: {config.tool!r} is not allowed; choose one of: null, "
+                          f"{', '.join(names)}")
+    return config
+
+
+def _find_roles(tree: Mapping[str, Any], path: str = "") -> dict[str, RoleProfilerConfig]:
     """Collect every ``<parent>.profiler`` block below ``tree`` as a role named after its parent key."""
     roles: dict[str, RoleProfilerConfig] = {}
     sources: dict[str, str] = {}
@@ -213,69 +301,47 @@ def _find_roles(tree: Mapping, path: str = "") -> dict[str, RoleProfilerConfig]:
                     f"{key_path}.profiler: role {role!r} is already configured at {sources[role]}.profiler; "
                     "each role may have one profiler block"
                 )
-            roles[role] = _build(RoleProfilerConfig, block, f"{key_path}.profiler")
+            roles[role] = build(RoleProfilerConfig, block, f"{key_path}.profiler")
             sources[role] = key_path
         for role, nested in _find_roles({k: v for k, v in value.items() if k != "profiler"}, key_path).items():
             if role in roles:
                 raise ConfigError(f"{key_path}: role {role!r} has more than one profiler block")
             roles[role] = nested
+    for role, source in sources.items():
+        roles[role] = _apply_role_tool_config(roles[role], f"{source}.profiler", tree)
     return roles
 
 
-def _build(schema: type, data: Any, path: str) -> Any:
-    """Instantiate dataclass ``schema`` from ``data``, checking keys and value types with path-naming errors."""
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{path}: expected a mapping with keys {_field_names(schema)}, got {data!r}")
-    fields = {f.name: f for f in dataclasses.fields(schema)}
-    hints = typing.get_type_hints(schema)
-    kwargs = {}
-    for key, value in data.items():
-        if key not in fields:
-            close = difflib.get_close_matches(str(key), fields, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{path}.{key}: unknown key{hint}; allowed keys: {_field_names(schema)}")
-        kwargs[key] = _coerce(hints[key], value, f"{path}.{key}")
-    return schema(**kwargs)
-
-
-def _field_names(schema: type) -> str:
-    return ", ".join(f.name for f in dataclasses.fields(schema))
-
-
-def _coerce(hint: Any, value: Any, path: str) -> Any:
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _coerce(inner, value, path)
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value if value is not None else {}, path)
-    if origin is Literal:
-        if value not in args:
-            allowed = ", ".join(map(str, args))
-            raise ConfigError(f"{path}: {value!r} is not allowed; choose one of: {allowed}")
-        return value
-    if origin is list:
-        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{path}: expected a list, got {value!r}")
-        return [_coerce(args[0], item, f"{path}[{i}]") for i, item in enumerate(value)]
-    if origin is dict or hint is Any:
-        return value
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{path}: expected true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{path}: expected an integer, got {value!r}")
-        return value
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{path}: expected a string, got {value!r}")
-        return value
-    raise TypeError(f"{path}: schema type {hint!r} is not supported by the loader")
+def _apply_role_tool_config(block: RoleProfilerConfig, path: str, tree: Mapping[str, Any]) -> RoleProfilerConfig:
+    """Honour verl's ``<role>.profiler.tool_config``: ``nsys.discrete`` sets the role's discrete mode; settings equal
+    to the global ones are accepted; anything else is refused, naming where the setting belongs."""
+    if not block.tool_config:
+        return block
+    global_block = _build_global(tree.get("global_profiler") or {})
+    names = _tool_registry().tool_names()
+    discrete = block.discrete
+    for tool, settings in block.tool_config.items():
+        if tool not in names:
+            raise ConfigError(unknown_key_message(f"{path}.tool_config.{tool}", str(tool), names)
+                              .replace("unknown key", "unknown tool").replace("allowed keys", "registered tools"))
+        if settings is None:
+            continue
+        if not isinstance(settings, Mapping):
+            raise ConfigError(f"{path}.tool_config.{tool}: expected a mapping of {tool} settings, got {settings!r}")
+        reference = global_block.global_tool_config[tool]
+        known = {f.name for f in dataclasses.fields(reference)}
+        for key, value in settings.items():
+            key_path = f"{path}.tool_config.{tool}.{key}"
+            if key not in known:
+                raise ConfigError(unknown_key_message(key_path, str(key), sorted(known)))
+            if tool == "nsys" and key == "discrete":
+                discrete = coerce(Optional[bool], value, key_path)
+            elif value is not None and value != getattr(reference, key):
+                raise ConfigError(
+                    f"{key_path}: {value!r} differs from global_profiler.global_tool_config.{tool}.{key}="
+                    f"{getattr(reference, key)!r}; rlprof runs one {tool} profiler per process, so set it there "
+                    "(per role, only nsys.discrete can differ)")
+    return dataclasses.replace(block, discrete=discrete)
 
 
 # --------------------------------------------------------------------------------------------- validation
@@ -283,9 +349,9 @@ def _coerce(hint: Any, value: Any, path: str) -> Any:
 
 def resolve_step_selection(gp: GlobalProfilerConfig) -> StepSelection:
     """The active tool's steps: ``steps`` and the tool's window must agree when both are given."""
-    window = getattr(gp.global_tool_config, gp.tool) if gp.tool else None
-    start = window.step_start if window is not None else None
-    end = window.step_end if window is not None else None
+    window = gp.global_tool_config[gp.tool] if gp.tool else None
+    start = getattr(window, "step_start", None)
+    end = getattr(window, "step_end", None)
     if gp.steps is None:
         return StepSelection(start=start, end=end)
     steps = frozenset(gp.steps)
@@ -306,28 +372,15 @@ def validate(config: ProfilerConfig, world_size: Optional[int] = None) -> None:
     for i, step in enumerate(gp.steps or []):
         if step < 0:
             raise ConfigError(f"global_profiler.steps[{i}]: step {step} is negative; steps are integers >= 0")
-    for tool in TOOL_NAMES:
-        window = getattr(gp.global_tool_config, tool)
+    for tool, settings in gp.global_tool_config.items():
         prefix = f"global_profiler.global_tool_config.{tool}"
-        for key in ("step_start", "step_end"):
-            value = getattr(window, key)
+        start, end = getattr(settings, "step_start", None), getattr(settings, "step_end", None)
+        for key, value in (("step_start", start), ("step_end", end)):
             if value is not None and value < 0:
                 raise ConfigError(f"{prefix}.{key}: step {value} is negative; steps are integers >= 0")
-        if window.step_start is not None and window.step_end is not None and window.step_end < window.step_start:
-            raise ConfigError(
-                f"{prefix}.step_end: {window.step_end} is before step_start={window.step_start}; "
-                "the window is inclusive and needs step_end >= step_start"
-            )
-    memory = gp.global_tool_config.torch_memory
-    if memory.trace_alloc_max_entries <= 0:
-        raise ConfigError(
-            f"global_profiler.global_tool_config.torch_memory.trace_alloc_max_entries: "
-            f"{memory.trace_alloc_max_entries} must be a positive integer"
-        )
-    if memory.stack_depth <= 0:
-        raise ConfigError(
-            f"global_profiler.global_tool_config.torch_memory.stack_depth: {memory.stack_depth} must be a positive integer"
-        )
+        if start is not None and end is not None and end < start:
+            raise ConfigError(f"{prefix}.step_end: {end} is before step_start={start}; "
+                              "the window is inclusive and needs step_end >= step_start")
     if not gp.save_path:
         raise ConfigError("global_profiler.save_path: must be a non-empty folder path")
     resolve_step_selection(gp)

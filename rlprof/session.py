@@ -1,62 +1,71 @@
-"""The profiler session: config, rank and world, the current step, the step windows and the active tool.
+"""The profiler session: config, rank and world, the current step, the step window and the active tool.
 
 There is at most one session per process (:func:`init` replaces the previous one). Ranges reach the tool through
 one :class:`RoleGate` per role; the session opens a role's gate only while a step window is open and the role is
-enabled on this rank, so a closed gate is the whole cost of a range that does not record.
+enabled on this rank, so a closed gate is the whole cost of a range that does not record. Before opening a gate it
+binds the tool's ``(enter, exit)`` pair to every site of the role (:meth:`rlprof.tools.RangeSite.bind`).
 
-Which roles record: with no role blocks in the config, every role records on rank 0. With role blocks, exactly
-the declared roles record, each on its ``ranks`` (or every rank with ``all_ranks``). A rank where no role records
-starts no tool and writes no file.
+Which roles record: with no role blocks in the config, every role records on rank 0. With role blocks, exactly the
+roles they govern (``rollout`` and ``ref`` follow ``actor`` unless they have their own), each on its ``ranks`` (or
+every rank with ``all_ranks``). A rank where no role records starts no tool and writes no file.
+
+Windows: contiguous selected steps form one :class:`~rlprof.window.StepWindow`, from the start of its first step to
+the end of its last; what runs between two of its steps is recorded inside a ``step/between_steps`` range. Code
+that follows windows (an engine's own profiler) subscribes with :meth:`Session.add_window_listener` and asks
+:func:`rlprof.is_recording`. The session writes an open window's files at shutdown, at interpreter exit and on
+SIGTERM/SIGINT (then hands the signal on to the handler that was there before); a forked child records nothing.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import signal
+import socket
 import threading
+import time
 import warnings
 from typing import Any, Optional
 
-from rlprof.config import ProfilerConfig, load_config
+from rlprof.config import ConfigError, ProfilerConfig, load_config
 from rlprof.manifest import Manifest
-from rlprof.tools import Tool, ToolContext, create_tool
+from rlprof.tools import RangeSite, Tool, ToolContext, create_tool
+from rlprof.window import StepWindow, WindowListener
+
+GAP_SITE = RangeSite("step", "between_steps")
+"""The range that covers what runs between two steps of one window."""
 
 
 class RoleGate:
-    """Whether ranges of one role record right now, and the tool entry point they call when they do.
+    """Whether ranges of one role record right now; the sites of the role; how a range reports a tool failure."""
 
-    ``enter(site)`` is the active tool's ``enter_range``: it opens the range and returns its closer, so a range
-    always closes with the tool it opened with. ``fail(exc)`` reports a tool error to the session.
-    """
-
-    __slots__ = ("role", "open", "enter", "fail")
+    __slots__ = ("role", "open", "fail", "sites")
 
     def __init__(self, role: str) -> None:
         self.role = role
         self.open = False
-        self.enter: Any = None
         self.fail: Any = None
+        self.sites: list[RangeSite] = []
 
     def __repr__(self) -> str:
         return f"RoleGate({self.role!r}, open={self.open})"
 
 
 _gates: dict[str, RoleGate] = {}
-_gates_lock = threading.Lock()
+_gates_lock = threading.RLock()
 _current: Optional["Session"] = None
 
 
-def gate_for(role: str) -> RoleGate:
-    """The gate of ``role`` (created on first use, opened at once if the current session records it)."""
-    gate = _gates.get(role)
-    if gate is None:
-        with _gates_lock:
-            gate = _gates.get(role)
-            if gate is None:
-                gate = RoleGate(role)
-                if _current is not None:
-                    _current._sync_gate(gate)
-                _gates[role] = gate
+def add_site(site: RangeSite) -> RoleGate:
+    """Attach ``site`` to its role's gate (created on first use, opened at once if the current session records the
+    role now) and return the gate."""
+    with _gates_lock:
+        gate = _gates.get(site.role)
+        if gate is None:
+            gate = _gates[site.role] = RoleGate(site.role)
+        gate.sites.append(site)
+        if _current is not None:
+            _current._sync_gate(gate)
     return gate
 
 
@@ -69,51 +78,82 @@ def detect_rank_world() -> tuple[int, int]:
             return dist.get_rank(), dist.get_world_size()
     except ImportError:
         pass
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    values = []
+    for name, default in (("RANK", "0"), ("WORLD_SIZE", "1")):
+        text = os.environ.get(name, default)
+        try:
+            values.append(int(text))
+        except ValueError:
+            raise ConfigError(f"environment variable {name}={text!r} is not an integer (set by the launcher: "
+                              "torchrun, deepspeed, srun); unset it or give a number") from None
+    return values[0], values[1]
+
+
+def new_run_id() -> str:
+    """An id for this run: ``$RLPROF_RUN_ID``, else torchrun's ``$TORCHELASTIC_RUN_ID``, else host-time-pid."""
+    for name in ("RLPROF_RUN_ID", "TORCHELASTIC_RUN_ID"):
+        value = os.environ.get(name)
+        if value and value != "none":
+            return value
+    return f"{socket.gethostname()}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
 class Session:
     """One profiling run in this process. Use :func:`rlprof.init` rather than building it directly."""
 
-    def __init__(self, config: Any = None, *, rank: Optional[int] = None, world_size: Optional[int] = None) -> None:
-        detected_rank, detected_world = detect_rank_world()
+    def __init__(self, config: Any = None, *, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 run_id: Optional[str] = None) -> None:
+        detected_rank, detected_world = detect_rank_world() if rank is None or world_size is None else (rank, world_size)
         self.rank = detected_rank if rank is None else rank
         self.world_size = detected_world if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank={self.rank} is outside the world (world_size={self.world_size})")
+            raise ConfigError(f"rank={self.rank} is outside the world (world_size={self.world_size})")
         self.config: ProfilerConfig = load_config(config, world_size=self.world_size)
+        self.run_id = run_id or new_run_id()
         self.selection = self.config.step_selection()
         self.current_step: Optional[int] = None
         self.step_open = False
-        self.window_open = False
+        self.window: Optional[StepWindow] = None
+        """The open step window, or None."""
+        self.windows_opened = 0
+        self.listeners: list[WindowListener] = []
+        self._gap_exit: Any = None
         self._lock = threading.RLock()
         self._warned: set[str] = set()
+        self._pid = os.getpid()
         self.tool: Optional[Tool] = None
         tool_name = self.config.global_profiler.tool
-        if tool_name is not None and self.records_on_this_rank:
+        if tool_name is not None and self.config.records_on(self.rank):
             self._create_tool(tool_name)
 
     # ------------------------------------------------------------------ who records
 
     def role_enabled(self, role: str) -> bool:
         """Whether ``role``'s ranges record on this rank (inside selected steps, with a tool active)."""
-        if not self.config.roles:
-            return self.rank == 0
-        block = self.config.roles.get(role)
-        if block is None or not block.enable:
-            return False
-        return block.all_ranks or self.rank in block.ranks
+        return self.config.role_enabled(role, self.rank)
 
-    @property
-    def records_on_this_rank(self) -> bool:
-        if not self.config.roles:
-            return self.rank == 0
-        return any(self.role_enabled(role) for role in self.config.roles)
+    def is_recording(self, role: str) -> bool:
+        """Whether a range of ``role`` started now would be recorded (a window is open, the role is enabled)."""
+        return self.window is not None and self.tool is not None and self.role_enabled(role)
 
     @property
     def tool_name(self) -> Optional[str]:
         """The active tool's name, or None when nothing records on this rank (or the tool was turned off)."""
         return self.tool.name if self.tool is not None else None
+
+    def add_window_listener(self, listener: WindowListener) -> None:
+        """Call ``listener.window_started(window)`` / ``window_stopped(window)`` as windows open and close."""
+        with self._lock:
+            self.listeners.append(listener)
+
+    def remove_window_listener(self, listener: WindowListener) -> None:
+        with self._lock:
+            if listener in self.listeners:
+                self.listeners.remove(listener)
+
+    def record_output(self, tool: str, path: Any, window: StepWindow, role: Optional[str] = None) -> None:
+        """List a file that code following the windows wrote (e.g. an engine's trace) in this run's manifest."""
+        self._manifest().record(tool, path, steps=window.steps, rank=self.rank, role=role, window=window.index)
 
     # ------------------------------------------------------------------ steps
 
@@ -124,41 +164,52 @@ class Session:
         with self._lock:
             if self.step_open:
                 self.end_step()
+            self._close_gap()
             self.current_step = step
             self.step_open = True
             if self.tool is None:
                 return
-            if self.window_open and (step != self.tool.window_last + 1 or step not in self.selection):
+            window = self.window
+            if window is not None and (step != window.last + 1 or step not in self.selection):
                 self._stop_window()
+                window = None
             if step in self.selection:
-                if self.window_open:
-                    self._guarded("advancing to step %d" % step, self.tool.advance, step)
+                if window is not None:
+                    window.last = step
+                    self._guarded(f"advancing to step {step}", self.tool.advance, window)
                 else:
                     self._start_window(step)
 
     def end_step(self) -> None:
-        """The current step is over; the window closes when the next step is not selected."""
+        """The current step is over; the window stays open (recording ``step/between_steps``) when the next step
+        is selected, and closes otherwise."""
         with self._lock:
             if not self.step_open:
                 return
             self.step_open = False
-            if self.window_open and self.current_step is not None and self.current_step + 1 not in self.selection:
+            if self.window is None or self.current_step is None:
+                return
+            if self.current_step + 1 in self.selection:
+                self._open_gap()
+            else:
                 self._stop_window()
 
     def shutdown(self) -> None:
         """End the step, close an open window (writing its files) and release the tool. Idempotent."""
         global _current
         with self._lock:
-            if self.step_open:
-                self.end_step()
-            if self.window_open:
-                self._stop_window()
-            if self.tool is not None:
-                tool, self.tool = self.tool, None
-                try:
-                    tool.close()
-                except Exception as exc:  # closing must not raise out of atexit
-                    self.warn_once(f"close:{tool.name}", f"rlprof: closing the {tool.name} tool failed: {exc}")
+            if os.getpid() == self._pid:
+                if self.step_open:
+                    self.end_step()
+                self._close_gap()
+                if self.window is not None:
+                    self._stop_window()
+                if self.tool is not None:
+                    tool, self.tool = self.tool, None
+                    try:
+                        tool.close()
+                    except Exception as exc:  # closing must not raise out of atexit
+                        self.warn_once(f"close:{tool.name}", f"rlprof: closing the {tool.name} tool failed: {exc}")
         atexit.unregister(self.shutdown)
         with _gates_lock:
             if _current is self:
@@ -166,45 +217,91 @@ class Session:
 
     # ------------------------------------------------------------------ windows and gates
 
+    def _manifest(self) -> Manifest:
+        return Manifest(self.config.global_profiler.save_path, run=self.run_id)
+
     def _create_tool(self, name: str) -> None:
         save_path = self.config.global_profiler.save_path
         try:
             os.makedirs(save_path, exist_ok=True)
             if not os.access(save_path, os.W_OK):
                 raise PermissionError(f"{save_path} is not writable")
-            context = ToolContext(self.config, self.rank, self.world_size, Manifest(save_path))
-            self.tool, note = create_tool(name, context)
+            manifest = self._manifest()
+            context = ToolContext(self.config, self.config.tool_settings(), self.rank, self.world_size, manifest,
+                                  warn=self.warn_once)
+            self.tool = create_tool(name, context)
+            manifest.record_session(tool=name, rank=self.rank, world_size=self.world_size,
+                                    steps=sorted(self.selection.steps) if self.selection.steps is not None
+                                    else [self.selection.start, self.selection.end])
         except Exception as exc:
+            self.tool = None
             self.warn_once(
                 f"create:{name}", f"rlprof: the {name} tool could not start ({type(exc).__name__}: {exc}); profiling is off"
             )
-            return
-        if note:
-            self.warn_once(f"note:{name}", f"rlprof: {note}")
 
     def _start_window(self, step: int) -> None:
         assert self.tool is not None
-        if self._guarded(f"starting the window at step {step}", self.tool.start_window, step):
-            self.window_open = True
-            with _gates_lock:
-                for gate in _gates.values():
-                    self._sync_gate(gate)
+        window = StepWindow(self.windows_opened + 1, step, step)
+        if self._guarded(f"starting the window at step {step}", self.tool.start_window, window):
+            self.windows_opened += 1
+            self.window = window
+            self._sync_gates()
+            self._notify("window_started", window)
 
     def _stop_window(self) -> None:
-        self.window_open = False
+        window, self.window = self.window, None
+        self._close_gap()
+        self._sync_gates()
+        if self.tool is not None and window is not None:
+            self._guarded("writing the window's output", self.tool.stop_window, window)
+        if window is not None:
+            self._notify("window_stopped", window)
+
+    def _open_gap(self) -> None:
+        if self.tool is None:
+            return
+        try:
+            GAP_SITE.bind(self.tool)
+            assert GAP_SITE.ops is not None
+            enter, self._gap_exit = GAP_SITE.ops
+            enter()
+        except Exception as exc:
+            self._gap_exit = None
+            self._disable_tool("recording the range between steps", exc)
+
+    def _close_gap(self) -> None:
+        close, self._gap_exit = self._gap_exit, None
+        if close is not None:
+            self._guarded("closing the range between steps", close)
+
+    def _sync_gates(self) -> None:
         with _gates_lock:
             for gate in _gates.values():
-                gate.open = False
-        if self.tool is not None:
-            self._guarded("writing the window's output", self.tool.stop_window)
+                self._sync_gate(gate)
 
     def _sync_gate(self, gate: RoleGate) -> None:
         tool = self.tool
-        if self.window_open and tool is not None and self.role_enabled(gate.role):
-            gate.enter, gate.fail = tool.enter_range, self._range_failed
+        if self.window is not None and tool is not None and self.role_enabled(gate.role):
+            try:
+                for site in gate.sites:
+                    site.bind(tool)
+            except Exception as exc:
+                gate.open = False
+                self._disable_tool(f"preparing the ranges of role {gate.role!r}", exc)
+                return
+            gate.fail = self._range_failed
             gate.open = True
         else:
             gate.open = False
+
+    def _notify(self, event: str, window: StepWindow) -> None:
+        for listener in list(self.listeners):
+            try:
+                getattr(listener, event)(window)
+            except Exception as exc:
+                self.warn_once(f"listener:{id(listener)}:{event}",
+                               f"rlprof: the window listener {listener!r} failed in {event} "
+                               f"({type(exc).__name__}: {exc}); the window goes on")
 
     def _guarded(self, action: str, method: Any, *args: Any) -> bool:
         """Call a tool method; on error warn once and turn the tool off. True when it succeeded."""
@@ -221,10 +318,9 @@ class Session:
 
     def _disable_tool(self, action: str, exc: BaseException) -> None:
         tool, self.tool = self.tool, None
-        self.window_open = False
-        with _gates_lock:
-            for gate in _gates.values():
-                gate.open = False
+        self.window = None
+        self._gap_exit = None
+        self._sync_gates()
         if tool is None:
             return
         self.warn_once(
@@ -237,6 +333,15 @@ class Session:
         except Exception:
             pass  # already reported the failure that matters
 
+    def forget_in_child(self) -> None:
+        """After ``fork``: the child records nothing and writes nothing (the parent owns the window)."""
+        self.tool = None
+        self.window = None
+        self._gap_exit = None
+        with _gates_lock:
+            for gate in _gates.values():
+                gate.open = False
+
     def warn_once(self, key: str, message: str) -> None:
         """Emit ``message`` as a RuntimeWarning the first time ``key`` is seen in this session."""
         if key not in self._warned:
@@ -244,20 +349,62 @@ class Session:
             warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def init(config: Any = None, *, rank: Optional[int] = None, world_size: Optional[int] = None) -> Session:
+# --------------------------------------------------------------------------------------------- process wiring
+
+
+def _after_fork_in_child() -> None:
+    if _current is not None:
+        _current.forget_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+_previous_handlers: dict[int, Any] = {}
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    """SIGTERM/SIGINT: write the open window, then do what the previous handler (or the default) would do."""
+    session = _current
+    if session is not None and os.getpid() == session._pid:
+        session.shutdown()
+    previous = _previous_handlers.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def _install_signal_handlers() -> None:
+    """Chain our handler in front of whatever is installed (main thread only; elsewhere signals cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        current = signal.getsignal(signum)
+        if current is _on_signal or current == signal.SIG_IGN or current is None:
+            continue
+        _previous_handlers[signum] = current
+        signal.signal(signum, _on_signal)
+
+
+def init(config: Any = None, *, rank: Optional[int] = None, world_size: Optional[int] = None,
+         run_id: Optional[str] = None) -> Session:
     """Start the process's profiling session from a config (mapping, DictConfig, YAML path or ProfilerConfig).
 
-    Replaces (and shuts down) any previous session. The session shuts down at interpreter exit, writing the
-    files of an open window, so a crash that unwinds normally loses no trace.
+    Replaces (and shuts down) any previous session. The session shuts down at interpreter exit and on
+    SIGTERM/SIGINT, writing the files of an open window, so a crash or a kill loses no trace. ``run_id`` names the
+    run in the manifest (default: ``$RLPROF_RUN_ID``, torchrun's run id, or host-time-pid).
     """
     global _current
-    session = Session(config, rank=rank, world_size=world_size)
+    session = Session(config, rank=rank, world_size=world_size, run_id=run_id)
     previous = _current
     if previous is not None:
         previous.shutdown()
     with _gates_lock:
         _current = session
     atexit.register(session.shutdown)
+    if session.tool is not None:
+        _install_signal_handlers()
     return session
 
 
@@ -270,6 +417,11 @@ def shutdown() -> None:
     """Shut down the current session, if any."""
     if _current is not None:
         _current.shutdown()
+
+
+def is_recording(role: str) -> bool:
+    """Whether a range of ``role`` started now would be recorded by the current session."""
+    return _current is not None and _current.is_recording(role)
 
 
 class StepScope:

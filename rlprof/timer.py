@@ -7,9 +7,7 @@ from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Optional
 
-from rlprof.annotate import profile_range
-
-DEFAULT_ROLE = "trainer"
+from rlprof.annotate import DEFAULT_ROLE, profile_range
 
 
 def _cuda_in_use() -> bool:
@@ -39,7 +37,7 @@ def marked_timer(
     Times add up when the same name is timed twice in a step. ``sync`` waits for queued GPU work before the clock
     starts and stops, so device time is counted; it defaults to on when CUDA is in use. The time is recorded
     even when the block raises; the exception then passes through unchanged. Nesting works (each level records
-    its own name). ``role`` defaults to ``"trainer"``.
+    its own name). ``role`` defaults to rlprof's default role, ``"default"``.
     """
     if sync is None:
         sync = _cuda_in_use()

@@ -35,7 +35,7 @@ def test_marked_timer_accumulates_nests_and_records_a_range(tmp_path):
     from rlprof.manifest import read_manifest
     with gzip.open(tmp_path / read_manifest(tmp_path)[0]["path"], "rt") as handle:
         names = [e["name"] for e in json.load(handle)["traceEvents"] if e.get("ph") == "X"]
-    assert names.count("rollout/gen") == 2 and names.count("trainer/step") == 1
+    assert names.count("rollout/gen") == 2 and names.count("default/step") == 1
 
 
 def test_marked_timer_records_the_time_of_a_raising_block_and_reraises_unchanged():

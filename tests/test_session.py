@@ -240,3 +240,189 @@ def test_torch_contents_turn_on_shapes_and_stacks(tmp_path):
     mm = [e for e in events if e.get("name") == "aten::mm"]
     assert mm and "Input Dims" in mm[0]["args"]
     assert any(e.get("ph") == "X" and e.get("cat") == "python_function" for e in events)
+
+
+# ---------------------------------------------------------------------------------------------- windows (issue 10)
+
+
+def test_a_window_records_what_runs_between_its_steps_as_such_and_nothing_after_its_last(tmp_path):
+    rlprof.init(torch_config(tmp_path, steps=[2, 3]))
+    for n in range(1, 5):
+        with rlprof.step(n):
+            update(1)
+        with rlprof.profile_range("validate", role="actor"):  # after each step, outside its scope
+            pass
+    rlprof.shutdown()
+    events = [e for e in trace_events(tmp_path / read_manifest(tmp_path)[0]["path"]) if e.get("ph") == "X"]
+    by_name = {}
+    for e in events:
+        by_name.setdefault(e["name"], []).append(e)
+    assert len(by_name["actor/update"]) == 2
+    (gap,) = by_name["step/between_steps"]  # between steps 2 and 3 only
+    (validate,) = by_name["actor/validate"]  # step 2's validation; step 3's ran after the window closed
+    assert gap["ts"] <= validate["ts"] and validate["ts"] + validate["dur"] <= gap["ts"] + gap["dur"]
+    step3 = [e for e in events if e["name"] == "ProfilerStep#3"][0]
+    assert gap["ts"] + gap["dur"] <= step3["ts"] + 1
+
+
+def test_seed_block_for_the_actor_alone_also_records_rollout_and_ref_but_not_critic_or_reward(tmp_path):
+    seed = {"actor_rollout_ref": {"actor": {"profiler": {"enable": True, "all_ranks": False, "ranks": [0]}}}}
+    session = rlprof.init(torch_config(tmp_path, steps=[1], roles=seed))
+    assert [session.role_enabled(r) for r in ("actor", "rollout", "ref", "critic", "reward")] == \
+        [True, True, True, False, False]
+    own = {"actor_rollout_ref": {"actor": {"profiler": {"ranks": [0]}}, "rollout": {"profiler": {"enable": False}}}}
+    session = rlprof.init(torch_config(tmp_path, steps=[1], roles=own))
+    assert session.role_enabled("ref") and not session.role_enabled("rollout")  # a block of its own wins
+
+
+def test_a_step_number_seen_twice_gets_a_second_file(tmp_path):
+    rlprof.init(torch_config(tmp_path, steps=[2]))
+    run_steps([1, 2, 3, 1, 2, 3])  # e.g. a loop restarted in the same process
+    rlprof.shutdown()
+    records = read_manifest(tmp_path)
+    assert [r["path"] for r in records] == ["torch/step2/rank0.pt.trace.json.gz", "torch/step2/rank0-2.pt.trace.json.gz"]
+    assert [r["window"] for r in records] == [1, 2]
+    assert all((tmp_path / r["path"]).stat().st_size == r["bytes"] for r in records)
+
+
+def test_trace_carries_its_final_name_in_the_gzip_header_and_as_trace_name(tmp_path):
+    rlprof.init(torch_config(tmp_path, steps=[1]))
+    run_steps([1])
+    rlprof.shutdown()
+    (record,) = read_manifest(tmp_path)
+    path = tmp_path / record["path"]
+    header = path.read_bytes()[:64]
+    assert header[3] & 0x08  # FNAME flag
+    assert header[10:].split(b"\0")[0] == b"rank0.pt.trace.json"
+    with gzip.open(path, "rt") as handle:
+        assert json.load(handle)["traceName"] == str(path)
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporary files left
+
+
+def test_is_recording_and_window_listeners_follow_the_windows(tmp_path):
+    from rlprof.window import WindowListener
+
+    seen = []
+
+    class Follower(WindowListener):
+        def window_started(self, window):
+            seen.append(("start", window.first, rlprof.is_recording("rollout")))
+
+        def window_stopped(self, window):
+            seen.append(("stop", window.name, rlprof.is_recording("rollout")))
+
+    session = rlprof.init(torch_config(tmp_path, steps=[2, 3, 5]))
+    session.add_window_listener(Follower())
+    recording = []
+    for n in range(1, 7):
+        with rlprof.step(n):
+            recording.append(rlprof.is_recording("rollout"))
+    rlprof.shutdown()
+    assert recording == [False, True, True, False, True, False]
+    assert seen == [("start", 2, True), ("stop", "step2-3", False), ("start", 5, True), ("stop", "step5", False)]
+
+
+# ---------------------------------------------------------------------------------------------- decorators (issue 11)
+
+
+def test_generator_functions_record_each_resumption_and_stay_generator_functions(tmp_path):
+    import inspect
+
+    @rlprof.profiled(role="rollout", name="stream")
+    def stream(n):
+        received = []
+        for i in range(n):
+            received.append((yield i))
+        return received
+
+    assert inspect.isgeneratorfunction(stream)
+    rlprof.init(torch_config(tmp_path, steps=[1]))
+    with rlprof.step(1):
+        gen = stream(3)
+        assert next(gen) == 0 and gen.send("a") == 1 and gen.send("b") == 2
+        with pytest.raises(StopIteration) as stop:
+            gen.send("c")
+        assert stop.value.value == ["a", "b", "c"]
+        assert list(stream(2)) == [0, 1]
+    rlprof.shutdown()
+    assert names(tmp_path / read_manifest(tmp_path)[0]["path"]).count("rollout/stream") == 4 + 3
+
+
+def test_generator_sees_what_the_caller_throws_and_closes():
+    closed = []
+
+    @rlprof.profiled(role="rollout")
+    def guarded():
+        try:
+            yield 1
+        except KeyError:
+            yield "caught"
+        finally:
+            closed.append(True)
+
+    gen = guarded()
+    assert next(gen) == 1 and gen.throw(KeyError("x")) == "caught"
+    gen.close()
+    assert closed == [True]
+
+
+def test_profiled_above_staticmethod_and_classmethod(tmp_path):
+    class Worker:
+        @rlprof.profiled(role="actor", name="static")
+        @staticmethod
+        def static(x):
+            return x + 1
+
+        @rlprof.profiled(role="actor", name="klass")
+        @classmethod
+        def klass(cls, x):
+            return (cls.__name__, x)
+
+    rlprof.init(torch_config(tmp_path, steps=[1]))
+    with rlprof.step(1):
+        assert Worker.static(1) == 2 and Worker().static(2) == 3
+        assert Worker.klass(5) == ("Worker", 5)
+    rlprof.shutdown()
+    recorded = names(tmp_path / read_manifest(tmp_path)[0]["path"])
+    assert recorded.count("actor/static") == 2 and recorded.count("actor/klass") == 1
+
+
+def test_async_generators_are_refused_at_decoration():
+    async def agen():
+        yield 1
+
+    with pytest.raises(TypeError, match="async generator"):
+        rlprof.profiled(role="rollout")(agen)
+
+
+def test_nsys_without_nsys_attached_says_once_that_nothing_is_captured(tmp_path, monkeypatch):
+    monkeypatch.delenv("NVTX_INJECTION64_PATH", raising=False)
+    with pytest.warns(RuntimeWarning, match="no Nsight Systems is attached"):
+        rlprof.init({"global_profiler": {"tool": "nsys", "save_path": str(tmp_path)}})
+    monkeypatch.setenv("NVTX_INJECTION64_PATH", "/opt/nsys/libToolsInjection64.so")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rlprof.init({"global_profiler": {"tool": "nsys", "save_path": str(tmp_path)}})
+
+
+def test_torch_memory_on_cpu_under_threads_keeps_every_range(tmp_path):
+    rlprof.init({"global_profiler": {"tool": "torch_memory", "steps": [1], "save_path": str(tmp_path)}})
+
+    def worker():
+        for _ in range(50):
+            with rlprof.profile_range("worker", role="rollout"):
+                pass
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with rlprof.step(1):
+            threads = [threading.Thread(target=worker) for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        rlprof.shutdown()
+    assert not [w for w in caught if "failed" in str(w.message)]
+    (record,) = read_manifest(tmp_path)
+    lines = [json.loads(line) for line in (tmp_path / record["path"]).read_text().splitlines()]
+    assert sum(1 for r in lines if r.get("name") == "worker") == 200

@@ -115,7 +115,7 @@ def test_logger_setting_forms(value):
 
 
 def test_unknown_backend_lists_the_known_ones():
-    with pytest.raises(ValueError, match="unknown backend 'neptune'; known backends: console, tensorboard, file, wandb, mlflow"):
+    with pytest.raises(ValueError, match="unknown backend 'neptune'; registered backends: console, file, mlflow, tensorboard, wandb"):
         parse_backends('["console","neptune"]')
 
 
@@ -176,3 +176,69 @@ def test_steps_must_increase_and_values_be_numbers(dirs):
             tracker.log({"a": 1}, 3)
         with pytest.raises(TypeError, match="metric 'a': 'high' is not a number"):
             tracker.log({"a": "high"}, 4)
+
+
+def test_a_new_run_never_mixes_with_the_records_an_earlier_run_left(dirs):
+    log_dir = dirs / "run"
+    with Tracker("proj", "exp", ["file", "tensorboard"], log_dir=log_dir) as tracker:
+        for step in (1, 2):
+            tracker.log({"a": 1.0}, step)
+    with pytest.warns(RuntimeWarning, match="held the records of an earlier run"):
+        with Tracker("proj", "exp", ["file", "tensorboard"], log_dir=log_dir) as tracker:
+            for step in (1, 2, 3, 4):
+                tracker.log({"a": 2.0}, step)
+    assert [(r["step"], r["a"]) for r in read_jsonl(log_dir / "metrics.jsonl")] == [(s, 2.0) for s in (1, 2, 3, 4)]
+    (archived,) = (log_dir / "previous").iterdir()
+    assert [(r["step"], r["a"]) for r in read_jsonl(archived)] == [(1, 1.0), (2, 1.0)]
+    assert tensorboard_scalars(dirs / "tb", "a") == [(s, 2.0) for s in (1, 2, 3, 4)]
+    (previous,) = [p for p in (dirs / "tb").iterdir() if p.name.startswith("previous-")]
+    assert tensorboard_scalars(previous, "a") == [(1, 1.0), (2, 1.0)]
+
+
+def test_a_cut_short_last_line_is_dropped_and_appends_start_on_a_new_line(dirs):
+    log_dir = dirs / "run"
+    log_dir.mkdir()
+    (log_dir / "metrics.jsonl").write_text('{"step": 1, "a": 1.0}\n{"step": 2, "a": 2.0}\n{"step": 3, "a"')
+    with pytest.warns(RuntimeWarning, match="was cut short"):
+        with Tracker("proj", "exp", ["file"], log_dir=log_dir, resume_step=3) as tracker:
+            tracker.log({"a": 3.5}, 3)
+    assert [(r["step"], r["a"]) for r in read_jsonl(log_dir / "metrics.jsonl")] == [(1, 1.0), (2, 2.0), (3, 3.5)]
+    (log_dir / "metrics.jsonl").write_text('{"step": 1, "a": 1.0}')  # complete, but no newline
+    with Tracker("proj", "exp", ["file"], log_dir=log_dir, resume_step=2) as tracker:
+        tracker.log({"a": 2.5}, 2)
+    assert (log_dir / "metrics.jsonl").read_text().count("\n") == 2
+
+
+def test_a_backend_that_cannot_reach_its_server_is_turned_off_within_the_timeout(dirs, monkeypatch):
+    import socket
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    start = time.monotonic()
+    with pytest.warns(RuntimeWarning, match="the mlflow backend could not start"):
+        tracker = Tracker("proj", "exp", ["file", "mlflow"], log_dir=dirs / "run", start_timeout_s=5)
+    assert time.monotonic() - start < 20
+    assert [b.name for b in tracker.backends] == ["file"]
+    tracker.log({"a": 1.0}, 1)
+    tracker.close()
+    assert [r["step"] for r in read_jsonl(dirs / "run" / "metrics.jsonl")] == [1]
+
+
+def test_a_backend_that_fails_to_start_is_turned_off(dirs):
+    from rlprof.tracking import Backend, register_backend
+
+    @register_backend("needs_a_token")
+    class NeedsAToken(Backend):
+        def __init__(self, context):
+            raise PermissionError("no API token in $TRACKER_TOKEN")
+
+        def log(self, metrics, step):
+            raise AssertionError("never started")
+
+    with pytest.warns(RuntimeWarning, match="needs_a_token backend could not start .PermissionError: no API token"):
+        tracker = Tracker("proj", "exp", ["file", "needs_a_token"], log_dir=dirs / "run")
+    assert [b.name for b in tracker.backends] == ["file"]
+    tracker.close()

@@ -4,55 +4,93 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 
-from rlprof.config import ProfilerConfig
-from rlprof.manifest import Manifest
+from rlprof.manifest import Manifest, place
+from rlprof.window import StepWindow
+
+if TYPE_CHECKING:
+    from rlprof.config import ProfilerConfig
+
+RangeOps = tuple[Callable[[], Any], Callable[[], Any]]
+"""``(enter, exit)``: zero-argument callables that open and close one range of a site."""
+
+
+@dataclass
+class StepWindowSettings:
+    """Settings shared by tools that record step windows (a base for a tool's settings dataclass)."""
+
+    step_start: Optional[int] = None
+    """First recorded step of a contiguous window (inclusive); an alternative to ``global_profiler.steps``."""
+    step_end: Optional[int] = None
+    """Last recorded step of the window (inclusive); null means open-ended."""
+
+
+@dataclass
+class NoSettings:
+    """A tool without settings of its own."""
 
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What a tool knows about the run it records."""
+    """What a tool knows about the run it records, and how it publishes its files."""
 
-    config: ProfilerConfig
+    config: "ProfilerConfig"
+    settings: Any
+    """This tool's block of ``global_profiler.global_tool_config``."""
     rank: int
     world_size: int
     manifest: Manifest
+    warn: Callable[[str, str], None] = field(default=lambda key, message: None)
+    """``warn(key, message)``: one warning per key for this session."""
 
     @property
     def save_path(self) -> Path:
         return self.manifest.save_path
 
-    def window_name(self, first_step: int, last_step: int) -> str:
-        """``step{S}`` or ``step{S}-{E}``: the folder of one step window's files."""
-        return f"step{first_step}" if first_step == last_step else f"step{first_step}-{last_step}"
+    def window_dir(self, tool: str, window: StepWindow) -> Path:
+        """``{save_path}/{tool}/{window.name}``, created."""
+        folder = self.save_path / tool / window.name
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def temp_path(self, final: Path) -> Path:
+        """A hidden temporary name beside ``final`` for this process (moved into place by :meth:`publish`)."""
+        return final.with_name(f".{final.name}.{os.getpid()}.tmp")
+
+    def publish(self, tool: str, tmp: Path, final: Path, window: StepWindow, role: Optional[str] = None,
+                **extra: Any) -> Path:
+        """Move a finished file into place (never over an existing file: see :mod:`rlprof.manifest`) and list it
+        in the manifest; returns its final path."""
+        placed = place(tmp, final)
+        self.manifest.record(tool, placed, steps=window.steps, rank=self.rank, role=role, window=window.index, **extra)
+        return placed
 
 
 class RangeSite:
     """One annotated place in the code (a decorated function or a ``profile_range`` name).
 
-    Tools cache what they pre-build for a site (NVTX attributes, a label) in ``tool_data``, tagged with the tool
-    that built it, so the hot path does no lookups.
+    ``ops`` holds the active tool's ``(enter, exit)`` for this site while its role's gate is open: the session binds
+    it (:meth:`Tool.range_ops`, built once per tool) before opening the gate, so the hot path does no lookups.
     """
 
-    __slots__ = ("role", "name", "color", "label", "tool_owner", "tool_data")
+    __slots__ = ("role", "name", "color", "label", "ops", "bound_to")
 
     def __init__(self, role: str, name: str, color: Optional[str | int] = None) -> None:
         self.role = role
         self.name = name
         self.color = color
         self.label = f"{role}/{name}"
-        self.tool_owner: Any = None
-        self.tool_data: Any = None
+        self.ops: Optional[RangeOps] = None
+        self.bound_to: Any = None
 
-    def cached(self, tool: Any, build: Callable[["RangeSite"], Any]) -> Any:
-        """``tool``'s data for this site, built once by ``build(site)``."""
-        if self.tool_owner is not tool:
-            self.tool_data = build(self)
-            self.tool_owner = tool
-        return self.tool_data
+    def bind(self, tool: "Tool") -> None:
+        """Make ``ops`` the ranges of ``tool`` (built once per tool)."""
+        if self.bound_to is not tool:
+            self.ops = tool.range_ops(self)
+            self.bound_to = tool
 
     def __repr__(self) -> str:
         return f"RangeSite({self.label!r})"
@@ -61,52 +99,32 @@ class RangeSite:
 class Tool(ABC):
     """A recorder driven by the session.
 
-    The session calls ``start_window(step)`` when a selected step begins a window, ``advance(step)`` for each
-    further step inside it, and ``stop_window()`` when the window ends (or at shutdown). Ranges of enabled roles
-    call ``enter_range(site)`` only while a window is open; it opens the range and returns the no-argument callable
-    that closes it (a bound C method where possible: this is the hot path). Any exception a tool raises makes the
-    session warn once and turn the tool off: a tool never breaks the user's program.
+    The session calls ``start_window(window)`` when a selected step begins a window, ``advance(window)`` when a
+    further step joins it (``window.last`` is that step) and ``stop_window(window)`` when it ends (or at shutdown).
+    While a window is open, ranges of enabled roles call the ``(enter, exit)`` pair that :meth:`range_ops` built for
+    their site: zero-argument callables, C functions where possible (this is the hot path). Any exception a tool
+    raises makes the session warn once and turn the tool off: a tool never breaks the user's program.
+
+    Register a tool with :func:`rlprof.register_tool`; its ``name`` is set from the registration.
     """
 
-    name = "none"
+    name: ClassVar[str] = "tool"
 
     def __init__(self, context: ToolContext) -> None:
         self.context = context
-        self.window_first: Optional[int] = None
-        self.window_last: Optional[int] = None
 
-    def start_window(self, step: int) -> None:
-        self.window_first = self.window_last = step
+    def start_window(self, window: StepWindow) -> None:
+        """A window opens at ``window.first``."""
 
-    def advance(self, step: int) -> None:
-        self.window_last = step
+    def advance(self, window: StepWindow) -> None:
+        """Step ``window.last`` joins the open window."""
 
-    def stop_window(self) -> None:
-        self.window_first = self.window_last = None
+    def stop_window(self, window: StepWindow) -> None:
+        """The window ends: write its files (``context.publish``)."""
 
     @abstractmethod
-    def enter_range(self, site: RangeSite) -> Callable[[], Any]:
-        """Open a range for ``site`` and return the callable that closes it."""
+    def range_ops(self, site: RangeSite) -> RangeOps:
+        """``(enter, exit)`` for ranges of ``site``; called once per site per tool."""
 
     def close(self) -> None:
         """Release what the tool holds; the session stops an open window first."""
-
-    # helpers for tools that write files
-
-    def window_dir(self) -> Path:
-        assert self.window_first is not None and self.window_last is not None, "no open window"
-        return self.context.save_path / self.name / self.context.window_name(self.window_first, self.window_last)
-
-    def window_steps(self) -> list[int]:
-        assert self.window_first is not None and self.window_last is not None, "no open window"
-        return list(range(self.window_first, self.window_last + 1))
-
-    def publish(self, tmp_path: Path, final_path: Path, role: Optional[str] = None) -> Path:
-        """Move a finished file into place (never over another process's file) and list it in the manifest."""
-        if final_path.exists():
-            final_path = final_path.with_name(f"{final_path.name.split('.')[0]}.pid{os.getpid()}.{final_path.name.split('.', 1)[1]}")
-        os.replace(tmp_path, final_path)
-        self.context.manifest.record(
-            self.name, final_path, steps=self.window_steps(), rank=self.context.rank, role=role
-        )
-        return final_path

@@ -14,10 +14,10 @@ import functools
 import json
 import os
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from rlprof.tools.base import RangeSite, Tool, ToolContext
+from rlprof.tools.base import RangeOps, RangeSite, Tool, ToolContext
+from rlprof.window import StepWindow
 
 _STATUS = "/proc/self/status"
 _CLEAR_REFS = "/proc/self/clear_refs"
@@ -51,41 +51,58 @@ def reset_peak() -> bool:
         return False
 
 
-@dataclass
 class _OpenRange:
-    site: RangeSite
-    step: Optional[int]
-    rss_before: int
-    peak: int
+    """A range being measured; compared by identity (two ranges of one site with equal numbers stay distinct)."""
+
+    __slots__ = ("site", "step", "rss_before", "peak")
+
+    def __init__(self, site: RangeSite, step: Optional[int], rss_before: int) -> None:
+        self.site = site
+        self.step = step
+        self.rss_before = rss_before
+        self.peak = rss_before
 
 
 class HostMemoryTool(Tool):
     """Measures RSS before, after and at peak for every range of an enabled role inside the window."""
 
-    name = "torch_memory"
-
     def __init__(self, context: ToolContext) -> None:
         super().__init__(context)
         self._lock = threading.Lock()
-        self._open: list[_OpenRange] = []
+        self._open: dict[int, _OpenRange] = {}  # by id(): every thread's open ranges, for nested peaks
+        self._stacks = threading.local()
         self._records: list[dict[str, Any]] = []
+        self._step: Optional[int] = None
         self._peak_scope = "range" if reset_peak() else "process"
 
-    def enter_range(self, site: RangeSite) -> Callable[[], Any]:
+    def start_window(self, window: StepWindow) -> None:
+        self._step = window.first
+
+    def advance(self, window: StepWindow) -> None:
+        self._step = window.last
+
+    def range_ops(self, site: RangeSite) -> RangeOps:
+        return functools.partial(self._enter, site), self._exit
+
+    def _enter(self, site: RangeSite) -> None:
         with self._lock:
             rss, hwm = read_rss()
-            for other in self._open:
+            for other in self._open.values():
                 other.peak = max(other.peak, hwm)
             if self._peak_scope == "range":
                 reset_peak()
-            token = _OpenRange(site, self.window_last, rss, rss)
-            self._open.append(token)
-            return functools.partial(self._exit_range, token)
+            token = _OpenRange(site, self._step, rss)
+            self._open[id(token)] = token
+        stack = getattr(self._stacks, "open", None)
+        if stack is None:
+            stack = self._stacks.open = []
+        stack.append(token)
 
-    def _exit_range(self, token: _OpenRange) -> None:
+    def _exit(self) -> None:
+        token = self._stacks.open.pop()
         with self._lock:
             rss, hwm = read_rss()
-            self._open.remove(token)
+            del self._open[id(token)]
             self._records.append(
                 {
                     "kind": "range",
@@ -99,20 +116,19 @@ class HostMemoryTool(Tool):
                 }
             )
 
-    def stop_window(self) -> None:
+    def stop_window(self, window: StepWindow) -> None:
+        with self._lock:
+            records, self._records = self._records, []
+        final = self.context.window_dir(self.name, window) / f"rank{self.context.rank}_pid{os.getpid()}.host_memory.jsonl"
+        tmp = self.context.temp_path(final)
         try:
-            with self._lock:
-                records, self._records = self._records, []
-            folder = self.window_dir()
-            folder.mkdir(parents=True, exist_ok=True)
-            name = f"rank{self.context.rank}_pid{os.getpid()}.host_memory.jsonl"
-            tmp = folder / f".{name}.tmp"
             with tmp.open("w", encoding="utf-8") as handle:
                 for record in records + summarize_by_role(records):
                     handle.write(json.dumps(record) + "\n")
-            self.publish(tmp, folder / name)
+            self.context.publish(self.name, tmp, final, window)
         finally:
-            super().stop_window()
+            if tmp.exists():
+                tmp.unlink()
 
 
 def summarize_by_role(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -13,56 +13,21 @@ calls are no-ops anyway.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
-from rlprof.tools.base import RangeSite, Tool, ToolContext
+from rlprof.colors import ROLE_COLORS, parse_color, role_color
+from rlprof.tools.base import RangeOps, RangeSite, StepWindowSettings, Tool, ToolContext
+from rlprof.tools.registry import register_tool
+from rlprof.window import StepWindow
 
 DOMAIN = "rlprof"
+INJECTION_VARIABLES = ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH")
+"""Set by Nsight Systems (and other NVTX tools) in the processes it traces."""
 STEP_CATEGORY = "step"
-
-ROLE_COLORS: dict[str, int] = {
-    "rollout": 0xFF76B900,  # green
-    "actor": 0xFF1F77B4,  # blue
-    "critic": 0xFF9467BD,  # purple
-    "ref": 0xFFFF7F0E,  # orange
-    "reward": 0xFFD62728,  # red
-    "step": 0xFF7F7F7F,  # grey
-}
-OTHER_ROLE_COLORS = (0xFF17BECF, 0xFFBCBD22, 0xFF8C564B, 0xFFE377C2)
-NAMED_COLORS: dict[str, int] = {
-    "green": 0xFF008000, "blue": 0xFF0000FF, "yellow": 0xFFFFFF00, "purple": 0xFF800080, "cyan": 0xFF00FFFF,
-    "red": 0xFFFF0000, "white": 0xFFFFFFFF, "darkgreen": 0xFF006400, "orange": 0xFFFFA500, "grey": 0xFF7F7F7F,
-    "black": 0xFF000000, "pink": 0xFFFFC0CB, "brown": 0xFF8B4513,
-}
-
-
-def parse_color(color: Optional[str | int], argument: str = "color") -> Optional[int]:
-    """ARGB int for a colour name, ``#RRGGBB`` or int; ``ValueError`` naming ``argument`` otherwise."""
-    if color is None:
-        return None
-    if isinstance(color, int) and not isinstance(color, bool) and 0 <= color <= 0xFFFFFFFF:
-        return color if color > 0xFFFFFF else 0xFF000000 | color
-    if isinstance(color, str):
-        if color.lower() in NAMED_COLORS:
-            return NAMED_COLORS[color.lower()]
-        if color.startswith("#") and len(color) == 7:
-            try:
-                return 0xFF000000 | int(color[1:], 16)
-            except ValueError:
-                pass
-    raise ValueError(
-        f"{argument}={color!r} is not a colour; use one of {', '.join(sorted(NAMED_COLORS))}, '#RRGGBB' or an ARGB int"
-    )
-
-
-def role_color(role: str) -> int:
-    """The default colour of ``role``: fixed for the built-in roles, stable per name for the others."""
-    if role in ROLE_COLORS:
-        return ROLE_COLORS[role]
-    return OTHER_ROLE_COLORS[sum(role.encode()) % len(OTHER_ROLE_COLORS)]
-
 
 def open_domain(name: str) -> Any:
     """An ``nvtx`` Domain that records even where ``nvtxDomainIsEnabled()`` wrongly answers 0 (see module doc)."""
@@ -103,48 +68,63 @@ class _CudaCapture:
             torch.cuda.profiler.stop()
 
 
-class NsysTool(Tool):
-    """Emits NVTX ranges for enabled roles inside selected steps, and brackets captures for ``nsys``."""
+@dataclass
+class NsysSettings(StepWindowSettings):
+    """Nsight Systems: NVTX ranges (domain ``rlprof``, category = role) plus cudaProfilerApi capture on GPU."""
 
-    name = "nsys"
+    discrete: bool = False
+    """True: bracket each range with its own capture (one report per task); False: one capture per step window."""
+
+
+def nvtx_tool_attached() -> bool:
+    """Whether an NVTX tool (Nsight Systems) is injected into this process."""
+    return any(os.environ.get(name) for name in INJECTION_VARIABLES)
+
+
+@register_tool("nsys", config=NsysSettings)
+class NsysTool(Tool):
+    """Emits NVTX ranges for enabled roles inside selected steps, and brackets captures for ``nsys``.
+
+    A range of a continuous-mode role is two C calls (``nvtx._lib.lib.push_range``/``pop_range`` bound to the
+    site's pre-built attributes); a discrete-mode role's outermost range per thread also starts and stops a capture.
+    """
 
     def __init__(self, context: ToolContext) -> None:
         super().__init__(context)
+        from nvtx._lib import lib
+
         self.domain = open_domain(DOMAIN)
         self.capture = _CudaCapture()
-        self.discrete = context.config.global_profiler.global_tool_config.nsys.discrete
-        self._push = self.domain.push_range
-        self._pop = self.domain.pop_range
-        self._may_capture_per_range = self.capture.available  # discrete capture needs CUDA; off: one test per range
-        self._role_discrete: dict[str, bool] = {}
+        self.discrete = context.settings.discrete
+        self._lib = lib
         self._depth = threading.local()
         self._step_range: Optional[Any] = None
+        if not nvtx_tool_attached():
+            context.warn("nsys:detached", "rlprof: tool=nsys but no Nsight Systems is attached to this process "
+                         "(NVTX_INJECTION64_PATH is unset), so the NVTX ranges go nowhere; run the program under "
+                         "`rlprof nsys profile -- ...` or `nsys profile ...`")
 
     def _attributes(self, site: RangeSite) -> Any:
         color = parse_color(site.color) if site.color is not None else role_color(site.role)
         return self.domain.get_event_attributes(message=site.name, color=color, category=site.role)
 
     def _is_discrete(self, role: str) -> bool:
-        if role not in self._role_discrete:
-            override = self.context.config.role(role).discrete
-            self._role_discrete[role] = self.discrete if override is None else override
-        return self._role_discrete[role]
+        block = self.context.config.role(role)
+        override = block.discrete if block is not None else None
+        return self.discrete if override is None else override
 
-    def start_window(self, step: int) -> None:
-        super().start_window(step)
+    def start_window(self, window: StepWindow) -> None:
         if not self.discrete:
             self.capture.start()
-        self._mark_step(step)
+        self._mark_step(window.first)
 
-    def advance(self, step: int) -> None:
-        super().advance(step)
-        self._mark_step(step)
+    def advance(self, window: StepWindow) -> None:
+        self._mark_step(window.last)
 
-    def stop_window(self) -> None:
+    def stop_window(self, window: StepWindow) -> None:
         self._end_step_range()
         if not self.discrete:
             self.capture.stop()
-        super().stop_window()
 
     def _mark_step(self, step: int) -> None:
         """A process-wide range ``step {n}`` (category ``step``) so the timeline shows step boundaries."""
@@ -159,25 +139,29 @@ class NsysTool(Tool):
             self.domain.end_range(self._step_range)
             self._step_range = None
 
-    def enter_range(self, site: RangeSite) -> Callable[[], Any]:
-        attributes = site.tool_data if site.tool_owner is self else site.cached(self, self._attributes)
-        self._push(attributes)
-        if self._may_capture_per_range and self._is_discrete(site.role):
-            return self._enter_capture()
-        return self._pop
+    def range_ops(self, site: RangeSite) -> RangeOps:
+        push = functools.partial(self._lib.push_range, self._attributes(site), self.domain.handle)
+        pop = functools.partial(self._lib.pop_range, self.domain.handle)
+        if self.capture.available and self._is_discrete(site.role):
+            return self._captured(push, pop)
+        return push, pop
 
-    def _enter_capture(self) -> Callable[[], Any]:
-        """Discrete mode: the outermost range of each thread starts a capture; its closer stops it."""
-        depth = getattr(self._depth, "value", 0)
-        if depth == 0:
-            self.capture.start()
-        self._depth.value = depth + 1
-        return self._exit_capture
+    def _captured(self, push: Any, pop: Any) -> RangeOps:
+        """Discrete mode: the outermost range of each thread starts a capture; its exit stops it."""
 
-    def _exit_capture(self) -> None:
-        try:
-            self._depth.value -= 1
-            if self._depth.value == 0:
-                self.capture.stop()
-        finally:
-            self._pop()
+        def enter() -> None:
+            push()
+            depth = getattr(self._depth, "value", 0)
+            if depth == 0:
+                self.capture.start()
+            self._depth.value = depth + 1
+
+        def exit_() -> None:
+            try:
+                self._depth.value -= 1
+                if self._depth.value == 0:
+                    self.capture.stop()
+            finally:
+                pop()
+
+        return enter, exit_

@@ -8,16 +8,18 @@ recorded stacks are cut to ``stack_depth`` frames.
 
 from __future__ import annotations
 
-import functools
 import os
 import pickle
+import threading
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-import torch
-
-from rlprof.tools.base import RangeSite, Tool, ToolContext
+from rlprof.schema import bounds
+from rlprof.tools.base import RangeOps, RangeSite, StepWindowSettings, Tool, ToolContext
+from rlprof.tools.registry import register_tool
+from rlprof.window import StepWindow
 
 
 def trim_stacks(snapshot: dict[str, Any], depth: int) -> dict[str, Any]:
@@ -33,65 +35,114 @@ def trim_stacks(snapshot: dict[str, Any], depth: int) -> dict[str, Any]:
     return snapshot
 
 
+@dataclass
+class TorchMemorySettings(StepWindowSettings):
+    """CUDA caching-allocator history over each step window, one snapshot pickle per window per rank."""
+
+    trace_alloc_max_entries: int = field(default=100_000, metadata=bounds(ge=1))
+    """Most alloc/free events kept in the ring buffer (older ones are overwritten)."""
+    stack_depth: int = field(default=32, metadata=bounds(ge=1))
+    """Frames kept per recorded allocation stack in the written snapshot."""
+    oom_snapshot: bool = True
+    """Write ``oom_rank{R}_*.pickle`` when CUDA runs out of memory while recording (once per window)."""
+
+
+@register_tool("torch_memory", config=TorchMemorySettings)
+def torch_memory_tool(context: ToolContext) -> Tool:
+    """CUDA snapshots where CUDA memory history exists; host memory per range otherwise (said once)."""
+    reason = cuda_memory_unavailable_reason()
+    if reason is None:
+        return CudaMemoryTool(context)
+    from rlprof.tools.host_memory import HostMemoryTool
+
+    context.warn("torch_memory:host", (
+        f"rlprof: torch_memory: {reason}, so no CUDA memory snapshot is written; recording host memory (RSS before, "
+        f"after and peak of each range) to {context.save_path}/torch_memory/step*/*.host_memory.jsonl instead"))
+    return HostMemoryTool(context)
+
+
 class CudaMemoryTool(Tool):
     """Records allocator history on the selected ranks, only inside step windows."""
 
-    name = "torch_memory"
-
     def __init__(self, context: ToolContext) -> None:
         super().__init__(context)
-        self.settings = context.config.global_profiler.global_tool_config.torch_memory
+        self.settings = context.settings
         self.recording = False
+        self.window: Optional[StepWindow] = None
         self._oom_written = False
+        self._previous = threading.local()
 
-    def start_window(self, step: int) -> None:
-        super().start_window(step)
+    def start_window(self, window: StepWindow) -> None:
+        import torch
+
         torch.cuda.memory._record_memory_history(
             "all", context="all", stacks="python", max_entries=self.settings.trace_alloc_max_entries
         )
         self.recording = True
+        self.window = window
         self._oom_written = False
         if self.settings.oom_snapshot:
             _watch_oom(self)
 
-    def stop_window(self) -> None:
+    def stop_window(self, window: StepWindow) -> None:
+        import torch
+
         try:
-            folder = self.window_dir()
-            folder.mkdir(parents=True, exist_ok=True)
-            name = f"rank{self.context.rank}_pid{os.getpid()}.pickle"
-            self._write_snapshot(folder / f".{name}.tmp", folder / name)
+            final = self.context.window_dir(self.name, window) / f"rank{self.context.rank}_pid{os.getpid()}.pickle"
+            self._write_snapshot(final, window)
         finally:
             self.recording = False
+            self.window = None
             _watch_oom(None)
             torch.cuda.memory._record_memory_history(None)
-            super().stop_window()
 
-    def _write_snapshot(self, tmp: Path, final: Path) -> Path:
-        snapshot = trim_stacks(torch.cuda.memory._snapshot(), self.settings.stack_depth)
-        with tmp.open("wb") as handle:
-            pickle.dump(snapshot, handle)
-        return self.publish(tmp, final)
+    def _write_snapshot(self, final: Path, window: StepWindow, **extra: Any) -> Path:
+        import torch
 
-    def enter_range(self, site: RangeSite) -> Callable[[], Any]:
-        previous = torch.cuda.memory._get_memory_metadata()
-        torch.cuda.memory._set_memory_metadata(site.label)
-        return functools.partial(torch.cuda.memory._set_memory_metadata, previous)
+        tmp = self.context.temp_path(final)
+        try:
+            snapshot = trim_stacks(torch.cuda.memory._snapshot(), self.settings.stack_depth)
+            with tmp.open("wb") as handle:
+                pickle.dump(snapshot, handle)
+            return self.context.publish(self.name, tmp, final, window, **extra)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+
+    def range_ops(self, site: RangeSite) -> RangeOps:
+        import torch
+
+        memory, label, local = torch.cuda.memory, site.label, self._previous
+
+        def enter() -> None:
+            stack = getattr(local, "stack", None)
+            if stack is None:
+                stack = local.stack = []
+            stack.append(memory._get_memory_metadata())
+            memory._set_memory_metadata(label)
+
+        def exit_() -> None:
+            memory._set_memory_metadata(local.stack.pop())
+
+        return enter, exit_
 
     def close(self) -> None:
         if self.recording:  # turned off mid-window: stop recording, write nothing
+            import torch
+
             self.recording = False
             _watch_oom(None)
             torch.cuda.memory._record_memory_history(None)
 
     def write_oom_snapshot(self) -> None:
         """Called by the OOM observer: one ``oom_rank{R}_pid{P}_step{N}.pickle`` per window."""
-        if not self.recording or self._oom_written:
+        if not self.recording or self._oom_written or self.window is None:
             return
         self._oom_written = True
         folder = self.context.save_path / self.name
         folder.mkdir(parents=True, exist_ok=True)
-        name = f"oom_rank{self.context.rank}_pid{os.getpid()}_step{self.window_last}.pickle"
-        self._write_snapshot(folder / f".{name}.tmp", folder / name)
+        name = f"oom_rank{self.context.rank}_pid{os.getpid()}_step{self.window.last}.pickle"
+        self._write_snapshot(folder / name, self.window, oom=True)
 
 
 _oom_tool: Optional[CudaMemoryTool] = None
@@ -103,6 +154,8 @@ def _watch_oom(tool: Optional[CudaMemoryTool]) -> None:
     global _oom_tool, _oom_observer_attached
     _oom_tool = tool
     if tool is not None and not _oom_observer_attached:
+        import torch
+
         torch._C._cuda_attach_out_of_memory_observer(_on_oom)
         _oom_observer_attached = True
 
@@ -118,6 +171,8 @@ def _on_oom(device: int, alloc: int, device_alloc: int, device_free: int) -> Non
 
 def cuda_memory_unavailable_reason() -> Optional[str]:
     """Why CUDA memory history cannot be recorded here, or None when it can."""
+    import torch
+
     if not torch.cuda.is_available():
         return "CUDA is not available"
     if not hasattr(torch.cuda.memory, "_record_memory_history"):

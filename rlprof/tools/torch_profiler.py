@@ -4,36 +4,87 @@ Files: ``{save_path}/torch/step{S}[-{E}]/rank{R}.pt.trace.json.gz``. Each step o
 ``ProfilerStep#{step}`` span (training step numbers, not counted from 0), each range a
 ``record_function("role/name")``, and the trace carries ``distributedInfo`` (rank, world size) even without
 torch.distributed, so Holistic Trace Analysis and TensorBoard's PyTorch profiler plugin read it.
+
+The trace is exported beside its final place (never through ``$TMPDIR``), checked to be complete, and gzipped
+with its final name in the gzip header and as ``traceName``; an incomplete export (a full disk) is reported and
+left out of the manifest.
 """
 
 from __future__ import annotations
 
-import functools
+import gzip
 import json
-import os
-from typing import Any, Callable
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
-import torch
-from torch.profiler import ProfilerAction, ProfilerActivity, _ExperimentalConfig
-
-from rlprof.tools.base import RangeSite, Tool, ToolContext
+from rlprof.manifest import free_name
+from rlprof.tools.base import RangeOps, RangeSite, StepWindowSettings, Tool, ToolContext
+from rlprof.tools.registry import register_tool
+from rlprof.window import StepWindow
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
+TorchContent = Literal["cpu", "cuda", "shapes", "stack", "memory", "flops", "modules"]
+_TRACE_NAME = re.compile(rb'("traceName"\s*:\s*)"(?:[^"\\]|\\.)*"')
 
 
-def _record_every_step(step: int) -> ProfilerAction:
+@dataclass
+class TorchSettings(StepWindowSettings):
+    """torch.profiler over each step window, one gzipped Chrome trace per window per rank."""
+
+    contents: list[TorchContent] = field(default_factory=list)
+    """Extra detail: cpu, cuda (activities; both default to on where available), shapes, stack, memory, flops, modules."""
+    discrete: bool = False
+    """Accepted for verl compatibility; the torch tool always writes one trace per window per process."""
+
+
+class IncompleteTrace(RuntimeError):
+    """torch wrote a trace that is cut short (for example on a full disk)."""
+
+
+def check_complete(path: Path) -> None:
+    """Raise :class:`IncompleteTrace` unless ``path`` is a whole Chrome trace object (``{ ... }``, with events)."""
+    size = path.stat().st_size if path.exists() else 0
+    if size < 32:
+        raise IncompleteTrace(f"the exported trace {path.name} has {size} bytes")
+    with path.open("rb") as handle:
+        head = handle.read(4096)
+        handle.seek(max(0, size - 4096))
+        tail = handle.read()
+    if not head.lstrip().startswith(b"{") or not tail.rstrip().endswith(b"}") or b"traceEvents" not in head + tail:
+        raise IncompleteTrace(f"the exported trace {path.name} ({size} bytes) is cut short")
+
+
+def gzip_trace(source: Path, target: Path, final_name: Path) -> None:
+    """Gzip ``source`` into ``target`` with ``final_name`` in the gzip header and as the trace's ``traceName``."""
+    name = json.dumps(str(final_name))[1:-1].encode()
+    with source.open("rb") as fin, target.open("wb") as raw, \
+            gzip.GzipFile(filename=final_name.name, mode="wb", fileobj=raw, mtime=int(source.stat().st_mtime)) as out:
+        for line in fin:
+            if b'"traceName"' in line:
+                line = _TRACE_NAME.sub(lambda m: m.group(1) + b'"' + name + b'"', line)
+            out.write(line)
+
+
+def _record_every_step(step: int) -> Any:
     """A schedule that records every step; it makes torch emit the ``ProfilerStep#N`` spans."""
+    from torch.profiler import ProfilerAction
+
     return ProfilerAction.RECORD
 
 
+@register_tool("torch", config=TorchSettings)
 class TorchProfilerTool(Tool):
     """Runs one ``torch.profiler.profile`` per step window."""
 
-    name = "torch"
-
     def __init__(self, context: ToolContext) -> None:
         super().__init__(context)
-        contents = set(context.config.global_profiler.global_tool_config.torch.contents)
+        import torch
+        from torch.profiler import ProfilerActivity
+
+        contents = set(context.settings.contents)
         cuda = torch.cuda.is_available()
         activities = {ProfilerActivity.CPU} if "cpu" in contents or not contents & {"cpu", "cuda"} else set()
         if cuda and ("cuda" in contents or not contents & {"cpu", "cuda"}):
@@ -47,44 +98,71 @@ class TorchProfilerTool(Tool):
             with_modules="modules" in contents,
         )
         self.profiler: Any = None
+        self._handles = threading.local()
 
-    def start_window(self, step: int) -> None:
-        super().start_window(step)
+    def start_window(self, window: StepWindow) -> None:
+        import torch
+        from torch.profiler import _ExperimentalConfig
+
         profiler = torch.profiler.profile(
             activities=self.activities,
             schedule=_record_every_step,
             experimental_config=_ExperimentalConfig(profile_all_threads=True),  # rollout/reward threads too
             **self.options,
         )
-        profiler.step_num = step
+        profiler.step_num = window.first
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             info = {"backend": "none", "rank": self.context.rank, "world_size": self.context.world_size}
             profiler.preset_metadata_json("distributedInfo", json.dumps(info))
         profiler.start()
         self.profiler = profiler
 
-    def advance(self, step: int) -> None:
-        super().advance(step)
+    def advance(self, window: StepWindow) -> None:
         self.profiler.step()
 
-    def stop_window(self) -> None:
+    def stop_window(self, window: StepWindow) -> None:
         profiler, self.profiler = self.profiler, None
+        profiler.stop()
+        final = free_name(self.context.window_dir(self.name, window) / f"rank{self.context.rank}{TRACE_SUFFIX}")
+        exported = self.context.temp_path(final.with_name(final.name.removesuffix(".gz")))
+        packed = self.context.temp_path(final)
         try:
-            profiler.stop()
-            folder = self.window_dir()
-            folder.mkdir(parents=True, exist_ok=True)
-            final = folder / f"rank{self.context.rank}{TRACE_SUFFIX}"
-            tmp = folder / f".rank{self.context.rank}.{os.getpid()}.tmp{TRACE_SUFFIX}"
-            profiler.export_chrome_trace(str(tmp))
-            self.publish(tmp, final)
+            profiler.export_chrome_trace(str(exported))
+            try:
+                check_complete(exported)
+            except IncompleteTrace as exc:
+                self.context.warn(f"torch:incomplete:{window.index}",
+                                  f"rlprof: the torch trace of window {window.name} was not written ({exc}; is the "
+                                  f"disk under {self.context.save_path} full?); it is left out of the manifest")
+                return
+            gzip_trace(exported, packed, final)
+            self.context.publish(self.name, packed, final, window)
         finally:
-            super().stop_window()
+            for leftover in (exported, packed):
+                if leftover.exists():
+                    leftover.unlink()
 
-    def enter_range(self, site: RangeSite) -> Callable[[], Any]:
-        handle = torch.ops.profiler._record_function_enter_new(site.label, None)
-        return functools.partial(torch.ops.profiler._record_function_exit._RecordFunction, handle)
+    def range_ops(self, site: RangeSite) -> RangeOps:
+        import torch
+
+        enter_op = torch.ops.profiler._record_function_enter_new
+        exit_op = torch.ops.profiler._record_function_exit._RecordFunction
+        label, local = site.label, self._handles
+
+        def enter() -> None:
+            handle = enter_op(label, None)
+            stack = getattr(local, "stack", None)
+            if stack is None:
+                stack = local.stack = []
+            stack.append(handle)
+
+        def exit_() -> None:
+            exit_op(local.stack.pop())
+
+        return enter, exit_
 
     def close(self) -> None:
         if self.profiler is not None:  # turned off mid-window: stop recording, write nothing
             profiler, self.profiler = self.profiler, None
             profiler.stop()
+

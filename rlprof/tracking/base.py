@@ -1,4 +1,14 @@
-"""What every tracking backend implements, and the conversions they share."""
+"""What every tracking backend implements, the one registry of backends, and the conversions they share.
+
+::
+
+    @register_backend("mine")
+    class MyBackend(Backend):
+        def __init__(self, context: BackendContext): ...
+        def log(self, metrics, step): ...
+
+``"mine"`` is then a valid name in ``Tracker(..., backends=[...])`` and the trainer's ``trainer.logger``.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +16,34 @@ import math
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any, Optional
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar
+
+
+@dataclass(frozen=True)
+class BackendContext:
+    """Everything a backend may need to start, in one object."""
+
+    project: str
+    experiment: str
+    log_dir: Path
+    """Folder for the run's files: ``metrics.jsonl``, run state, local stores."""
+    config: Optional[Mapping[str, Any]] = None
+    """The run's configuration (hyper-parameters), for backends that store it."""
+    total_steps: Optional[int] = None
+    total_epochs: Optional[int] = None
+    resume_step: Optional[int] = None
+    """A resumed run is about to log this step again: each backend then ends with one record per step."""
+    console: Any = None
+    """A ``rich.console.Console`` for terminal output (default: a new one)."""
+    table_every: int = 10
+    """Console: a table of every metric each N steps."""
 
 
 class Backend(ABC):
     """One place metrics go. ``log`` receives plain floats keyed by metric name, steps strictly increasing
-    within a process; ``resume_step`` (given at construction) means steps >= it are being logged again."""
+    within a process."""
 
     name = "backend"
 
@@ -20,6 +52,34 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Flush and release; called once."""
+
+
+B = TypeVar("B", bound=type)
+_BACKENDS: dict[str, Callable[[BackendContext], Backend]] = {}
+
+
+def register_backend(name: str) -> Callable[[B], B]:
+    """Register a :class:`Backend` subclass, built as ``cls(context: BackendContext)``, under ``name``."""
+
+    def register(cls: B) -> B:
+        if not (isinstance(cls, type) and issubclass(cls, Backend)):
+            raise TypeError(f"register_backend({name!r}): {cls!r} does not subclass rlprof.tracking.Backend")
+        cls.name = name
+        _BACKENDS[name] = cls
+        return cls
+
+    return register
+
+
+def backend_names() -> list[str]:
+    return list(_BACKENDS)
+
+
+def backend_factory(name: str) -> Callable[[BackendContext], Backend]:
+    try:
+        return _BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown tracking backend {name!r}; registered backends: {', '.join(_BACKENDS)}") from None
 
 
 def to_floats(metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from rlprof.tracking.base import Backend, first_present
+from rlprof.tracking.base import Backend, BackendContext, first_present, register_backend
 
 LOSS_KEYS = ("actor/pg_loss", "critic/vf_loss")
 REWARD_KEYS = ("critic/rewards/mean", "critic/score/mean")
@@ -57,20 +57,19 @@ def metrics_table(metrics: Mapping[str, float], step: int) -> Table:
     return table
 
 
+@register_backend("console")
 class ConsoleBackend(Backend):
     """Per step: the seed's ``[INFO]`` line and ``[DEBUG]`` lines; every ``table_every`` steps (and the last) a
     table of all metrics; with ``total_steps``, a progress bar with the time remaining."""
 
-    name = "console"
-
-    def __init__(self, console: Optional[Console] = None, total_steps: Optional[int] = None,
-                 total_epochs: Optional[int] = None, table_every: int = 10) -> None:
-        if table_every <= 0:
-            raise ValueError(f"table_every={table_every} must be positive")
-        self.console = console or Console()
-        self.total_steps = total_steps
-        self.total_epochs = total_epochs
-        self.table_every = table_every
+    def __init__(self, context: BackendContext) -> None:
+        if context.table_every <= 0:
+            raise ValueError(f"table_every={context.table_every} must be positive")
+        self.console: Console = context.console or Console()
+        self.total_steps = context.total_steps
+        self.total_epochs = context.total_epochs
+        self.table_every = context.table_every
+        total_steps = self.total_steps
         self.progress: Optional[Progress] = None
         if total_steps:
             self.progress = Progress(

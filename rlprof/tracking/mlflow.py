@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from rlprof.tracking.base import RemoteRunBackend, RunState, flatten, mlflow_safe_key
+from rlprof.tracking.base import BackendContext, RemoteRunBackend, RunState, flatten, mlflow_safe_key, register_backend
 
 PARAMS_PER_BATCH = 100
 PARAM_VALUE_CHARS = 500
@@ -18,6 +18,7 @@ def tracking_uri(log_dir: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(log_dir).resolve() / 'mlflow.db'}"
 
 
+@register_backend("mlflow")
 class MlflowBackend(RemoteRunBackend):
     """Logs to one mlflow run (experiment = project, run name = experiment) through ``MlflowClient``.
 
@@ -25,13 +26,10 @@ class MlflowBackend(RemoteRunBackend):
     the steps it already holds keep their first values and are skipped, with one warning.
     """
 
-    name = "mlflow"
-
-    def __init__(self, project: str, experiment: str, log_dir: Path, config: Optional[Mapping[str, Any]],
-                 resume_step: Optional[int] = None) -> None:
+    def __init__(self, context: BackendContext) -> None:
         from mlflow.tracking import MlflowClient
 
-        log_dir = Path(log_dir)
+        log_dir, resume_step = Path(context.log_dir), context.resume_step
         log_dir.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=tracking_uri(log_dir))
         state_path = log_dir / "mlflow_run.json"
@@ -40,11 +38,11 @@ class MlflowBackend(RemoteRunBackend):
             self.state = previous
             self.client.update_run(previous.run_id, status="RUNNING")
         else:
-            found = self.client.get_experiment_by_name(project)
-            experiment_id = found.experiment_id if found else self.client.create_experiment(project)
-            run = self.client.create_run(experiment_id, run_name=experiment)
+            found = self.client.get_experiment_by_name(context.project)
+            experiment_id = found.experiment_id if found else self.client.create_experiment(context.project)
+            run = self.client.create_run(experiment_id, run_name=context.experiment)
             self.state = RunState(state_path, run.info.run_id)
-            self._log_params(config or {})
+            self._log_params(context.config or {})
 
     def _log_params(self, config: Mapping[str, Any]) -> None:
         from mlflow.entities import Param

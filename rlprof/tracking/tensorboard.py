@@ -3,28 +3,31 @@
 from __future__ import annotations
 
 import os
+import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Optional
-
-from rlprof.tracking.base import Backend
+from rlprof.tracking.base import Backend, BackendContext, register_backend
 
 
 def tensorboard_dir(project_name: str, experiment_name: str) -> Path:
     return Path(os.environ.get("TENSORBOARD_DIR") or Path("tensorboard_log") / project_name / experiment_name)
 
 
+@register_backend("tensorboard")
 class TensorBoardBackend(Backend):
     """One ``add_scalar`` per metric, flushed every step. On resume, TensorBoard's own ``purge_step`` makes its
-    readers drop the earlier events of steps >= ``resume_step``, so each step is read once."""
+    readers drop the earlier events of steps >= ``resume_step``, so each step is read once. A new run (no
+    ``resume_step``) that finds an earlier run's event files in its folder moves them to ``previous-{time}/`` (a run
+    of its own in TensorBoard), so the two runs' curves are never mixed."""
 
-    name = "tensorboard"
-
-    def __init__(self, log_dir: Path, resume_step: Optional[int] = None) -> None:
+    def __init__(self, context: BackendContext) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.log_dir = Path(log_dir)
-        self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=resume_step)
+        self.log_dir = tensorboard_dir(context.project, context.experiment)
+        if context.resume_step is None:
+            archive_events(self.log_dir)
+        self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=context.resume_step)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         for key, value in metrics.items():
@@ -33,3 +36,21 @@ class TensorBoardBackend(Backend):
 
     def close(self) -> None:
         self.writer.close()
+
+
+def archive_events(log_dir: Path) -> None:
+    """Move earlier ``events.out.tfevents.*`` files of ``log_dir`` into ``previous-{time}/`` (kept, not mixed)."""
+    old = sorted(log_dir.glob("events.out.tfevents.*")) if log_dir.is_dir() else []
+    if not old:
+        return
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(max(p.stat().st_mtime for p in old)))
+    target = log_dir / f"previous-{stamp}"
+    n = 1
+    while target.exists():
+        n += 1
+        target = log_dir / f"previous-{stamp}-{n}"
+    target.mkdir()
+    for path in old:
+        os.replace(path, target / path.name)
+    warnings.warn(f"rlprof tracking: {log_dir} held the TensorBoard events of an earlier run; they were moved to "
+                  f"{target} (shown as a run of its own)", RuntimeWarning, stacklevel=4)

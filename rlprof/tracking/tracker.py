@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import ast
+import threading
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from rlprof.tracking.base import Backend, to_floats
+from rlprof.tracking.base import Backend, BackendContext, backend_factory, backend_names, to_floats
 
-BACKENDS = ("console", "tensorboard", "file", "wandb", "mlflow")
+START_TIMEOUT_S = 60.0
+"""How long a backend may take to start (an unreachable tracking server) before it is turned off."""
 
 
 def parse_backends(value: Any) -> list[str]:
@@ -29,8 +31,9 @@ def parse_backends(value: Any) -> list[str]:
             value = [part.strip() for part in text.split(",") if part.strip()]
     names = [str(name) for name in value]
     for name in names:
-        if name not in BACKENDS:
-            raise ValueError(f"trainer.logger: unknown backend {name!r}; known backends: {', '.join(BACKENDS)}")
+        if name not in backend_names():
+            raise ValueError(f"trainer.logger: unknown backend {name!r}; registered backends: "
+                             f"{', '.join(backend_names())}")
     return list(dict.fromkeys(names))
 
 
@@ -57,37 +60,41 @@ class Tracker:
         resume_step: Optional[int] = None,
         console: Any = None,
         table_every: int = 10,
+        start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
         self.names = parse_backends(backends)
         self.log_dir = Path(log_dir) if log_dir is not None else Path("outputs") / project_name / experiment_name
+        context = BackendContext(project_name, experiment_name, self.log_dir, config, total_steps, total_epochs,
+                                 resume_step, console, table_every)
         self.backends: list[Backend] = []
         self.last_step: Optional[int] = None
         for name in self.names:
-            self.backends.append(self._create(name, project_name, experiment_name, config, total_steps,
-                                              total_epochs, resume_step, console, table_every))
+            backend = self._start(name, context, start_timeout_s)
+            if backend is not None:
+                self.backends.append(backend)
 
-    def _create(self, name: str, project: str, experiment: str, config: Optional[Mapping[str, Any]],
-                total_steps: Optional[int], total_epochs: Optional[int], resume_step: Optional[int],
-                console: Any, table_every: int) -> Backend:
-        if name == "console":
-            from rlprof.tracking.console import ConsoleBackend
+    @staticmethod
+    def _start(name: str, context: BackendContext, timeout_s: float) -> Optional[Backend]:
+        """Start one backend, waiting at most ``timeout_s``; a backend that fails or hangs (an unreachable server)
+        is reported once and left out, and training goes on without it."""
+        outcome: dict[str, Any] = {}
 
-            return ConsoleBackend(console, total_steps, total_epochs, table_every)
-        if name == "tensorboard":
-            from rlprof.tracking.tensorboard import TensorBoardBackend, tensorboard_dir
+        def start() -> None:
+            try:
+                outcome["backend"] = backend_factory(name)(context)
+            except Exception as exc:
+                outcome["error"] = exc
 
-            return TensorBoardBackend(tensorboard_dir(project, experiment), resume_step)
-        if name == "file":
-            from rlprof.tracking.jsonl import JsonlBackend
-
-            return JsonlBackend(self.log_dir, resume_step)
-        if name == "wandb":
-            from rlprof.tracking.wandb import WandbBackend
-
-            return WandbBackend(project, experiment, self.log_dir, config, resume_step)
-        from rlprof.tracking.mlflow import MlflowBackend
-
-        return MlflowBackend(project, experiment, self.log_dir, config, resume_step)
+        thread = threading.Thread(target=start, name=f"rlprof-start-{name}", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if "backend" in outcome:
+            return outcome["backend"]
+        reason = (f"{type(outcome['error']).__name__}: {outcome['error']}" if "error" in outcome
+                  else f"it did not start within {timeout_s:g} s")
+        warnings.warn(f"rlprof tracking: the {name} backend could not start ({reason}); it is turned off, the other "
+                      "backends go on", RuntimeWarning, stacklevel=3)
+        return None
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """Send ``metrics`` (numbers) of ``step`` to every backend still working."""

@@ -5,11 +5,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
 
-from rlprof.tracking.base import RemoteRunBackend, RunState
+from rlprof.tracking.base import BackendContext, RemoteRunBackend, RunState, register_backend
 
 
+@register_backend("wandb")
 class WandbBackend(RemoteRunBackend):
     """Logs to one wandb run per training run; a resumed training run continues the same run id.
 
@@ -17,19 +17,17 @@ class WandbBackend(RemoteRunBackend):
     their first values and are skipped, with one warning; later steps are logged as usual.
     """
 
-    name = "wandb"
-
-    def __init__(self, project: str, experiment: str, log_dir: Path, config: Optional[Mapping[str, Any]],
-                 resume_step: Optional[int] = None) -> None:
+    def __init__(self, context: BackendContext) -> None:
         import wandb
 
-        log_dir = Path(log_dir)
+        log_dir, resume_step = Path(context.log_dir), context.resume_step
         log_dir.mkdir(parents=True, exist_ok=True)
         state_path = log_dir / "wandb_run.json"
         previous = RunState.load(state_path) if resume_step is not None else None
         self.state = previous or RunState(state_path, uuid.uuid4().hex[:12])
-        self.run = wandb.init(project=project, name=experiment, dir=str(log_dir), id=self.state.run_id,
-                              resume="allow", config=dict(config or {}), reinit="create_new")
+        self.run = wandb.init(project=context.project, name=context.experiment, dir=str(log_dir),
+                              id=self.state.run_id, resume="allow", config=dict(context.config or {}),
+                              reinit="create_new")
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         if self.already_logged(step):

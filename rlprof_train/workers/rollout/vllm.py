@@ -22,7 +22,7 @@ from typing import Any, Optional
 import torch
 
 import rlprof
-from rlprof.manifest import Manifest
+from rlprof.window import StepWindow, WindowListener
 from rlprof_train.batch import RolloutBatch
 from rlprof_train.data import Example
 from rlprof_train.workers.rollout.base import Rollout, SamplingParams, build_rollout_batch
@@ -79,7 +79,7 @@ def explain_start_failure(exc: BaseException, model_path: str) -> str:
             f"If it ran out of memory, lower {MEMORY_KNOBS}")
 
 
-class VLLMRollout(Rollout):
+class VLLMRollout(Rollout, WindowListener):
     """Samples with a vLLM engine; ``sync_weights`` loads the actor's current weights into it."""
 
     name = "vllm"
@@ -91,7 +91,8 @@ class VLLMRollout(Rollout):
         self.zero_stage = cfg.actor_rollout_ref.actor.zero_stage
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[rollout.dtype]
         self.profile_dir = Path(cfg.global_profiler.save_path).resolve() / "vllm_torch"
-        self.profiling: Optional[list[int]] = None  # steps of the vLLM profile being recorded
+        self.profiling: Optional[StepWindow] = None  # the window vLLM's profiler is recording
+        self.before: set[Path] = set()
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # to send _reload_from_files to workers
         if not torch.cuda.is_available():
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(rollout.kv_cache_space_gb)
@@ -117,12 +118,14 @@ class VLLMRollout(Rollout):
             self.llm = LLM(**options)
         except Exception as exc:
             raise ValueError(explain_start_failure(exc, model_path)) from exc
+        session = rlprof.get_session()
+        if session is not None:
+            session.add_window_listener(self)
 
     def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch:
         from vllm import SamplingParams as VLLMSampling
         from vllm.inputs import TokensPrompt
 
-        self._follow_profiler(stepping_in=True)
         greedy = sampling.temperature == 0
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()  # from the trainer's per-step seed
         params = [VLLMSampling(n=sampling.n, temperature=0.0 if greedy else sampling.temperature,
@@ -146,7 +149,6 @@ class VLLMRollout(Rollout):
             values = [next(iter(step.values())).logprob for step in (completion.logprobs or [])][: batch.response_length]
             rollout_log_probs[row, : len(values)] = torch.tensor(values)
         batch.extras["rollout_log_probs"] = rollout_log_probs * batch.response_mask
-        self._follow_profiler(stepping_in=False)
         return batch
 
     @torch.no_grad()
@@ -186,37 +188,28 @@ class VLLMRollout(Rollout):
             if gathered is not None:
                 gathered.__exit__(None, None, None)
 
-    def _follow_profiler(self, stepping_in: bool) -> None:
-        """Run vLLM's torch profiler while rlprof's torch window is open for the rollout role: started by the first
-        generate of the window, stopped after the last generate of its last step (or when a generate finds the
-        window closed)."""
-        session = rlprof.get_session()
-        recording = (session is not None and session.tool_name == "torch" and session.window_open
-                     and session.role_enabled("rollout"))
-        if not recording:
-            if self.profiling is not None:
-                self._stop_profile()
-            return
-        if stepping_in:
-            if self.profiling is None:
-                self.profiling = []
-                self.llm.start_profile(profile_prefix=f"step{session.current_step}")
-            self.profiling.append(session.current_step)
-        elif session.current_step + 1 not in session.selection:
-            self._stop_profile()
+    # rlprof's windows: while its torch tool records the rollout role, vLLM's own torch profiler records the engine.
 
-    def _stop_profile(self) -> None:
-        steps, self.profiling = self.profiling or [], None
-        before = set(self.profile_dir.rglob("*")) if self.profile_dir.exists() else set()
+    def window_started(self, window: StepWindow) -> None:
+        session = rlprof.get_session()
+        if session is not None and session.tool_name == "torch" and rlprof.is_recording("rollout"):
+            self.profiling = window
+            self.before = set(self.profile_dir.rglob("*")) if self.profile_dir.exists() else set()
+            self.llm.start_profile(profile_prefix=window.name)
+
+    def window_stopped(self, window: StepWindow) -> None:
+        if self.profiling is not window:
+            return
+        self.profiling = None
         self.llm.stop_profile()
         session = rlprof.get_session()
-        if session is None:
-            return
-        manifest = Manifest(session.config.global_profiler.save_path)
-        for path in sorted(set(self.profile_dir.rglob("*")) - before):
-            if path.is_file():
-                manifest.record("vllm_torch", path, steps=sorted(set(steps)), rank=session.rank, role="rollout")
+        for path in sorted(set(self.profile_dir.rglob("*")) - self.before):
+            if path.is_file() and session is not None:
+                session.record_output("vllm_torch", path, window, role="rollout")
 
     def close(self) -> None:
         if self.profiling is not None:
-            self._stop_profile()
+            self.window_stopped(self.profiling)
+        session = rlprof.get_session()
+        if session is not None:
+            session.remove_window_listener(self)

@@ -1,0 +1,76 @@
+"""The one registry of recording tools: a name, a settings dataclass and a factory per tool.
+
+::
+
+    @rlprof.register_tool("mytool", config=MyToolSettings)
+    class MyTool(rlprof.Tool):
+        def range_ops(self, site): ...
+
+The name becomes a valid ``global_profiler.tool``, the settings dataclass the schema of
+``global_profiler.global_tool_config.mytool`` (checked like every other block), and the class (or any function
+``(ToolContext) -> Tool``) is what the session starts. Nothing else in rlprof lists tool names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, is_dataclass
+from typing import Any, Callable, TypeVar
+
+from rlprof.schema import ConfigError
+from rlprof.tools.base import NoSettings, Tool, ToolContext
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    config: type
+    """Dataclass of the tool's settings (``global_profiler.global_tool_config.<name>``)."""
+    factory: Callable[[ToolContext], Tool]
+
+
+_TOOLS: dict[str, ToolSpec] = {}
+
+
+def register_tool(name: str, *, config: type = NoSettings) -> Callable[[T], T]:
+    """Register a :class:`Tool` subclass (or a factory ``(ToolContext) -> Tool``) under ``name``."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"register_tool: name={name!r} must be an identifier such as 'nsys' or 'my_tool'")
+    if not (isinstance(config, type) and is_dataclass(config)):
+        raise TypeError(f"register_tool({name!r}): config={config!r} must be a dataclass of the tool's settings")
+
+    def register(factory: T) -> T:
+        if not callable(factory):
+            raise TypeError(f"register_tool({name!r}): {factory!r} is neither a Tool class nor a factory function")
+        if isinstance(factory, type):
+            if not issubclass(factory, Tool):
+                raise TypeError(f"register_tool({name!r}): {factory.__name__} does not subclass rlprof.Tool")
+            factory.name = name
+        _TOOLS[name] = ToolSpec(name, config, factory)  # type: ignore[arg-type]
+        return factory
+
+    return register
+
+
+def tool_specs() -> list[ToolSpec]:
+    return list(_TOOLS.values())
+
+
+def tool_names() -> list[str]:
+    return sorted(_TOOLS)
+
+
+def tool_spec(name: str) -> ToolSpec:
+    try:
+        return _TOOLS[name]
+    except KeyError:
+        raise ConfigError(f"global_profiler.tool: {name!r} is not a registered tool; choose one of: "
+                          f"{', '.join(tool_names())}") from None
+
+
+def create_tool(name: str, context: ToolContext) -> Tool:
+    """Start the tool registered as ``name``; the instance's ``name`` is the registered one."""
+    tool: Any = tool_spec(name).factory(context)
+    tool.name = name
+    return tool
