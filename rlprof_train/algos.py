@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Optional, Union
+from typing import Callable, Literal, Optional, Union
 
 import torch
 
@@ -20,8 +20,11 @@ GroupIndex = Union[Tensor, Sequence[Hashable]]
 
 
 def masked_sum(values: Tensor, mask: Tensor, dim: Optional[int] = None) -> Tensor:
-    """``Σ values·mask`` over ``dim`` (all elements when None). values, mask: same shape; ``dim`` is reduced."""
-    masked = values * mask
+    """``Σ values·mask`` over ``dim`` (all elements when None). values, mask: same shape; ``dim`` is reduced.
+
+    Values outside the mask are replaced by 0 first (``where``, as verl does), so a NaN or inf on padding never
+    reaches the sum."""
+    masked = torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device)) * mask
     return masked.sum() if dim is None else masked.sum(dim=dim)
 
 
@@ -56,9 +59,51 @@ def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, eps: fl
 
 # ----------------------------------------------------------------------------------------------- advantages
 
+AdvantageFn = Callable[..., tuple[Tensor, Tensor]]
 
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """A registered estimator: ``fn(token_level_rewards, mask, *, values, index, gamma, lam, norm_adv_by_std)``
+    (keywords it does not use are ignored) returning (advantages, returns), each ``[B, T]``."""
+
+    name: str
+    fn: AdvantageFn
+    needs_critic: bool
+    """Needs the critic's values (the trainer then runs a critic)."""
+    needs_groups: bool
+    """Compares the n responses of each prompt (needs ``rollout.n >= 2``)."""
+
+
+ADV_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+
+
+def register_adv_estimator(name: str, *, needs_critic: bool = False,
+                           needs_groups: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Register an advantage estimator under ``name`` (a value of ``algorithm.adv_estimator``), as verl's
+    ``register_adv_est``: the trainer's config check and the critic's presence follow the flags."""
+
+    def register(fn: AdvantageFn) -> AdvantageFn:
+        ADV_ESTIMATORS[name] = AdvantageEstimator(name, fn, needs_critic, needs_groups)
+        return fn
+
+    return register
+
+
+def adv_estimator(name: str) -> AdvantageEstimator:
+    """The estimator registered as ``name``; unknown names list the registered ones."""
+    try:
+        return ADV_ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"algorithm.adv_estimator={name!r} is unknown; choose one of: "
+                         f"{', '.join(ADV_ESTIMATORS)}") from None
+
+
+
+@register_adv_estimator("gae", needs_critic=True)
 def gae_advantages(
-    token_level_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float, whiten: bool = True
+    token_level_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float, whiten: bool = True,
+    **_: object,
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation (actor-critic PPO). Returns (advantages, returns), each ``[B, T]``.
 
@@ -108,8 +153,10 @@ def group_mean_std(scores: Tensor, index: GroupIndex) -> tuple[Tensor, Tensor, T
     return mean[ids], std[ids], size[ids]
 
 
+@register_adv_estimator("grpo", needs_groups=True)
 def grpo_advantages(
-    token_level_rewards: Tensor, mask: Tensor, index: GroupIndex, norm_adv_by_std: bool = True, eps: float = 1e-6
+    token_level_rewards: Tensor, mask: Tensor, index: GroupIndex, norm_adv_by_std: bool = True, eps: float = 1e-6,
+    **_: object,
 ) -> tuple[Tensor, Tensor]:
     """GRPO: each response's score ``s_i = Σ_t r_it`` against its prompt's group of n samples.
 
@@ -126,7 +173,8 @@ def grpo_advantages(
     return advantages, advantages
 
 
-def rloo_advantages(token_level_rewards: Tensor, mask: Tensor, index: GroupIndex) -> tuple[Tensor, Tensor]:
+@register_adv_estimator("rloo", needs_groups=True)
+def rloo_advantages(token_level_rewards: Tensor, mask: Tensor, index: GroupIndex, **_: object) -> tuple[Tensor, Tensor]:
     """RLOO: the leave-one-out baseline ``A_i = s_i - (Σ_{j≠i in group} s_j) / (n-1)``; a group of one keeps s_i.
 
     Equivalently ``A_i = n/(n-1)·(s_i - mean_g)``. Broadcast to every response token. token_level_rewards,
@@ -139,21 +187,29 @@ def rloo_advantages(token_level_rewards: Tensor, mask: Tensor, index: GroupIndex
     return advantages, advantages
 
 
-def reinforce_plus_plus_advantages(token_level_rewards: Tensor, mask: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
-    """REINFORCE++: discounted return-to-go ``G_t = r_t + γ·G_{t+1}`` per sequence, whitened over the batch.
+@register_adv_estimator("reinforce_plus_plus")
+def reinforce_plus_plus_advantages(token_level_rewards: Tensor, mask: Tensor, gamma: float,
+                                   **_: object) -> tuple[Tensor, Tensor]:
+    """REINFORCE++: discounted return-to-go ``G_t = r_t + γ·G_{t+1}`` over the real tokens of each sequence,
+    whitened over the batch.
 
-    token_level_rewards, mask: ``[B, T]``. Returns (whiten(G), G), each ``[B, T]``.
+    Masked positions inside a response (tool output, another turn) are skipped, not steps: the running return is
+    carried across them unchanged, so rewards after the hole reach the tokens before it (as in verl and in GAE
+    here). token_level_rewards, mask: ``[B, T]``. Returns (whiten(G), G), each ``[B, T]`` (0 on masked positions).
     """
     returns = torch.zeros_like(token_level_rewards)
     running = torch.zeros_like(token_level_rewards[:, 0])
     for t in reversed(range(token_level_rewards.shape[1])):
-        running = (token_level_rewards[:, t] + gamma * running) * mask[:, t]
-        returns[:, t] = running
+        m = mask[:, t].to(token_level_rewards.dtype)
+        new_running = token_level_rewards[:, t] + gamma * running
+        returns[:, t] = new_running * m
+        running = new_running * m + running * (1 - m)
     return masked_whiten(returns, mask) * mask, returns
 
 
+@register_adv_estimator("reinforce_plus_plus_baseline", needs_groups=True)
 def reinforce_plus_plus_baseline_advantages(
-    token_level_rewards: Tensor, mask: Tensor, index: GroupIndex
+    token_level_rewards: Tensor, mask: Tensor, index: GroupIndex, **_: object
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++ with a group baseline: ``s_i - mean_g`` broadcast to tokens, then whitened over the batch.
 
@@ -163,11 +219,6 @@ def reinforce_plus_plus_baseline_advantages(
     centred = (scores - mean)[:, None] * mask
     advantages = masked_whiten(centred, mask) * mask
     return advantages, advantages
-
-
-AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]
-ADV_ESTIMATORS: tuple[str, ...] = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
-ESTIMATORS_NEEDING_CRITIC = frozenset({"gae"})
 
 
 def compute_advantage(
@@ -182,21 +233,13 @@ def compute_advantage(
     norm_adv_by_std_in_grpo: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """(advantages, returns) by ``algorithm.adv_estimator``; see each estimator for its formula."""
-    if estimator not in ADV_ESTIMATORS:
-        raise ValueError(f"algorithm.adv_estimator={estimator!r} is unknown; choose one of: {', '.join(ADV_ESTIMATORS)}")
-    if estimator == "gae":
-        if values is None:
-            raise ValueError("algorithm.adv_estimator=gae needs critic values (enable the critic)")
-        return gae_advantages(token_level_rewards, values, mask, gamma, lam)
-    if estimator == "reinforce_plus_plus":
-        return reinforce_plus_plus_advantages(token_level_rewards, mask, gamma)
-    if index is None:
+    spec = adv_estimator(estimator)
+    if spec.needs_critic and values is None:
+        raise ValueError(f"algorithm.adv_estimator={estimator} needs critic values (enable the critic)")
+    if spec.needs_groups and index is None:
         raise ValueError(f"algorithm.adv_estimator={estimator} needs group ids (the prompt of each response)")
-    if estimator == "grpo":
-        return grpo_advantages(token_level_rewards, mask, index, norm_adv_by_std_in_grpo)
-    if estimator == "rloo":
-        return rloo_advantages(token_level_rewards, mask, index)
-    return reinforce_plus_plus_baseline_advantages(token_level_rewards, mask, index)
+    return spec.fn(token_level_rewards=token_level_rewards, mask=mask, values=values, index=index, gamma=gamma,
+                   lam=lam, norm_adv_by_std=norm_adv_by_std_in_grpo)
 
 
 # ----------------------------------------------------------------------------------------------- KL
@@ -209,7 +252,8 @@ def kl_penalty(log_prob: Tensor, ref_log_prob: Tensor, kl_type: str) -> Tensor:
     """Per-token KL estimate between the policy and the reference from log-probs of the sampled tokens.
 
     With ``d = log π(a) - log π_ref(a)``: ``kl`` (k1) = d; ``abs`` = |d|; ``mse`` (k2) = d²/2;
-    ``low_var_kl`` (k3) = ``exp(-d) + d - 1``, clamped to [-10, 10]. Shapes: ``[B, T]`` in and out.
+    ``low_var_kl`` (k3) = ``exp(-d) + d - 1`` with d clamped to [-20, 20] before ``exp`` (so neither the value nor
+    its gradient overflows) and the result clamped to [-10, 10]. Shapes: ``[B, T]`` in and out.
     """
     kind = KL_ALIASES.get(kl_type, kl_type)
     diff = log_prob - ref_log_prob
@@ -220,6 +264,7 @@ def kl_penalty(log_prob: Tensor, ref_log_prob: Tensor, kl_type: str) -> Tensor:
     if kind == "mse":
         return 0.5 * diff.square()
     if kind == "low_var_kl":
+        diff = diff.clamp(min=-20, max=20)
         return (torch.exp(-diff) + diff - 1).clamp(min=-10, max=10)
     allowed = ", ".join(KL_TYPES + tuple(KL_ALIASES))
     raise ValueError(f"kl_type={kl_type!r} is unknown; choose one of: {allowed}")
@@ -295,13 +340,14 @@ def agg_loss(
     - ``seq-mean-token-sum-norm`` (Dr.GRPO): ``Σ_i Σ_t ℓ_it m_it / (N_seq · L)``, L a constant length
       (``norm_length``, default T)
 
-    ``N_tok`` and ``N_seq`` default to this batch's counts. For gradient accumulation pass the counts of the
-    whole mini-batch (``total_tokens``, ``total_seqs``) and sum the micro-batch losses: the gradient then equals
-    the full batch's exactly, whatever the token count of each micro-batch.
+    ``N_tok`` and ``N_seq`` default to this batch's counts; ``N_seq`` counts only sequences with at least one token
+    (an empty response takes no part in the mean, as in verl). For gradient accumulation pass the counts of the
+    whole mini-batch (``total_tokens``, ``total_seqs``: see :func:`loss_counts`) and sum the micro-batch losses: the
+    gradient then equals the full batch's exactly, whatever the token count of each micro-batch.
     """
     if mode == "token-mean":
         return masked_sum(loss_mat, mask) / (total_tokens if total_tokens is not None else mask.sum().clamp(min=1))
-    seqs = total_seqs if total_seqs is not None else loss_mat.shape[0]
+    seqs = total_seqs if total_seqs is not None else max(int((mask.sum(-1) > 0).sum()), 1)
     if mode == "seq-mean-token-sum":
         return masked_sum(loss_mat, mask, dim=-1).sum() / seqs
     if mode == "seq-mean-token-mean":

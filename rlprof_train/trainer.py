@@ -58,7 +58,7 @@ class PPOTrainer:
         needs_ref = cfg.actor_rollout_ref.actor.use_kl_loss or algorithm.use_kl_in_reward
         self.ref = RefWorker(cfg.actor_rollout_ref, self.model_path) if needs_ref else None
         needs_critic = cfg.critic.enable if cfg.critic.enable is not None else \
-            algorithm.adv_estimator in algos.ESTIMATORS_NEEDING_CRITIC
+            algorithm.adv_estimator in {n for n, e in algos.ADV_ESTIMATORS.items() if e.needs_critic}
         critic_path = cfg.critic.model.path or self.model_path
         self.critic = CriticWorker(cfg, critic_path, env) if needs_critic else None
         self.rollout = self._rollout()

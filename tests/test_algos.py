@@ -238,3 +238,50 @@ def test_micro_batches_with_global_counts_give_the_full_batch_gradient(mode):
     if mode == "token-mean":  # the naive average of micro-batch means is biased: the test can tell them apart
         naive = sum(torch.autograd.grad(loss_of(rows), param)[0] for rows in (slice(0, 2), slice(2, 3), slice(3, 6))) / 3
         assert not torch.allclose(naive, full, atol=1e-3)
+
+
+# ----------------------------------------------------------------------------------------------- found against verl
+
+
+def test_low_var_kl_gradient_stays_finite_when_the_log_ratio_is_far_below_minus_88():
+    log_prob = T([-100.0, -0.5]).requires_grad_()
+    kl = algos.kl_penalty(log_prob, T([0.0, 0.0]), "low_var_kl")
+    kl.sum().backward()
+    assert torch.isfinite(kl).all() and torch.isfinite(log_prob.grad).all()
+    close(kl[1], math.exp(0.5) - 1.5)  # unclamped values are unchanged
+
+
+def test_reinforce_plus_plus_carries_the_return_across_a_masked_hole_as_verl_does():
+    rewards = T([[0.0, 0.0, 0.0, 1.0]])
+    mask = T([[1.0, 0.0, 0.0, 1.0]])  # e.g. a tool's output between two turns
+    _, returns = algos.reinforce_plus_plus_advantages(rewards, mask, gamma=0.5)
+    close(returns, [[0.5, 0.0, 0.0, 1.0]])  # the hole is skipped, not a step: one discount from t=3 to t=0
+
+
+def test_nan_on_padding_does_not_reach_the_losses():
+    mask = T([[1.0, 1.0, 0.0]])
+    log_prob = T([[-1.0, -2.0, float("nan")]])
+    old = T([[-1.1, -1.9, float("inf")]])
+    result = algos.policy_loss(old, log_prob, T([[1.0, -1.0, 0.0]]), mask)
+    assert torch.isfinite(result.pg_loss) and torch.isfinite(result.ppo_kl)
+    for mode in algos.LOSS_AGG_MODES:
+        assert torch.isfinite(algos.agg_loss(log_prob, mask, mode))
+
+
+@pytest.mark.parametrize("mode", ["seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_an_empty_response_takes_no_part_in_a_sequence_mean(mode):
+    with_empty = algos.agg_loss(VALUES, T([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]), mode)
+    without = algos.agg_loss(VALUES[:1], T([[1.0, 1.0, 0.0]]), mode)
+    close(with_empty, without)
+
+
+def test_an_estimator_registered_from_user_code_is_used_through_the_public_api():
+    @algos.register_adv_estimator("sign_of_score", needs_groups=False)
+    def sign_of_score(token_level_rewards, mask, **_):
+        advantages = algos.masked_sum(token_level_rewards, mask, dim=-1).sign()[:, None] * mask
+        return advantages, advantages
+
+    adv, _ = algos.compute_advantage("sign_of_score", T([[0.0, 2.0], [0.0, -1.0]]), torch.ones(2, 2))
+    close(adv, [[1.0, 1.0], [-1.0, -1.0]])
+    assert not algos.ADV_ESTIMATORS["sign_of_score"].needs_critic
+    del algos.ADV_ESTIMATORS["sign_of_score"]

@@ -63,7 +63,8 @@ def test_throughput_metrics():
     metrics = compute_throughput_metrics(step_seconds=4.0, total_num_tokens=8000, num_devices=2, num_samples=64,
                                          gen_seconds=2.0)
     assert metrics == {"perf/total_num_tokens": 8000.0, "perf/time_per_step": 4.0, "perf/throughput": 1000.0,
-                       "perf/rollout_samples_per_s": 32.0}
+                       "perf/rollout_samples_per_s": 32.0, "throughput/tokens_per_sec": 2000.0,
+                       "throughput/samples_per_sec": 16.0}
     with pytest.raises(ValueError, match="num_devices=0"):
         compute_throughput_metrics(1.0, 10, 0)
 
@@ -216,3 +217,43 @@ def test_cpu_peak_estimate_and_env_override(monkeypatch):
     assert cpu_peak_flops() is None or cpu_peak_flops() > 1e9
     monkeypatch.setenv("RLPROF_PEAK_TFLOPS", "2.5")
     assert peak_flops("anything") == 2.5e12
+
+
+def test_gelu_pytorch_tanh_is_gated_in_gemma_but_not_in_gpt_bigcode():
+    bigcode = {"model_type": "gpt_bigcode", "n_embd": 2048, "n_layer": 24, "n_head": 16, "n_inner": 8192,
+               "vocab_size": 49152, "activation_function": "gelu_pytorch_tanh"}
+    gemma = {"model_type": "gemma", "hidden_size": 2048, "num_hidden_layers": 18, "num_attention_heads": 8,
+             "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 16384, "vocab_size": 256000,
+             "hidden_activation": "gelu_pytorch_tanh"}
+    assert model_shape(bigcode).mlp_matrices == 2 and model_shape(gemma).mlp_matrices == 3
+    per_token_mlp = 2 * 2 * 2048 * 8192  # up and down, per layer
+    linear = 24 * (2 * 2 * 2048 * 2048 + 2 * 2 * 2048 * 2048 + per_token_mlp) + 2 * 2048 * 49152
+    assert estimate_flops(bigcode, [1]).forward == linear + 24 * 2 * 16 * 128 * 1 * 2
+
+
+def test_data_metrics_explain_the_values_and_count_aborted_responses():
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
+    rewards = torch.tensor([[0.0, 1.0], [2.0, 0.0], [0.0, 0.0]])
+    returns = torch.tensor([[1.0, 1.0], [2.0, 0.0], [0.0, 0.0]])
+    values = torch.tensor([[0.5, 1.5], [2.0, 0.0], [9.0, 9.0]])
+    metrics = compute_data_metrics(token_level_scores=rewards, token_level_rewards=rewards, advantages=returns,
+                                   returns=returns, response_mask=mask, prompt_lengths=torch.tensor([3, 3, 3]),
+                                   max_response_length=2, max_prompt_length=8, values=values)
+    assert metrics["response/aborted_ratio"] == pytest.approx(1 / 3)
+    assert metrics["critic/score/min"] == 1.0  # the empty response's 0 is not a score
+    assert metrics["response_length_non_aborted/mean"] == 1.5
+    r, v = torch.tensor([1.0, 1.0, 2.0]), torch.tensor([0.5, 1.5, 2.0])
+    assert metrics["critic/vf_explained_var"] == pytest.approx(1 - float(torch.var(r - v) / (torch.var(r) + 1e-5)))
+    assert (metrics["reward/mean"], metrics["reward/max"], metrics["reward/min"]) == (1.5, 2.0, 1.0)
+    assert metrics["reward/std"] == pytest.approx(float(torch.tensor([1.0, 2.0]).std()))
+
+
+def test_seed_dashboard_aliases_come_from_the_verl_names():
+    from rlprof.metrics.seed import training_aliases
+
+    assert training_aliases({"actor/pg_loss": 0.5, "critic/vf_loss": 0.25, "actor/entropy": 1.5,
+                             "actor/ppo_kl": 0.01, "actor/kl_loss": 0.02}) == {
+        "train/loss": 0.5, "train/value_loss": 0.25, "train/entropy": 1.5, "train/kl_divergence": 0.02}
+    throughput = compute_throughput_metrics(2.0, 1000, 2, num_samples=64, gen_seconds=0.5)
+    assert throughput["throughput/tokens_per_sec"] == 500 and throughput["throughput/samples_per_sec"] == 32
+    assert compute_memory_metrics()["memory/allocated"] > 0

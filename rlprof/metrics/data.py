@@ -1,7 +1,9 @@
-"""Data metrics of a PPO batch: scores, rewards, advantages, returns, values and lengths (verl's names)."""
+"""Data metrics of a PPO batch: scores, rewards, advantages, returns, values and lengths (verl's names), and the
+seed's reward statistics."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
@@ -10,9 +12,12 @@ Tensor = torch.Tensor
 
 
 def _stats(prefix: str, values: Tensor) -> dict[str, float]:
+    """``{prefix}/mean, max, min``; NaN for an empty selection (verl's convention), said once per prefix."""
     values = values.detach().float()
     if values.numel() == 0:
-        return {}
+        warnings.warn(f"{prefix}: no values in this batch (every response is empty); reported as NaN",
+                      RuntimeWarning, stacklevel=3)
+        return {f"{prefix}/{stat}": float("nan") for stat in ("mean", "max", "min")}
     return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(),
             f"{prefix}/min": values.min().item()}
 
@@ -31,25 +36,46 @@ def compute_data_metrics(
 ) -> dict[str, float]:
     """Batch statistics, all ``{mean, max, min}``; per-token tensors are ``[B, T]`` over response tokens.
 
-    - ``critic/score``, ``critic/rewards``: per sequence, the sum over its tokens (score before, reward after
-      the KL penalty);
+    - ``critic/score``, ``critic/rewards``: per sequence, the sum over its tokens (score before, reward after the
+      KL penalty), over the responses that are not empty (an *aborted* response has no token);
+    - ``response/aborted_ratio``: the share of empty responses; ``response_length_non_aborted/*`` the lengths of
+      the others (verl's handling of generation that returned nothing);
     - ``critic/advantages``, ``critic/returns``, ``critic/values`` (when given): over the real response tokens;
+      with values, ``critic/vf_explained_var = 1 - Var(returns - values) / (Var(returns) + 1e-5)``;
     - ``response_length``, ``prompt_length`` (``prompt_lengths``: ``[B]``), each with ``clip_ratio``: the share
-      of sequences that hit their maximum length.
+      of sequences that hit their maximum length;
+    - the seed's ``reward/{mean,std,max,min}``: the same sequence rewards as ``critic/rewards``, with their
+      (unbiased) standard deviation.
     """
     mask = response_mask.bool()
     response_lengths = response_mask.sum(-1).float()
     prompt_lengths = prompt_lengths.float()
+    aborted = response_lengths == 0
+    sequence_rewards = (token_level_rewards * response_mask).sum(-1)[~aborted]
     metrics = {
-        **_stats("critic/score", (token_level_scores * response_mask).sum(-1)),
-        **_stats("critic/rewards", (token_level_rewards * response_mask).sum(-1)),
+        **_stats("critic/score", (token_level_scores * response_mask).sum(-1)[~aborted]),
+        **_stats("critic/rewards", sequence_rewards),
         **_stats("critic/advantages", advantages[mask]),
         **_stats("critic/returns", returns[mask]),
         **_stats("response_length", response_lengths),
         "response_length/clip_ratio": (response_lengths >= max_response_length).float().mean().item(),
+        "response/aborted_ratio": aborted.float().mean().item(),
         **_stats("prompt_length", prompt_lengths),
         "prompt_length/clip_ratio": (prompt_lengths >= max_prompt_length).float().mean().item(),
     }
+    kept = response_lengths[~aborted]
+    metrics.update(_stats("response_length_non_aborted", kept))
+    metrics["response_length_non_aborted/clip_ratio"] = \
+        (kept >= max_response_length).float().mean().item() if kept.numel() else float("nan")
+    for stat in ("mean", "max", "min"):
+        metrics[f"reward/{stat}"] = metrics[f"critic/rewards/{stat}"]
+    metrics["reward/std"] = sequence_rewards.std().item() if sequence_rewards.numel() > 1 else 0.0
     if values is not None:
         metrics.update(_stats("critic/values", values[mask]))
+        valid_returns, valid_values = returns[mask].float(), values[mask].float()
+        if valid_returns.numel() > 1:
+            explained = 1.0 - torch.var(valid_returns - valid_values) / (torch.var(valid_returns) + 1e-5)
+            metrics["critic/vf_explained_var"] = explained.item()
+        else:
+            metrics["critic/vf_explained_var"] = float("nan")
     return metrics

@@ -11,8 +11,9 @@ routed and shared experts). Per token and layer, a multiply-add is 2 FLOPs:
   counts its router ``2·h·E``, ``top_k`` routed experts and its shared experts;
 - the LM head ``2·h·V``.
 
-A training step is forward + backward = 3 × forward. Gated MLPs are recognised from the activation: SiLU/Swish
-(``hidden_act`` silu, swish, swiglu) and the Gemma family's gelu_pytorch_tanh are gated; ``gated_mlp=`` overrides.
+A training step is forward + backward = 3 × forward. Gated MLPs are recognised from the activation (SiLU/Swish:
+``hidden_act`` silu, swish, swiglu; geglu) or the model family (Gemma's MLP is gated with gelu_pytorch_tanh, while
+GPTBigCode uses the same activation in a plain two-matrix MLP); ``gated_mlp=`` overrides.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-GATED_ACTIVATIONS = frozenset({"silu", "swish", "swiglu", "gelu_pytorch_tanh", "geglu"})
+GATED_ACTIVATIONS = frozenset({"silu", "swish", "swiglu", "geglu"})
+GATED_MODEL_TYPES = ("gemma",)
+"""Model families (``model_type`` prefixes) whose MLP is gated whatever the activation is called."""
 
 # Dense (no sparsity) BF16 tensor-core peak in TFLOP/s; longest name wins when several match the device name.
 PEAK_TFLOPS: dict[str, float] = {
@@ -92,7 +95,9 @@ def model_shape(config: Any, gated_mlp: Optional[bool] = None) -> ModelShape:
     heads = _require(config, "num_attention_heads", "n_head")
     head_dim = int(_get(config, "head_dim", default=hidden // heads))
     activation = str(_get(config, "hidden_act", "hidden_activation", "activation_function", default="")).lower()
-    gated = activation in GATED_ACTIVATIONS if gated_mlp is None else gated_mlp
+    model_type = str(_get(config, "model_type", default="")).lower()
+    gated = (activation in GATED_ACTIVATIONS or model_type.startswith(GATED_MODEL_TYPES)) if gated_mlp is None \
+        else gated_mlp
     experts = int(_get(config, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
     shape = dict(
         hidden=hidden,

@@ -32,8 +32,10 @@ def compute_throughput_metrics(
     num_samples: Optional[int] = None,
     gen_seconds: Optional[float] = None,
 ) -> dict[str, float]:
-    """``perf/total_num_tokens``, ``perf/time_per_step`` and ``perf/throughput`` (tokens / s / device); with
-    ``num_samples`` and ``gen_seconds``, also ``perf/rollout_samples_per_s`` (responses generated per second)."""
+    """``perf/total_num_tokens``, ``perf/time_per_step`` and ``perf/throughput`` (tokens / s / device), and the
+    seed's ``throughput/tokens_per_sec`` (tokens / s over all devices); with ``num_samples`` the seed's
+    ``throughput/samples_per_sec`` (responses / s of step time), and with ``gen_seconds`` too,
+    ``perf/rollout_samples_per_s`` (responses generated per second of generation)."""
     if step_seconds <= 0:
         raise ValueError(f"step_seconds={step_seconds} must be positive")
     if num_devices <= 0:
@@ -42,7 +44,10 @@ def compute_throughput_metrics(
         "perf/total_num_tokens": float(total_num_tokens),
         "perf/time_per_step": float(step_seconds),
         "perf/throughput": total_num_tokens / step_seconds / num_devices,
+        "throughput/tokens_per_sec": total_num_tokens / step_seconds,
     }
-    if num_samples is not None and gen_seconds:
-        metrics["perf/rollout_samples_per_s"] = num_samples / gen_seconds
+    if num_samples is not None:
+        metrics["throughput/samples_per_sec"] = num_samples / step_seconds
+        if gen_seconds:
+            metrics["perf/rollout_samples_per_s"] = num_samples / gen_seconds
     return metrics

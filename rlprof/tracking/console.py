@@ -9,11 +9,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from rlprof.metrics.seed import KL_KEYS
 from rlprof.tracking.base import Backend, BackendContext, first_present, register_backend
 
 LOSS_KEYS = ("actor/pg_loss", "critic/vf_loss")
 REWARD_KEYS = ("critic/rewards/mean", "critic/score/mean")
-KL_KEYS = ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")
 
 
 def step_line(metrics: Mapping[str, float], step: int, total_steps: Optional[int], total_epochs: Optional[int]) -> str:

@@ -112,9 +112,10 @@ def mini_batches(size: int, mini_size: int, epochs: int, shuffle: bool, seed: in
 
 
 def loss_counts(response_mask: torch.Tensor, world_size: int) -> dict[str, float]:
-    """The mini-batch's token and sequence counts over all ranks, for :func:`rlprof_train.algos.agg_loss`."""
+    """The mini-batch's token and sequence counts over all ranks, for :func:`rlprof_train.algos.agg_loss`
+    (sequences: those with at least one response token)."""
     return dict(total_tokens=global_sum(float(response_mask.sum()), world_size),
-                total_seqs=global_sum(float(response_mask.shape[0]), world_size),
+                total_seqs=global_sum(float((response_mask.sum(-1) > 0).sum()), world_size),
                 norm_length=float(response_mask.shape[1]))
 
 
