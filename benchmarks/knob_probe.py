@@ -21,7 +21,7 @@ import torch
 
 from rlprof.metrics import MetricAggregator
 from rlprof.tools.host_memory import read_rss, reset_peak
-from rlprof_train.batch import RolloutBatch, micro_batch, micro_batches
+from rlprof_train.batch import MicroBatching, RolloutBatch
 from rlprof_train.config import load_trainer_config
 from rlprof_train.workers.actor import ActorWorker
 from rlprof_train.workers.engine import init_distributed
@@ -61,12 +61,10 @@ def ragged_batch(vocab: int) -> RolloutBatch:
 def computed_positions(batch: RolloutBatch, cfg) -> int:
     """Token positions the forward passes compute for this batch under ``cfg`` (padding included)."""
     actor, packed = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model.use_remove_padding
-    total = 0
-    for rows in micro_batches(batch, actor.use_dynamic_bsz, actor.ppo_micro_batch_size_per_gpu,
-                              actor.ppo_max_token_len_per_gpu, packed):
-        micro = micro_batch(batch, rows, packed)
-        total += int(micro.attention_mask.sum()) if packed else micro.input_ids.numel()
-    return total
+    batching = MicroBatching(actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz, actor.ppo_max_token_len_per_gpu,
+                             packed)
+    return sum(int(micro.attention_mask.sum()) if packed else micro.input_ids.numel()
+               for _, micro in batching.split(batch))
 
 
 def main(name: str, shape: str, overrides: list[str]) -> None:
@@ -75,9 +73,12 @@ def main(name: str, shape: str, overrides: list[str]) -> None:
         small_model(path, shape)
         cfg = load_trainer_config([f"actor_rollout_ref.model.path={path}", "actor_rollout_ref.actor.zero_stage=0",
                                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", *overrides])
-        worker = ActorWorker(cfg.actor_rollout_ref, path, env)
+        worker = ActorWorker(cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model, path, env)
+    rollout = cfg.actor_rollout_ref.rollout
+    log_prob_batching = MicroBatching(rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
+                                      rollout.log_prob_max_token_len_per_gpu, cfg.actor_rollout_ref.model.use_remove_padding)
     batch = ragged_batch(SHAPES[shape]["vocab_size"])
-    log_prob = measure(lambda: worker.compute_log_prob(batch), worker)  # first: its peak is not raised by the update's
+    log_prob = measure(lambda: worker.compute_log_prob(batch, log_prob_batching), worker)  # first: its peak is not raised by the update's
     update = measure(lambda: worker.accumulate_gradients(batch, MetricAggregator()), worker)
     real = int(batch.attention_mask.sum())
     print(json.dumps({"knob": name, "shape": shape, "update_tokens_per_s": real / update[0], "update_peak_mb": update[1],

@@ -34,7 +34,8 @@ def test_vllm_vs_hf_generate_tokens_per_second(benchmark, tmp_path):
     from vllm.inputs import TokensPrompt
 
     from rlprof_train.data import arithmetic_rows, left_pad
-    from rlprof_train.models import create_tiny_model, load_causal_lm, load_tokenizer
+    from rlprof_train.models import load_causal_lm, load_tokenizer
+    from rlprof_train.tiny_model import create_tiny_model
 
     model_dir = create_tiny_model(tmp_path / "model", sft_steps=20)
     tokenizer = load_tokenizer(model_dir)

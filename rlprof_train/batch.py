@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from collections.abc import Iterator
 from typing import Optional
 
 import torch
@@ -25,6 +26,10 @@ class RolloutBatch:
     uid: list[int]
     data_source: list[str]
     ground_truth: list[str]
+    n: int = 1
+    """Responses per prompt (consecutive rows share a prompt)."""
+    temperature: float = 1.0
+    """The sampling temperature: log-prob passes use it so they match the sampling distribution."""
     token_level_scores: Optional[Tensor] = None
     old_log_probs: Optional[Tensor] = None
     ref_log_probs: Optional[Tensor] = None
@@ -134,22 +139,31 @@ def _check_budget(longest: int, budget: int) -> None:
                          f"ppo_max_token_len_per_gpu={budget}; raise it to at least {longest}")
 
 
-def micro_batches(batch: RolloutBatch, dynamic: bool, size: int, token_budget: int,
-                  packed: bool = False) -> list[list[int]]:
-    """Row groups for the passes over ``batch``: by token budget when ``dynamic`` (costed as packed or as trimmed
-    padded rows), else of ``size`` rows."""
-    if not dynamic:
-        return fixed_micro_batches(batch.size, size)
-    if packed:
-        return token_budget_micro_batches(batch.sequence_lengths().tolist(), token_budget)
-    return padded_budget_micro_batches(batch.prompt_lengths().tolist(), batch.response_mask.sum(-1).tolist(),
-                                       token_budget)
+@dataclass(frozen=True)
+class MicroBatching:
+    """How a pass cuts a batch into micro-batches: ``size`` rows each, or by ``token_budget`` tokens when
+    ``dynamic`` (costed as packed rows when ``packed``, else as trimmed padded rows). ``packed``: the pass runs on
+    packed rows (``use_remove_padding``); padded micro-batches are trimmed to their own width."""
 
+    size: int
+    dynamic: bool = False
+    token_budget: int = 16384
+    packed: bool = False
 
-def micro_batch(batch: RolloutBatch, rows: list[int], packed: bool) -> RolloutBatch:
-    """The rows of one micro-batch, trimmed to their own width on the padded path (packing has no padding)."""
-    micro = batch.select(rows)
-    return micro if packed else micro.trim_padding()
+    def rows(self, batch: RolloutBatch) -> list[list[int]]:
+        """The row groups of ``batch``."""
+        if not self.dynamic:
+            return fixed_micro_batches(batch.size, self.size)
+        if self.packed:
+            return token_budget_micro_batches(batch.sequence_lengths().tolist(), self.token_budget)
+        return padded_budget_micro_batches(batch.prompt_lengths().tolist(), batch.response_mask.sum(-1).tolist(),
+                                           self.token_budget)
+
+    def split(self, batch: RolloutBatch) -> Iterator[tuple[list[int], RolloutBatch]]:
+        """Every micro-batch of ``batch`` with its row indices: the one loop every pass runs."""
+        for rows in self.rows(batch):
+            micro = batch.select(rows)
+            yield rows, micro if self.packed else micro.trim_padding()
 
 
 def gather_rows(parts: list[tuple[list[int], torch.Tensor]], size: int, width: int) -> torch.Tensor:

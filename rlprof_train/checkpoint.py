@@ -1,6 +1,14 @@
 """Checkpoints: ``{default_local_dir}/global_step_{N}/`` with the actor's and critic's DeepSpeed states and the
-trainer's own state; ``latest_checkpointed_iteration.txt`` names the last complete one and is written last, so a
-run killed while saving resumes from the previous checkpoint."""
+trainer's own state.
+
+A checkpoint is complete only when its ``COMPLETE`` manifest exists (written last, atomically, after every rank
+saved), listing each file and its size. Resuming checks that manifest and falls back to the newest complete
+checkpoint, naming each one it skipped, so a run killed while saving, a truncated file or a deleted folder never
+blocks a resume. ``latest_checkpointed_iteration.txt`` is kept for verl's tools; it is informational.
+
+Resume loads pickled optimizer state (DeepSpeed's ``torch.load(weights_only=False)``): resume only from checkpoints
+you wrote. Checkpoint folders are resolved strictly inside ``default_local_dir``.
+"""
 
 from __future__ import annotations
 
@@ -8,61 +16,147 @@ import json
 import os
 import re
 import shutil
+import socket
+import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 LATEST = "latest_checkpointed_iteration.txt"
 STATE = "trainer_state.json"
+COMPLETE = "COMPLETE"
+SHARED_MARKER = ".rlprof_shared_check"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used (or written); the message says which and what to do."""
 
 
 def step_dir(root: Path, step: int) -> Path:
     return Path(root) / f"global_step_{step}"
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def save(root: Path, step: int, engines: dict[str, Any], state: dict[str, Any], is_main: bool,
-         barrier: Any, keep: Optional[int]) -> Path:
+         barrier: Callable[[], None], keep: Optional[int]) -> Path:
     """Save every engine (a collective: all ranks call it) and the trainer state, then mark the step complete."""
     target = step_dir(root, step)
+    if is_main and target.exists():  # an earlier attempt at this step that never completed
+        shutil.rmtree(target)
+    barrier()
     for tag, engine in engines.items():
         engine.save_checkpoint(str(target), tag=tag, save_latest=False)
+    barrier()  # every rank's shards are on disk
     if is_main:
-        (target / STATE).write_text(json.dumps({**state, "global_step": step}), encoding="utf-8")
-        tmp = Path(root) / f".{LATEST}.tmp"
-        tmp.write_text(str(step), encoding="utf-8")
-        os.replace(tmp, Path(root) / LATEST)
+        _write_atomic(target / STATE, json.dumps({**state, "global_step": step}))
+        files = {str(p.relative_to(target)): p.stat().st_size for p in sorted(target.rglob("*"))
+                 if p.is_file() and p.name != COMPLETE}
+        _write_atomic(target / COMPLETE, json.dumps({"global_step": step, "files": files}))
+        _write_atomic(Path(root) / LATEST, str(step))
         if keep:
             prune(root, keep)
     barrier()
     return target
 
 
+def saved_steps(root: Path) -> list[int]:
+    """Steps of the ``global_step_N`` folders under ``root``, ascending (complete or not)."""
+    if not Path(root).is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in Path(root).iterdir() if (m := _STEP_DIR.match(p.name)))
+
+
 def prune(root: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` complete checkpoints; return what was deleted."""
-    steps = sorted(int(m.group(1)) for p in Path(root).iterdir() if (m := _STEP_DIR.match(p.name)))
-    doomed = [step_dir(root, s) for s in steps[:-keep]] if len(steps) > keep else []
+    """Delete all but the newest ``keep`` complete checkpoints (and incomplete older ones); return what went."""
+    steps = [s for s in saved_steps(root) if (step_dir(root, s) / COMPLETE).exists()]
+    newest_kept = steps[-keep:] if steps else []
+    doomed = [step_dir(root, s) for s in saved_steps(root) if newest_kept and s < newest_kept[0]]
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
 
 
+def problem(path: Path) -> Optional[str]:
+    """Why the checkpoint at ``path`` cannot be resumed from, or None when it is complete and intact."""
+    if not path.is_dir():
+        return "the folder does not exist"
+    marker = path / COMPLETE
+    if not marker.exists():
+        return "it was never completed (no COMPLETE manifest: the run stopped while saving)"
+    try:
+        files = json.loads(marker.read_text(encoding="utf-8"))["files"]
+    except (ValueError, KeyError, TypeError):
+        return "its COMPLETE manifest is damaged"
+    for name, size in files.items():
+        file = path / name
+        if not file.exists():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes, {size} were written"
+    try:
+        json.loads((path / STATE).read_text(encoding="utf-8"))["global_step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{STATE} is damaged"
+    return None
+
+
 def find_resume_dir(root: Path, resume_mode: str) -> Optional[Path]:
-    """The checkpoint to resume from: ``disable`` -> None; ``auto`` -> the latest complete one, if any; a path."""
+    """The checkpoint to resume from: ``disable`` -> None; ``auto`` -> the newest intact one (warning about each
+    newer one skipped), or None; a ``global_step_N`` folder -> that one, which must be intact."""
     if resume_mode == "disable":
         return None
     if resume_mode != "auto":
-        return Path(resume_mode)
-    latest = Path(root) / LATEST
-    if not latest.exists():
-        return None
-    return step_dir(root, int(latest.read_text(encoding="utf-8").strip()))
+        path = Path(resume_mode)
+        reason = problem(path)
+        if reason is not None:
+            raise CheckpointError(f"trainer.resume_mode={resume_mode}: cannot resume from it: {reason}")
+        return path
+    for step in reversed(saved_steps(root)):
+        path = step_dir(root, step)
+        reason = problem(path)
+        if reason is None:
+            return path
+        warnings.warn(f"checkpoint {path} is skipped: {reason}; trying the previous one", RuntimeWarning, stacklevel=2)
+    return None
 
 
 def load(path: Path, engines: dict[str, Any]) -> dict[str, Any]:
     """Restore every engine (optimizer included) from ``path`` and return the trainer state."""
     for tag, engine in engines.items():
-        loaded, _ = engine.load_checkpoint(str(path), tag=tag, load_optimizer_states=True,
-                                           load_lr_scheduler_states=True)
+        try:
+            loaded, _ = engine.load_checkpoint(str(path), tag=tag, load_optimizer_states=True,
+                                               load_lr_scheduler_states=True)
+        except Exception as exc:
+            raise CheckpointError(f"checkpoint {path}: the {tag} state does not load ({type(exc).__name__}: {exc}); "
+                                  "resume from an earlier one with trainer.resume_mode=<its global_step_N folder>") \
+                from exc
         if loaded is None:
-            raise FileNotFoundError(f"checkpoint {path} has no {tag!r} state")
+            raise CheckpointError(f"checkpoint {path} has no {tag!r} state")
     return json.loads((Path(path) / STATE).read_text(encoding="utf-8"))
+
+
+def shared_directory_problem(root: Path, token: str, is_main: bool, barrier: Callable[[], None]) -> Optional[str]:
+    """Whether every rank sees ``root`` as one folder: rank 0 writes a marker holding ``token`` (same on all ranks),
+    each rank looks for it. Returns what this rank found wrong, or None. All ranks must call it."""
+    marker = Path(root) / SHARED_MARKER
+    if is_main:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        _write_atomic(marker, token)
+    barrier()
+    try:
+        seen = marker.read_text(encoding="utf-8")
+    except OSError:
+        seen = None
+    barrier()
+    if is_main:
+        marker.unlink(missing_ok=True)
+    if seen == token:
+        return None
+    return (f"trainer.default_local_dir={root} is not shared between the nodes: rank 0 wrote a marker there that "
+            f"{socket.gethostname()} cannot see; checkpoints of a multi-node run need a directory every node mounts "
+            "(or trainer.save_freq=-1 and trainer.resume_mode=disable for a run without checkpoints)")

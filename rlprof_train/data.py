@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -47,7 +47,7 @@ BUILTIN_TASKS = {"arithmetic": arithmetic_rows}
 
 
 def read_rows(files: Any) -> list[dict[str, Any]]:
-    """Rows of one or more ``.parquet`` / ``.jsonl`` / ``.json`` files."""
+    """Rows of one or more ``.parquet`` / ``.jsonl`` / ``.json`` files; a malformed line is named by file and line."""
     paths = [files] if isinstance(files, (str, Path)) else list(files)
     rows: list[dict[str, Any]] = []
     for path in map(Path, paths):
@@ -58,33 +58,65 @@ def read_rows(files: Any) -> list[dict[str, Any]]:
 
             rows.extend(pq.read_table(path).to_pylist())
         elif path.suffix in (".jsonl", ".json"):
-            with path.open(encoding="utf-8") as handle:
-                text = handle.read()
-            rows.extend(json.loads(text) if text.lstrip().startswith("[") else
-                        [json.loads(line) for line in text.splitlines() if line.strip()])
+            rows.extend(_read_json_rows(path))
         else:
             raise ValueError(f"data file {path}: unsupported format {path.suffix!r}; use .parquet, .jsonl or .json")
     return rows
 
 
-def check_data_files(files: Any, prompt_key: str, setting: str) -> None:
-    """Fail early when a data file is missing, of an unknown format, or has no ``prompt_key`` column."""
+def _read_json_rows(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as handle:
+        text = handle.read()
+    if text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"data file {path}, line {exc.lineno}: not valid JSON ({exc.msg})") from None
+    else:
+        rows = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"data file {path}, line {number}: not valid JSON ({exc.msg} at column "
+                                 f"{exc.colno}): {line[:80]!r}") from None
+    for number, row in enumerate(rows, start=1):
+        if not isinstance(row, dict):
+            raise ValueError(f"data file {path}, row {number}: expected an object with a prompt, got {row!r:.80}")
+    return rows
+
+
+def check_data_files(files: Any, prompt_key: str, setting: str, needs_ground_truth: bool = False) -> None:
+    """Fail early when a data file is missing, of an unknown format, malformed, has no ``prompt_key`` column or
+    (``needs_ground_truth``: the built-in rewards compare with it) no ``reward_model.ground_truth`` at all."""
     paths = [files] if isinstance(files, (str, Path)) else list(files)
     for path in map(Path, paths):
         if not path.exists():
             raise ValueError(f"{setting}: {path} does not exist")
+        if path.suffix not in (".parquet", ".jsonl", ".json"):
+            raise ValueError(f"{setting}: {path} has unsupported format {path.suffix!r}; use .parquet, .jsonl or .json")
         if path.suffix == ".parquet":
             import pyarrow.parquet as pq
 
             columns = pq.read_schema(path).names
-        elif path.suffix in (".jsonl", ".json"):
-            rows = read_rows(path)
-            columns = sorted(rows[0]) if rows else []
+            rows = pq.read_table(path, columns=["reward_model"]).to_pylist() if "reward_model" in columns else []
         else:
-            raise ValueError(f"{setting}: {path} has unsupported format {path.suffix!r}; use .parquet, .jsonl or .json")
+            rows = read_rows(path)
+            columns = sorted({key for row in rows for key in row})
         if prompt_key not in columns:
             raise ValueError(f"{setting}: {path} has no {prompt_key!r} column (data.prompt_key); "
                              f"columns: {', '.join(columns) or 'none'}")
+        if needs_ground_truth and not any(_ground_truth(row) is not None for row in rows):
+            raise ValueError(f"{setting}: {path} has no reward_model.ground_truth in any row, and the built-in rewards "
+                             "compare each response with it (every reward would be 0); add it, or set "
+                             "custom_reward_function.path to a function that needs none")
+
+
+def _ground_truth(row: dict[str, Any]) -> Any:
+    reward_model = row.get("reward_model")
+    return reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
 
 
 def prompt_text(prompt: Any, tokenizer: Any, use_template: Any) -> str:
@@ -119,9 +151,9 @@ def build_examples(rows: list[dict[str, Any]], tokenizer: Any, *, prompt_key: st
                 dropped += 1
                 continue
             ids = ids[-max_prompt_length:] if truncation == "left" else ids[:max_prompt_length]
-        reward_model = row.get("reward_model") or {}
+        truth = _ground_truth(row)
         examples.append(Example(len(examples), tuple(ids), str(row.get("data_source", "unknown")),
-                                str(reward_model.get("ground_truth", ""))))
+                                "" if truth is None else str(truth)))
     if not examples:
         raise ValueError(f"{source_name}: no usable prompts")
     return examples, dropped
@@ -201,7 +233,3 @@ def shard(items: list[Any], rank: int, world_size: int) -> list[Any]:
     per_rank = len(items) // world_size
     return items[rank * per_rank : (rank + 1) * per_rank]
 
-
-def iter_chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]

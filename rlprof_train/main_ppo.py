@@ -1,21 +1,24 @@
 """``python -m rlprof_train.main_ppo key=value ...``: PPO training on DeepSpeed, every phase profiled by rlprof.
 
 Runs as one process, or data-parallel under ``torchrun --nproc_per_node N -m rlprof_train.main_ppo ...`` or the
-``deepspeed`` launcher. Overrides use verl's keys (see rlprof_train/config/ppo_trainer.yaml); ``+key=value`` adds a
-key. The config is checked completely before anything is loaded.
+``deepspeed`` launcher. Overrides use verl's keys (see rlprof_train/config/ppo_trainer.yaml; types, ranges and a
+docstring per key in rlprof_train/config/schema.py). The config is checked completely before anything is loaded.
+
+Exit codes: 0 done; 2 a configuration problem (one line, before any work, or a folder another run holds);
+1 an error during training (with its traceback; the other ranks stop too, none is left waiting).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import traceback
 from typing import Optional
 
-import torch
-
 import rlprof
-from rlprof.config import ConfigError
-from rlprof_train.config import load_trainer_config, validate
+from rlprof.schema import ConfigError
+from rlprof.session import new_run_id
+from rlprof_train.config import as_dict, load_trainer_config, validate
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -26,33 +29,45 @@ def main(argv: Optional[list[str]] = None) -> int:
     if any(arg in ("-h", "--help") for arg in argv):
         print(__doc__)
         return 0
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
     try:
+        world_size = int(os.environ.get("WORLD_SIZE", 1))
         cfg = load_trainer_config(argv)
         validate(cfg, world_size)
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
+    except (ConfigError, ValueError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+
+    import torch
 
     from rlprof_train.trainer import PPOTrainer
     from rlprof_train.workers.engine import init_distributed
 
     device = cfg.trainer.device if cfg.trainer.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     env = init_distributed(device)
-    rlprof.init(cfg)
+    run_id = env.gather(new_run_id())[0]
+    rlprof.init(as_dict(cfg), run_id=run_id)
     log = (lambda line: print(f"[INFO] {line}", file=sys.stderr, flush=True)) if env.is_main else (lambda line: None)
+    code = 0
     try:
-        trainer = PPOTrainer(cfg, env, log)
-        trainer.fit()
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        PPOTrainer(cfg, env, run_id, log).fit()
+    except ConfigError as exc:  # found while preparing (a folder in use, nodes without a shared folder)
+        print(f"config error: {exc}", file=sys.stderr, flush=True)
+        code = 2
+    except BaseException as exc:  # noqa: BLE001  (training errors keep their traceback; Ctrl-C too)
+        traceback.print_exc()
+        print(f"error on rank {env.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
     finally:
         rlprof.shutdown()
-        if torch.distributed.is_initialized():
-            torch.distributed.barrier()
+    if torch.distributed.is_initialized():
+        if code == 0:
+            torch.distributed.barrier()  # gloo can abort at teardown while a peer still sends; settle first
             torch.distributed.destroy_process_group()
-    return 0
+        else:  # a peer may be waiting in a collective for this rank: leave now so its connection fails, not hangs
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ from rlprof.metrics import MetricAggregator
 from rlprof_train import algos
 from rlprof_train.batch import RolloutBatch, pack, padded_budget_micro_batches, token_budget_micro_batches
 from rlprof_train.config import load_trainer_config
-from rlprof_train.models import ValueModel, build_tiny_llama, build_tokenizer, load_causal_lm, response_log_probs
+from rlprof_train.models import ValueModel, load_causal_lm, response_log_probs
+from rlprof_train.tiny_model import build_tiny_llama, build_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,7 @@ def actor_grads(model_dir, env, batch: RolloutBatch, *overrides: str, layer_call
 
     cfg = load_trainer_config([f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.actor.zero_stage=0",
                                *overrides])
-    worker = ActorWorker(cfg.actor_rollout_ref, str(model_dir), env)
+    worker = ActorWorker(cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model, str(model_dir), env)
     if layer_calls is not None:  # count executions (torch suppresses module hooks while recomputing)
         layer = worker.module.model.layers[0]
         forward = layer.forward

@@ -23,7 +23,7 @@ PROMPTS = ["3+4=", "1+1=", "0+2=", "4+4=", "2+3=", "1+0="]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from rlprof_train.models import create_tiny_model
+    from rlprof_train.tiny_model import create_tiny_model
 
     return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", sft_steps=50)
 
@@ -106,7 +106,7 @@ def test_grpo_with_vllm_rollout_learns_like_hf(tmp_path):
 
 
 def test_a_model_vllm_cannot_serve_names_the_reason(tmp_path):
-    from rlprof_train.models import build_tiny_llama, build_tokenizer
+    from rlprof_train.tiny_model import build_tiny_llama, build_tokenizer
 
     tokenizer = build_tokenizer(["1+1=2"])
     build_tiny_llama(tokenizer, hidden=32, heads=2).save_pretrained(tmp_path / "m")  # head_dim 16

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 
@@ -25,7 +26,12 @@ class _Series:
 
 
 class MetricAggregator:
-    """Collects ``add(key, value, reduce, weight)`` calls and reduces each key once with its own reducer."""
+    """Collects ``add(key, value, reduce, weight)`` calls and reduces each key once with its own reducer.
+
+    Aggregators of several workers merge (:meth:`merge`), and those of several ranks combine through
+    :meth:`state` / :meth:`from_states` (what a cross-rank gather sends), so every metric is reduced with its own
+    reducer over all the values of all ranks: a maximum stays a maximum, a count a sum, a token mean a mean
+    weighted by tokens."""
 
     def __init__(self) -> None:
         self._series: dict[str, _Series] = {}
@@ -45,6 +51,27 @@ class MetricAggregator:
     def compute(self) -> dict[str, float]:
         """The reduced value of every key added so far."""
         return {key: _reduce(series) for key, series in self._series.items()}
+
+    def merge(self, other: "MetricAggregator") -> "MetricAggregator":
+        """Add every value of ``other`` to this aggregator (same reducer per key); returns self."""
+        for key, series in other._series.items():
+            for value, weight in zip(series.values, series.weights):
+                self.add(key, value, series.reduce, weight)
+        return self
+
+    def state(self) -> dict[str, tuple[str, list[float], list[float]]]:
+        """Plain data (reducer name, values, weights per key), e.g. to gather from every rank."""
+        return {key: (s.reduce.value, list(s.values), list(s.weights)) for key, s in self._series.items()}
+
+    @classmethod
+    def from_states(cls, states: "Iterable[Mapping[str, tuple[str, list[float], list[float]]]]") -> "MetricAggregator":
+        """One aggregator holding the values of every state (e.g. one per rank, in rank order)."""
+        merged = cls()
+        for state in states:
+            for key, (reduce, values, weights) in state.items():
+                for value, weight in zip(values, weights):
+                    merged.add(key, value, Reduce(reduce), weight)
+        return merged
 
 
 def _reduce(series: _Series) -> float:

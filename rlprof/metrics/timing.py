@@ -51,3 +51,34 @@ def compute_throughput_metrics(
         if gen_seconds:
             metrics["perf/rollout_samples_per_s"] = num_samples / gen_seconds
     return metrics
+
+
+PHASE_GROUPS: dict[str, frozenset[str]] = {
+    "rollout": frozenset({"gen", "update_weights"}),
+    "training": frozenset({"old_log_prob", "ref", "values", "update_critic", "update_actor"}),
+}
+"""Which timed phases are generation and which are training; any other phase (reward, adv, ...) is ``other``."""
+
+
+def phase_group(phase: str) -> str:
+    """``rollout``, ``training`` or ``other`` for a phase name of ``timing_s/*``."""
+    for group, phases in PHASE_GROUPS.items():
+        if phase in phases:
+            return group
+    return "other"
+
+
+def timing_shares(timing_raw: Mapping[str, float], step_key: str = "step") -> dict[str, float]:
+    """``timing_share/{rollout,training,other,unaccounted}``: each group's share of the step's time (0..1), where
+    unaccounted = the step minus every timed phase (time no phase covers: data loading, logging, waiting).
+    Empty when the step itself was not timed."""
+    step = timing_raw.get(step_key)
+    if not step or step <= 0:
+        return {}
+    sums = {"rollout": 0.0, "training": 0.0, "other": 0.0}
+    for phase, seconds in timing_raw.items():
+        if phase != step_key:
+            sums[phase_group(phase)] += seconds
+    shares = {f"timing_share/{group}": seconds / step for group, seconds in sums.items()}
+    shares["timing_share/unaccounted"] = max(0.0, step - sum(sums.values())) / step
+    return shares

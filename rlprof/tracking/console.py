@@ -48,6 +48,13 @@ def detail_lines(metrics: Mapping[str, float]) -> list[str]:
     return lines
 
 
+def split_line(metrics: Mapping[str, float]) -> Optional[str]:
+    """``[INFO] Step time: rollout 38% | training 52% | other 6% | unaccounted 4%`` from ``timing_share/*``."""
+    parts = [f"{group} {100 * metrics[f'timing_share/{group}']:.0f}%"
+             for group in ("rollout", "training", "other", "unaccounted") if f"timing_share/{group}" in metrics]
+    return "[INFO] Step time: " + " | ".join(parts) if parts else None
+
+
 def metrics_table(metrics: Mapping[str, float], step: int) -> Table:
     table = Table(title=f"metrics at step {step}", show_lines=False)
     table.add_column("metric")
@@ -60,7 +67,8 @@ def metrics_table(metrics: Mapping[str, float], step: int) -> Table:
 @register_backend("console")
 class ConsoleBackend(Backend):
     """Per step: the seed's ``[INFO]`` line and ``[DEBUG]`` lines; every ``table_every`` steps (and the last) a
-    table of all metrics; with ``total_steps``, a progress bar with the time remaining."""
+    table of all metrics and the step's time split (rollout / training / other / unaccounted, from
+    ``timing_share/*``); with ``total_steps``, a progress bar with the time remaining."""
 
     def __init__(self, context: BackendContext) -> None:
         if context.table_every <= 0:
@@ -87,6 +95,9 @@ class ConsoleBackend(Backend):
             print_line(line, markup=False, highlight=False)
         if step % self.table_every == 0 or (self.total_steps and step >= self.total_steps):
             print_line(metrics_table(metrics, step))
+            split = split_line(metrics)
+            if split:
+                print_line(split, markup=False, highlight=False)
         if self.progress is not None:
             self.progress.update(self.task, completed=step)
             self.progress.refresh()

@@ -2,69 +2,69 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from rlprof.metrics import MetricAggregator, Reduce
 from rlprof_train import algos
-from rlprof_train.batch import RolloutBatch, gather_rows, micro_batch, micro_batches
+from rlprof_train.batch import MicroBatching, RolloutBatch, gather_rows
+from rlprof_train.config.schema import CriticConfig, ModelConfig
 from rlprof_train.models import ValueModel
 from rlprof_train.workers.engine import (DistEnv, activation_offload, loss_counts, make_engine, mini_batches,
                                          optimizer_step)
 
 
 class CriticWorker:
-    """Owns the value model's engine. ``cfg`` is the whole trainer config."""
+    """Owns the value model's engine; reads only ``critic`` and the policy's ``model`` settings (dtype, packing,
+    checkpointing, which the value model shares)."""
 
-    def __init__(self, cfg: Any, model_path: str, env: DistEnv) -> None:
-        self.cfg = cfg.critic
-        self.model_cfg = cfg.actor_rollout_ref.model
-        self.dynamic = cfg.actor_rollout_ref.actor.use_dynamic_bsz
+    def __init__(self, cfg: CriticConfig, model: ModelConfig, model_path: str, env: DistEnv) -> None:
+        self.cfg = cfg
+        self.model_cfg = model
         self.env = env
-        module = ValueModel(model_path, self.model_cfg.dtype, self.model_cfg.enable_gradient_checkpointing)
-        self.engine = make_engine(module, self.cfg.optim, zero_stage=self.cfg.zero_stage, offload_optimizer=False,
-                                  offload_param=False, grad_clip=self.cfg.grad_clip, dtype=self.model_cfg.dtype,
+        module = ValueModel(model_path, model.dtype, model.enable_gradient_checkpointing)
+        self.engine = make_engine(module, cfg.optim, zero_stage=cfg.zero_stage, offload_optimizer=False,
+                                  offload_param=False, grad_clip=cfg.grad_clip, dtype=model.dtype,
                                   world_size=env.world_size)
+        packed = model.use_remove_padding
+        self.forward_batching = MicroBatching(cfg.forward_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
+                                              cfg.forward_max_token_len_per_gpu, packed)
+        self.update_batching = MicroBatching(cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
+                                             cfg.ppo_max_token_len_per_gpu, packed)
 
-    def _values(self, batch: RolloutBatch) -> torch.Tensor:
+    def _values(self, micro: RolloutBatch, packed: bool) -> torch.Tensor:
         """V of the state before each response token: ``[B, R]``."""
-        return self.engine.module.response_values(batch.input_ids, batch.attention_mask, batch.response_length,
-                                                  packed=self.model_cfg.use_remove_padding, forward=self.engine)
+        return self.engine.module.response_values(micro.input_ids, micro.attention_mask, micro.response_length,
+                                                  packed=packed, forward=self.engine)
 
     @torch.no_grad()
     def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
-        packed = self.model_cfg.use_remove_padding
-        parts = [(rows, self._values(micro_batch(batch, rows, packed)))
-                 for rows in micro_batches(batch, self.dynamic, self.cfg.ppo_micro_batch_size_per_gpu,
-                                           self.cfg.ppo_max_token_len_per_gpu, packed)]
+        parts = [(rows, self._values(micro, self.forward_batching.packed))
+                 for rows, micro in self.forward_batching.split(batch)]
         return gather_rows(parts, batch.size, batch.response_length) * batch.response_mask
 
-    def update(self, batch: RolloutBatch, mini_size: int) -> dict[str, float]:
-        """Value epochs over ``batch``: one optimizer step per mini-batch of ``mini_size`` responses (this rank)."""
-        agg = MetricAggregator()
+    def update(self, batch: RolloutBatch) -> MetricAggregator:
+        """Value epochs over ``batch``: one optimizer step per mini-batch of ``ppo_mini_batch_size`` prompts."""
+        metrics = MetricAggregator()
+        mini_size = self.cfg.ppo_mini_batch_size * batch.n // self.env.world_size
         for rows in mini_batches(batch.size, mini_size, self.cfg.ppo_epochs, shuffle=True, seed=batch.uid[0]):
-            self._update_mini_batch(batch.select(rows), agg)
-        return agg.compute()
+            self._update_mini_batch(batch.select(rows), metrics)
+        return metrics
 
-    def _update_mini_batch(self, mini: RolloutBatch, agg: MetricAggregator) -> None:
+    def _update_mini_batch(self, mini: RolloutBatch, metrics: MetricAggregator) -> None:
         world = self.env.world_size
         counts = loss_counts(mini.response_mask, world)
         mini_loss = 0.0
-        packed = self.model_cfg.use_remove_padding
-        for rows in micro_batches(mini, self.dynamic, self.cfg.ppo_micro_batch_size_per_gpu,
-                                  self.cfg.ppo_max_token_len_per_gpu, packed):
-            micro = micro_batch(mini, rows, packed)
+        for _, micro in self.update_batching.split(mini):
             with activation_offload(self.model_cfg.enable_activation_offload):
-                vpreds = self._values(micro)
+                vpreds = self._values(micro, self.update_batching.packed)
                 vf_loss, clipfrac = algos.value_loss(vpreds, micro.returns, micro.values, micro.response_mask,
                                                      cliprange_value=self.cfg.cliprange_value,
                                                      loss_agg_mode=self.cfg.loss_agg_mode, **counts)
                 self.engine.backward(vf_loss * world, scale_wrt_gas=False)
             tokens = float(micro.response_mask.sum())
             mini_loss += vf_loss.item()
-            agg.add("critic/vf_clipfrac", clipfrac.item(), Reduce.WEIGHTED_MEAN, tokens)
-            agg.add("critic/vpred_mean", algos.masked_mean(vpreds.detach(), micro.response_mask).item(),
-                    Reduce.WEIGHTED_MEAN, tokens)
-        agg.add("critic/vf_loss", mini_loss, Reduce.MEAN)
-        optimizer_step(self.engine, "critic", agg)
+            metrics.add("critic/vf_clipfrac", clipfrac.item(), Reduce.WEIGHTED_MEAN, tokens)
+            metrics.add("critic/vpred_mean", algos.masked_mean(vpreds.detach(), micro.response_mask).item(),
+                        Reduce.WEIGHTED_MEAN, tokens)
+        metrics.add("critic/vf_loss", mini_loss, Reduce.MEAN)
+        optimizer_step(self.engine, "critic", metrics)

@@ -8,13 +8,15 @@ import random
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 
 @dataclass(frozen=True)
 class DistEnv:
+    """This process's place in the data-parallel world, and the few collectives the trainer itself uses."""
+
     rank: int
     world_size: int
     local_rank: int
@@ -23,25 +25,55 @@ class DistEnv:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order (a collective when there are several ranks)."""
+        if self.world_size == 1:
+            return [value]
+        out: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(out, value)
+        return out
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            torch.distributed.barrier()
+
+    def agree(self, problem: Optional[str], error: type[Exception]) -> None:
+        """Raise ``error`` on every rank when any rank found a ``problem`` (so no rank is left waiting in a
+        collective); the message names the first rank that did."""
+        problems = self.gather(problem)
+        for rank, found in enumerate(problems):
+            if found is not None:
+                raise error(found if self.world_size == 1 else f"rank {rank}: {found}")
+
 
 def init_distributed(device: str) -> DistEnv:
     """Join (or, run by hand, create) the process group: gloo on CPU, nccl on CUDA.
 
     torchrun and the deepspeed launcher set RANK/WORLD_SIZE/LOCAL_RANK; a plain ``python -m`` run gets a world of
-    one on a free local port (DeepSpeed would otherwise look for MPI).
+    one whose rendezvous store listens on the loopback only, on a port the kernel picks for a socket we already
+    hold (no bind-then-close race). DeepSpeed would otherwise look for MPI.
     """
     import deepspeed
+    import torch.distributed as dist
 
     if "RANK" not in os.environ:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        port = listener.getsockname()[1]
+        store = dist.TCPStore("127.0.0.1", port, world_size=1, is_master=True, master_listen_fd=listener.fileno(),
+                              use_libuv=False)
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", store=store, rank=0, world_size=1)
+        _KEEP_ALIVE.extend([listener, store])
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
     env = DistEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)))
     if device == "cuda":
         torch.cuda.set_device(env.local_rank)
     return env
+
+
+_KEEP_ALIVE: list[Any] = []  # the single-process run's listening socket and store live as long as the process
 
 
 def deepspeed_config(zero_stage: int, offload_optimizer: bool, offload_param: bool, grad_clip: float,

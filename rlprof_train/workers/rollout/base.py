@@ -38,12 +38,13 @@ class Rollout(ABC):
         """Finish what the backend records (e.g. an engine-side profile)."""
 
 
-def build_rollout_batch(prompts: list[Example], response_ids: list[list[int]], n: int, response_length: int,
+def build_rollout_batch(prompts: list[Example], response_ids: list[list[int]], sampling: SamplingParams,
                         pad_id: int, eos_id: int) -> RolloutBatch:
     """Assemble prompts (each repeated n times, in order) and their responses into a :class:`RolloutBatch`.
 
     Responses are cut after their first EOS (which stays, masked in) and right-padded to ``response_length``.
     """
+    n, response_length = sampling.n, sampling.response_length
     prompt_ids, prompt_mask = left_pad([p.prompt_ids for p in prompts for _ in range(n)], pad_id)
     responses = torch.full((len(response_ids), response_length), pad_id, dtype=torch.long)
     response_mask = torch.zeros_like(responses)
@@ -61,10 +62,12 @@ def build_rollout_batch(prompts: list[Example], response_ids: list[list[int]], n
         uid=[p.index for p in prompts for _ in range(n)],
         data_source=[p.data_source for p in prompts for _ in range(n)],
         ground_truth=[p.ground_truth for p in prompts for _ in range(n)],
+        n=n,
+        temperature=sampling.temperature,
     )
 
 
 def ignored_knobs_note(rollout_cfg: Any, backend: str, knobs: tuple[str, ...]) -> str:
     """One log line naming the vLLM knobs a backend does not use, with their values."""
-    values = ", ".join(f"{k}={rollout_cfg[k]}" for k in knobs)
+    values = ", ".join(f"{k}={getattr(rollout_cfg, k)}" for k in knobs)
     return f"rollout: the {backend} backend ignores the vLLM engine settings {values}"

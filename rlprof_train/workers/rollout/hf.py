@@ -39,7 +39,8 @@ class HFRollout(Rollout):
         model.eval()
         greedy = sampling.temperature == 0
         options = dict(do_sample=not greedy, max_new_tokens=sampling.response_length, num_return_sequences=sampling.n,
-                       eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id)
+                       eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
+                       remove_invalid_values=True)  # a diverged policy samples garbage (caught later), not a crash
         if not greedy:
             options.update(temperature=sampling.temperature, top_p=sampling.top_p,
                            top_k=sampling.top_k if sampling.top_k > 0 else 0)  # 0: off (None would mean 50)
@@ -53,5 +54,5 @@ class HFRollout(Rollout):
                     responses.extend(out[:, ids.shape[1]:].tolist())
         finally:
             model.train(was_training)
-        return build_rollout_batch(prompts, responses, sampling.n, sampling.response_length,
-                                   self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
+        return build_rollout_batch(prompts, responses, sampling, self.tokenizer.pad_token_id,
+                                   self.tokenizer.eos_token_id)

@@ -12,11 +12,13 @@ engine's side too; its traces land in ``{save_path}/vllm_torch/`` and are listed
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, Optional
 
 import torch
@@ -24,6 +26,7 @@ import torch
 import rlprof
 from rlprof.window import StepWindow, WindowListener
 from rlprof_train.batch import RolloutBatch
+from rlprof_train.config.schema import RolloutConfig
 from rlprof_train.data import Example
 from rlprof_train.workers.rollout.base import Rollout, SamplingParams, build_rollout_batch
 
@@ -79,46 +82,64 @@ def explain_start_failure(exc: BaseException, model_path: str) -> str:
             f"If it ran out of memory, lower {MEMORY_KNOBS}")
 
 
+@contextlib.contextmanager
+def scoped_environ(**variables: str) -> Iterator[None]:
+    """Set environment variables for the ``with`` block only (what children started in it inherit); restore after."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class VLLMRollout(Rollout, WindowListener):
     """Samples with a vLLM engine; ``sync_weights`` loads the actor's current weights into it."""
 
     name = "vllm"
 
-    def __init__(self, cfg: Any, model_path: str, actor: Any, tokenizer: Any) -> None:
-        rollout = cfg.actor_rollout_ref.rollout
+    def __init__(self, rollout: RolloutConfig, model_path: str, actor: Any, tokenizer: Any, *, zero_stage: int,
+                 max_prompt_length: int, seed: int) -> None:
         self.actor = actor
         self.tokenizer = tokenizer
-        self.zero_stage = cfg.actor_rollout_ref.actor.zero_stage
+        self.zero_stage = zero_stage
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[rollout.dtype]
-        self.profile_dir = Path(cfg.global_profiler.save_path).resolve() / "vllm_torch"
+        session = rlprof.get_session()
+        save_path = session.config.global_profiler.save_path if session is not None else "outputs/profile"
+        self.profile_dir = Path(save_path).resolve() / "vllm_torch"
         self.profiling: Optional[StepWindow] = None  # the window vLLM's profiler is recording
         self.before: set[Path] = set()
-        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # to send _reload_from_files to workers
-        if not torch.cuda.is_available():
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(rollout.kv_cache_space_gb)
+        kv_cache = os.environ.get("VLLM_CPU_KVCACHE_SPACE")  # the user's own setting wins
+        kv_cache_gb = int(kv_cache) if kv_cache else rollout.kv_cache_space_gb
         from vllm import LLM
 
-        preflight(model_path, rollout.kv_cache_space_gb)
+        preflight(model_path, kv_cache_gb)
         options: dict[str, Any] = dict(
             model=model_path, tokenizer=model_path, dtype=rollout.dtype, enforce_eager=rollout.enforce_eager,
             gpu_memory_utilization=rollout.gpu_memory_utilization, tensor_parallel_size=rollout.tensor_parallel_size,
             max_num_batched_tokens=rollout.max_num_batched_tokens, disable_log_stats=rollout.disable_log_stats,
-            max_model_len=rollout.max_model_len or cfg.data.max_prompt_length + rollout.response_length,
-            seed=cfg.trainer.seed,
+            max_model_len=rollout.max_model_len or max_prompt_length + rollout.response_length, seed=seed,
         )
-        if cfg.global_profiler.tool == "torch":  # the engine's side of rlprof's torch windows, same contents
-            contents = set(cfg.global_profiler.global_tool_config.torch.contents)
+        if session is not None and session.config.global_profiler.tool == "torch":  # the engine's side, same contents
+            contents = set(session.config.tool_settings().contents)
             options["profiler_config"] = {
                 "profiler": "torch", "torch_profiler_dir": str(self.profile_dir),
                 "torch_profiler_with_stack": "stack" in contents, "torch_profiler_record_shapes": "shapes" in contents,
                 "torch_profiler_with_memory": "memory" in contents, "torch_profiler_with_flops": "flops" in contents,
                 "torch_profiler_dump_cuda_time_total": False,  # a summary table that takes minutes to write
             }
+        engine_env = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # the engine process decodes our reload function
+        if not torch.cuda.is_available() and not kv_cache:
+            engine_env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gb)
         try:
-            self.llm = LLM(**options)
+            with scoped_environ(**engine_env):
+                self.llm = LLM(**options)
         except Exception as exc:
             raise ValueError(explain_start_failure(exc, model_path)) from exc
-        session = rlprof.get_session()
         if session is not None:
             session.add_window_listener(self)
 
@@ -142,8 +163,8 @@ class VLLMRollout(Rollout, WindowListener):
                 raise ValueError(f"vLLM's engine stopped while generating ({exc}); its own error is in the log above")
             raise
         completions = [c for output in outputs for c in output.outputs]
-        batch = build_rollout_batch(prompts, [list(c.token_ids) for c in completions], sampling.n,
-                                    sampling.response_length, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
+        batch = build_rollout_batch(prompts, [list(c.token_ids) for c in completions], sampling,
+                                    self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
         rollout_log_probs = torch.zeros(batch.response_mask.shape)
         for row, completion in enumerate(completions):
             values = [next(iter(step.values())).logprob for step in (completion.logprobs or [])][: batch.response_length]
@@ -156,7 +177,8 @@ class VLLMRollout(Rollout, WindowListener):
         folder = Path(tempfile.mkdtemp(prefix="rlprof-sync-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
         try:
             paths = self._write_buckets(folder)
-            self.llm.collective_rpc(_reload_from_files, args=([str(p) for p in paths],))
+            with scoped_environ(VLLM_ALLOW_INSECURE_SERIALIZATION="1"):  # sending a function to the workers
+                self.llm.collective_rpc(_reload_from_files, args=([str(p) for p in paths],))
             self.llm.reset_prefix_cache()
         finally:
             shutil.rmtree(folder, ignore_errors=True)

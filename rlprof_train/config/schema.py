@@ -1,0 +1,394 @@
+"""The trainer's configuration as typed dataclasses, one per section, a docstring per field (verl's key names).
+
+``ppo_trainer.yaml`` beside this file holds the defaults with comments (verl's layout, so verl command lines carry
+over); ``tests/test_trainer_config.py`` checks that it and these classes agree key by key. Types and ranges here
+are what :func:`rlprof_train.config.load_trainer_config` checks before any work starts: a wrong value fails naming
+the key, the value and what is allowed. Each worker receives only its own section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Union
+
+from rlprof.schema import bounds
+
+KLType = Literal["kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+Dtype = Literal["float32", "bfloat16"]
+ProfilerBlock = Optional[dict[str, Any]]
+"""A role's ``profiler`` block; rlprof checks it (``rlprof.config.RoleProfilerConfig``)."""
+
+
+def _profiler() -> Any:
+    return field(default_factory=lambda: {"enable": True, "all_ranks": False, "ranks": [0]})
+
+
+# ----------------------------------------------------------------------------------------------------- data
+
+
+@dataclass
+class DataConfig:
+    """Prompts: files or the built-in task, lengths, batch sizes."""
+
+    train_files: Union[str, list[str], None] = None
+    """verl-format parquet/JSONL file(s) of training prompts; null: the built-in task."""
+    val_files: Union[str, list[str], None] = None
+    """Validation files; null: a held-out split of the built-in task."""
+    task: str = "arithmetic"
+    """Built-in procedural task used when ``train_files`` is null."""
+    task_max_operand: int = field(default=4, metadata=bounds(ge=0))
+    """Arithmetic task: operands drawn from 0..task_max_operand."""
+    train_size: int = field(default=2000, metadata=bounds(ge=1))
+    """Built-in task: number of training prompts."""
+    val_size: int = field(default=64, metadata=bounds(ge=0))
+    """Built-in task: number of validation prompts."""
+    prompt_key: str = "prompt"
+    """Column holding the prompt (a string or a list of chat messages)."""
+    max_prompt_length: int = field(default=16, metadata=bounds(ge=1))
+    """Prompt tokens; longer prompts follow ``truncation``."""
+    max_response_length: int = field(default=4, metadata=bounds(ge=1))
+    """Tokens generated per response."""
+    truncation: Literal["error", "left", "right", "filter"] = "error"
+    """Over-long prompts: error, left (keep the end), right (keep the start) or filter (drop the row)."""
+    train_batch_size: int = field(default=32, metadata=bounds(ge=1))
+    """Prompts per training step over all ranks; each yields ``rollout.n`` responses."""
+    val_batch_size: int = field(default=64, metadata=bounds(ge=1))
+    """Prompts per validation generation batch."""
+    shuffle: bool = True
+    """Shuffle prompts each epoch (deterministic from ``trainer.seed`` and the epoch)."""
+    apply_chat_template: Union[bool, Literal["auto"]] = "auto"
+    """Apply the tokenizer's chat template to chat prompts: auto (when it has one), true or false."""
+
+
+# ----------------------------------------------------------------------------------------------------- actor, ref, rollout
+
+
+@dataclass
+class ModelConfig:
+    """The policy model shared by actor, reference and rollout."""
+
+    path: Optional[str] = None
+    """Local Hugging Face causal-LM directory; null: build the embedded tiny model."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute activations in backward (less memory, more compute)."""
+    enable_activation_offload: bool = False
+    """Keep saved activations on the host (GPU only; a no-op on CPU)."""
+    use_remove_padding: bool = False
+    """Sequence packing: forward passes over real tokens only."""
+    dtype: Dtype = "float32"
+    """Parameters and compute dtype of actor, critic and reference."""
+
+
+@dataclass
+class OptimConfig:
+    """AdamW settings."""
+
+    lr: float = field(default=5e-4, metadata=bounds(gt=0))
+    """Learning rate."""
+    weight_decay: float = field(default=0.0, metadata=bounds(ge=0))
+    """Weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """Adam betas."""
+
+
+@dataclass
+class FsdpCompatConfig:
+    """verl's FSDP knobs, kept so verl command lines get a clear answer."""
+
+    offload_policy: bool = False
+    """Maps to DeepSpeed parameter + optimizer offload (ZeRO 3)."""
+    forward_prefetch: bool = False
+    """FSDP only; DeepSpeed ZeRO 3 prefetches by itself (refused when true)."""
+
+
+@dataclass
+class ActorConfig:
+    """The policy's DeepSpeed engine and its PPO update."""
+
+    strategy: str = "deepspeed"
+    """deepspeed: the only strategy of this trainer (verl's fsdp/fsdp2/megatron are refused with the keys to use)."""
+    zero_stage: Literal[0, 1, 2, 3] = 1
+    """DeepSpeed ZeRO stage (0 reports no actor/grad_norm)."""
+    offload_optimizer: bool = False
+    """ZeRO >= 1: optimizer state on the host (DeepSpeedCPUAdam)."""
+    offload_param: bool = False
+    """ZeRO 3: parameters on the host."""
+    ppo_mini_batch_size: int = field(default=32, metadata=bounds(ge=1))
+    """Prompts per optimizer step (times ``rollout.n`` responses), over all ranks."""
+    ppo_micro_batch_size_per_gpu: int = field(default=32, metadata=bounds(ge=1))
+    """Responses per forward/backward on one rank (a speed/memory knob: the gradient is the same)."""
+    use_dynamic_bsz: bool = False
+    """Micro-batches by token budget instead of a fixed size."""
+    ppo_max_token_len_per_gpu: int = field(default=16384, metadata=bounds(ge=1))
+    """Token budget of one micro-batch when ``use_dynamic_bsz``."""
+    ppo_epochs: int = field(default=1, metadata=bounds(ge=1))
+    """Passes over each batch."""
+    shuffle: bool = False
+    """Shuffle responses before splitting into mini-batches."""
+    clip_ratio: float = field(default=0.2, metadata=bounds(gt=0))
+    """PPO ratio clip epsilon (both sides unless the two below are set)."""
+    clip_ratio_low: Optional[float] = field(default=None, metadata=bounds(gt=0))
+    """Lower clip epsilon."""
+    clip_ratio_high: Optional[float] = field(default=None, metadata=bounds(gt=0))
+    """Upper clip epsilon (DAPO's clip-higher)."""
+    clip_ratio_c: Optional[float] = field(default=3.0, metadata=bounds(gt=1))
+    """Dual-clip bound for negative advantages (> 1); null disables dual clip."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """How per-token losses become one number."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus weight in the actor loss."""
+    entropy_checkpointing: bool = False
+    """Recompute the entropy's softmax in backward instead of keeping it."""
+    entropy_from_logits_with_chunking: bool = False
+    """Compute the actor's entropies a chunk of positions at a time (lower peak memory)."""
+    use_kl_loss: bool = True
+    """Add KL(actor || ref) to the loss (GRPO style)."""
+    kl_loss_coef: float = field(default=0.1, metadata=bounds(ge=0))
+    """Weight of the KL loss."""
+    kl_loss_type: KLType = "low_var_kl"
+    """KL estimator of the loss: kl (k1), abs, mse (k2), low_var_kl (k3)."""
+    grad_clip: float = field(default=1.0, metadata=bounds(gt=0))
+    """Gradient norm clip."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """The actor's optimizer."""
+    fsdp_config: FsdpCompatConfig = field(default_factory=FsdpCompatConfig)
+    """verl's FSDP knobs."""
+    profiler: ProfilerBlock = _profiler()
+    """rlprof role ``actor`` (rollout and ref follow it unless they have their own block)."""
+
+
+@dataclass
+class RefConfig:
+    """The frozen reference policy's log-prob pass."""
+
+    log_prob_micro_batch_size_per_gpu: int = field(default=64, metadata=bounds(ge=1))
+    """Responses per reference forward on one rank."""
+    log_prob_use_dynamic_bsz: bool = False
+    """Micro-batches by token budget (defaults to ``actor.use_dynamic_bsz``)."""
+    log_prob_max_token_len_per_gpu: int = field(default=16384, metadata=bounds(ge=1))
+    """Token budget of one micro-batch (defaults to ``actor.ppo_max_token_len_per_gpu``)."""
+    entropy_from_logits_with_chunking: bool = False
+    """Compute the reference's entropies (``ref/entropy``) a chunk of positions at a time."""
+    profiler: ProfilerBlock = _profiler()
+    """rlprof role ``ref``."""
+
+
+@dataclass
+class ValKwargs:
+    """Sampling for validation."""
+
+    temperature: float = field(default=0.0, metadata=bounds(ge=0))
+    """Sampling temperature; 0 = greedy."""
+    n: int = field(default=1, metadata=bounds(ge=1))
+    """Responses per validation prompt."""
+
+
+@dataclass
+class RolloutConfig:
+    """Generation (HF generate or vLLM) and the old-log-prob pass."""
+
+    name: Literal["hf", "vllm"] = "hf"
+    """Backend: hf (transformers generate) or vllm."""
+    temperature: float = field(default=1.0, metadata=bounds(ge=0))
+    """Sampling temperature (0: greedy)."""
+    top_p: float = field(default=1.0, metadata=bounds(gt=0, le=1))
+    """Nucleus sampling: keep the most likely tokens up to this probability mass."""
+    top_k: int = field(default=-1, metadata=bounds(ge=-1))
+    """Top-k sampling; -1 = off."""
+    n: int = field(default=8, metadata=bounds(ge=1))
+    """Responses per prompt (GRPO/RLOO groups)."""
+    response_length: int = field(default=4, metadata=bounds(ge=1))
+    """New tokens per response (defaults to ``data.max_response_length``)."""
+    log_prob_micro_batch_size_per_gpu: int = field(default=64, metadata=bounds(ge=1))
+    """Responses per old-log-prob forward on one rank."""
+    log_prob_use_dynamic_bsz: bool = False
+    """Old-log-prob micro-batches by token budget (defaults to ``actor.use_dynamic_bsz``)."""
+    log_prob_max_token_len_per_gpu: int = field(default=16384, metadata=bounds(ge=1))
+    """Token budget of one old-log-prob micro-batch (defaults to ``actor.ppo_max_token_len_per_gpu``)."""
+    gpu_memory_utilization: float = field(default=0.5, metadata=bounds(gt=0, le=1))
+    """vLLM: share of device memory for weights and KV cache."""
+    max_num_batched_tokens: int = field(default=8192, metadata=bounds(ge=1))
+    """vLLM: tokens per engine step."""
+    tensor_parallel_size: int = field(default=1, metadata=bounds(ge=1))
+    """vLLM: tensor-parallel degree."""
+    disable_log_stats: bool = True
+    """vLLM: no periodic engine statistics in the log."""
+    enforce_eager: bool = True
+    """vLLM: no CUDA graphs / compilation (fast start)."""
+    max_model_len: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """vLLM: context length; null = prompt + response length."""
+    dtype: Dtype = "float32"
+    """vLLM: weight dtype (defaults to ``model.dtype``)."""
+    kv_cache_space_gb: int = field(default=1, metadata=bounds(ge=1))
+    """vLLM on CPU: KV cache size in whole GiB (``VLLM_CPU_KVCACHE_SPACE``, unless you set that variable)."""
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    """Validation sampling."""
+    profiler: ProfilerBlock = _profiler()
+    """rlprof role ``rollout``."""
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+# ----------------------------------------------------------------------------------------------------- critic, reward
+
+
+@dataclass
+class CriticModelConfig:
+    path: Optional[str] = None
+    """Value model initialised from this causal-LM directory (defaults to the policy's)."""
+
+
+@dataclass
+class CriticConfig:
+    """The value model's DeepSpeed engine and its update."""
+
+    enable: Optional[bool] = None
+    """null: only when the advantage estimator needs values (gae)."""
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    """Where the value model starts from."""
+    zero_stage: Literal[0, 1, 2, 3] = 1
+    """DeepSpeed ZeRO stage of the critic (defaults to the actor's)."""
+    ppo_mini_batch_size: int = field(default=32, metadata=bounds(ge=1))
+    """Prompts per critic optimizer step over all ranks (defaults to the actor's)."""
+    ppo_micro_batch_size_per_gpu: int = field(default=32, metadata=bounds(ge=1))
+    """Responses per forward/backward on one rank."""
+    forward_micro_batch_size_per_gpu: int = field(default=32, metadata=bounds(ge=1))
+    """Responses per value forward (no gradient) on one rank (defaults to ``ppo_micro_batch_size_per_gpu``)."""
+    use_dynamic_bsz: bool = False
+    """Micro-batches by token budget (defaults to ``actor.use_dynamic_bsz``)."""
+    ppo_max_token_len_per_gpu: int = field(default=32768, metadata=bounds(ge=1))
+    """Token budget of one update micro-batch when ``use_dynamic_bsz``."""
+    forward_max_token_len_per_gpu: int = field(default=32768, metadata=bounds(ge=1))
+    """Token budget of one value-forward micro-batch (defaults to ``ppo_max_token_len_per_gpu``)."""
+    ppo_epochs: int = field(default=1, metadata=bounds(ge=1))
+    """Passes over each batch (defaults to the actor's)."""
+    cliprange_value: float = field(default=0.5, metadata=bounds(gt=0))
+    """Value clip around the rollout-time values."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """Aggregation of the value loss (defaults to the actor's)."""
+    grad_clip: float = field(default=1.0, metadata=bounds(gt=0))
+    """Gradient norm clip."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-3))
+    """The critic's optimizer."""
+    profiler: ProfilerBlock = _profiler()
+    """rlprof role ``critic``."""
+
+
+@dataclass
+class RewardModelConfig:
+    reward_manager: Literal["naive"] = "naive"
+    """naive: one rule-based score per response, chosen by data_source (the only manager of this trainer)."""
+    profiler: ProfilerBlock = _profiler()
+    """rlprof role ``reward``."""
+
+
+@dataclass
+class CustomRewardConfig:
+    path: Optional[str] = None
+    """Python file with your reward function; overrides the built-in ones."""
+    name: str = "compute_score"
+    """Its name: ``f(data_source, solution_str, ground_truth, extra_info=None) -> float | dict``."""
+    timeout_s: Optional[float] = field(default=None, metadata=bounds(gt=0))
+    """Stop with an error naming the sample when one call takes longer (null: no limit)."""
+
+
+# ----------------------------------------------------------------------------------------------------- algorithm
+
+
+@dataclass
+class KLControlConfig:
+    type: Literal["fixed", "adaptive"] = "fixed"
+    """fixed or adaptive (Ziegler et al.)."""
+    kl_coef: float = field(default=0.001, metadata=bounds(ge=0))
+    """beta (the initial beta when adaptive)."""
+    target_kl: float = field(default=0.1, metadata=bounds(gt=0))
+    """Adaptive: the KL the controller steers to."""
+    horizon: int = field(default=10000, metadata=bounds(ge=1))
+    """Adaptive: samples over which beta adapts."""
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    """A registered estimator: gae, grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline or your own."""
+    gamma: float = field(default=1.0, metadata=bounds(ge=0, le=1))
+    """Discount."""
+    lam: float = field(default=1.0, metadata=bounds(ge=0, le=1))
+    """GAE lambda."""
+    norm_adv_by_std_in_grpo: bool = True
+    """false: Dr.GRPO (no division by the group's std)."""
+    use_kl_in_reward: bool = False
+    """Subtract beta * KL(actor || ref) from token rewards."""
+    kl_penalty: KLType = "kl"
+    """Estimator of the in-reward KL."""
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    """beta's controller."""
+
+
+# ----------------------------------------------------------------------------------------------------- trainer
+
+
+@dataclass
+class TrainerSection:
+    """Run length, logging, checkpoints and guards."""
+
+    project_name: str = "rlprof"
+    """Tracker project (a plain name: no path separators)."""
+    experiment_name: str = "ppo-demo"
+    """Tracker experiment / run name (a plain name: no path separators)."""
+    logger: Union[list[str], str] = field(default_factory=lambda: ["console", "file"])
+    """Tracking backends: console, tensorboard, file, wandb, mlflow (a list, or a string holding one)."""
+    total_epochs: int = field(default=100, metadata=bounds(ge=1))
+    """Passes over the training prompts (total_training_steps usually stops first)."""
+    total_training_steps: Optional[int] = field(default=300, metadata=bounds(ge=1))
+    """Stop after this many steps (null: total_epochs decides)."""
+    save_freq: int = -1
+    """Checkpoint every N steps and at the end (-1: never)."""
+    test_freq: int = 50
+    """Validate every N steps and at the end (-1: never)."""
+    val_before_train: bool = True
+    """Validate once before the first step."""
+    default_local_dir: str = "outputs/checkpoints/rlprof/ppo-demo"
+    """Checkpoints (must be shared by all nodes of a multi-node run)."""
+    log_dir: str = "outputs/logs/rlprof/ppo-demo"
+    """metrics.jsonl, the run's config and state: what ``rlprof report`` reads."""
+    resume_mode: str = "auto"
+    """auto (latest complete checkpoint if any), disable, or a global_step_N directory inside default_local_dir."""
+    max_actor_ckpt_to_keep: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """Keep at most this many checkpoints (null: all)."""
+    max_critic_ckpt_to_keep: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """Accepted for verl compatibility: checkpoints hold actor and critic together."""
+    seed: int = 1
+    """Seeds data order and sampling."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train."""
+    table_every: int = field(default=50, metadata=bounds(ge=1))
+    """Console: a table of all metrics and the step's time split every N steps."""
+    nonfinite_patience: int = field(default=3, metadata=bounds(ge=1))
+    """Stop after this many consecutive steps with a non-finite loss or gradient norm."""
+    tracker_start_timeout_s: float = field(default=60.0, metadata=bounds(gt=0))
+    """A tracking backend that does not start within this time (unreachable server) is turned off."""
+    profiler: ProfilerBlock = _profiler()
+    """rlprof role ``trainer`` (step, adv, ...)."""
+
+
+@dataclass
+class TrainerConfig:
+    """The whole configuration (``ppo_trainer.yaml`` plus overrides)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerSection = field(default_factory=TrainerSection)
+    global_profiler: dict[str, Any] = field(default_factory=dict)
+    """rlprof's global block; checked by ``rlprof.config.load_config``."""

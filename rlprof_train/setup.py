@@ -1,0 +1,155 @@
+"""Everything a run prepares before its first step: the run directory (lock, record), the model, the rollout
+backend, the resume point and the tracker. The loop itself is in :mod:`rlprof_train.trainer`."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from rlprof.schema import ConfigError
+from rlprof.tracking import Tracker
+from rlprof_train import checkpoint
+from rlprof_train.config import TrainerConfig, as_dict
+from rlprof_train.run_dir import RunLock, stale_note, write_run_record
+from rlprof_train.tiny_model import ensure_tiny_model
+from rlprof_train.workers.engine import DistEnv
+from rlprof_train.workers.rollout import Rollout
+
+EMBEDDED_MODEL_DIR = Path("outputs/models")
+Log = Callable[[str], None]
+
+
+@dataclass
+class RunDirectory:
+    """The locks rank 0 holds on ``log_dir`` and ``default_local_dir`` for the run."""
+
+    locks: list[RunLock]
+
+    def release(self) -> None:
+        for lock in self.locks:
+            lock.release()
+
+
+def open_run_directory(cfg: TrainerConfig, env: DistEnv, log: Log) -> RunDirectory:
+    """Lock the run's folders (rank 0) and, with several ranks and checkpoints, check that the checkpoint folder
+    is one folder for every rank. Errors stop every rank at once."""
+    trainer = cfg.trainer
+    locks: list[RunLock] = []
+    problem = None
+    if env.is_main:
+        try:
+            for folder, setting in ((trainer.log_dir, "trainer.log_dir"),
+                                    (trainer.default_local_dir, "trainer.default_local_dir")):
+                if not any(Path(folder).resolve() == lock.folder.resolve() for lock in locks):
+                    locks.append(RunLock(Path(folder), setting))
+        except ConfigError as exc:
+            problem = str(exc)
+            for lock in locks:
+                lock.release()
+            locks = []
+    env.agree(problem, ConfigError)
+    for lock in locks:
+        note = stale_note(lock)
+        if note:
+            log(note)
+    uses_checkpoints = trainer.save_freq > 0 or trainer.resume_mode != "disable"
+    if env.world_size > 1 and uses_checkpoints:
+        token = env.gather(f"{os.getpid()}-{time.time()}")[0]
+        env.agree(checkpoint.shared_directory_problem(Path(trainer.default_local_dir), token, env.is_main,
+                                                      env.barrier), checkpoint.CheckpointError)
+    return RunDirectory(locks)
+
+
+def record_run(cfg: TrainerConfig, env: DistEnv, run_id: str, start_step: int, resumed_from: Optional[Path]) -> None:
+    """``run.json`` and ``config.yaml`` in ``trainer.log_dir``: what ``rlprof report`` reads (rank 0)."""
+    if not env.is_main:
+        return
+    profiler = cfg.global_profiler or {}
+    write_run_record(
+        Path(cfg.trainer.log_dir), as_dict(cfg), run_id=run_id, world_size=env.world_size,
+        project=cfg.trainer.project_name, experiment=cfg.trainer.experiment_name,
+        profile_save_path=str(Path(profiler.get("save_path") or "outputs/profile").resolve()),
+        profile_tool=profiler.get("tool"), checkpoint_dir=str(Path(cfg.trainer.default_local_dir).resolve()),
+        start_step=start_step, resumed_from=str(resumed_from) if resumed_from else None)
+
+
+def prepare_model(cfg: TrainerConfig, env: DistEnv, log: Log) -> str:
+    """The policy's model directory: ``model.path``, or the embedded tiny model, built by local rank 0 of every
+    node (nodes need no shared disk; the build is deterministic) and checked to be the same model on every rank."""
+    path = cfg.actor_rollout_ref.model.path
+    if path is None:
+        folder = EMBEDDED_MODEL_DIR / f"tiny-arithmetic-op{cfg.data.task_max_operand}"
+        if env.local_rank == 0:
+            ensure_tiny_model(EMBEDDED_MODEL_DIR, cfg.data.task_max_operand)
+            if env.is_main:
+                log(f"model: using the embedded tiny model at {folder} (actor_rollout_ref.model.path=null)")
+        env.barrier()
+        path = str(folder)
+    digests = env.gather(model_digest(Path(path)))
+    if len(set(digests)) > 1:
+        raise ConfigError(f"actor_rollout_ref.model.path={path}: the ranks see different models (weights digests "
+                          f"{', '.join(sorted(set(digests)))}); give every node the same model directory")
+    return path
+
+
+def model_digest(folder: Path) -> str:
+    """A digest of a model directory's config and weight files (names and bytes)."""
+    digest = hashlib.sha256()
+    for file in sorted(folder.glob("*")):
+        if file.suffix in (".json", ".safetensors", ".bin") and file.is_file():
+            digest.update(file.name.encode())
+            with file.open("rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def make_rollout(cfg: TrainerConfig, env: DistEnv, model_path: str, actor: Any, tokenizer: Any, log: Log) -> Rollout:
+    """The rollout backend named by ``actor_rollout_ref.rollout.name``."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name == "vllm":
+        from rlprof_train.workers.rollout.vllm import VLLMRollout
+
+        return VLLMRollout(rollout, model_path, actor, tokenizer, zero_stage=cfg.actor_rollout_ref.actor.zero_stage,
+                           max_prompt_length=cfg.data.max_prompt_length, seed=cfg.trainer.seed)
+    from rlprof_train.workers.rollout.base import ignored_knobs_note
+    from rlprof_train.workers.rollout.hf import VLLM_ONLY_KNOBS, HFRollout
+
+    if env.is_main:
+        log(ignored_knobs_note(rollout, "hf", VLLM_ONLY_KNOBS))
+    return HFRollout(lambda: actor.module, tokenizer, cfg.actor_rollout_ref.actor.zero_stage,
+                     rollout.log_prob_micro_batch_size_per_gpu)
+
+
+def resume_point(cfg: TrainerConfig, env: DistEnv, log: Log) -> Optional[Path]:
+    """The checkpoint to resume from (the same on every rank), or None for a fresh start, in which case an earlier
+    run's checkpoints are moved aside (kept, never mixed with this run's)."""
+    root = Path(cfg.trainer.default_local_dir)
+    with warnings.catch_warnings(record=True) as skipped:
+        warnings.simplefilter("always")
+        path = checkpoint.find_resume_dir(root, cfg.trainer.resume_mode) if env.is_main else None
+    for warning in skipped:
+        log(str(warning.message))
+    path = env.gather(str(path) if path else None)[0]
+    if path is None and env.is_main and checkpoint.saved_steps(root):
+        archive = root / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
+        archive.mkdir(parents=True)
+        for step in checkpoint.saved_steps(root):
+            shutil.move(str(checkpoint.step_dir(root, step)), archive)
+        log(f"checkpoint: a fresh start; the checkpoints found in {root} (another run's, or unusable) moved to {archive}")
+    env.barrier()
+    return Path(path) if path else None
+
+
+def make_tracker(cfg: TrainerConfig, total_steps: int, resume_step: Optional[int]) -> Tracker:
+    trainer = cfg.trainer
+    return Tracker(trainer.project_name, trainer.experiment_name, trainer.logger, log_dir=trainer.log_dir,
+                   config=as_dict(cfg), total_steps=total_steps, total_epochs=trainer.total_epochs,
+                   resume_step=resume_step, table_every=trainer.table_every,
+                   start_timeout_s=trainer.tracker_start_timeout_s)
