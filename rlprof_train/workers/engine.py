@@ -61,11 +61,11 @@ def init_distributed(device: str) -> DistEnv:
         listener.bind(("127.0.0.1", 0))
         listener.listen(128)
         port = listener.getsockname()[1]
-        store = dist.TCPStore("127.0.0.1", port, world_size=1, is_master=True, master_listen_fd=listener.fileno(),
-                              use_libuv=False)
+        store = dist.TCPStore("127.0.0.1", port, world_size=1, is_master=True, master_listen_fd=listener.detach(),
+                              use_libuv=False)  # the store owns the listening socket from here on
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("nccl" if device == "cuda" else "gloo", store=store, rank=0, world_size=1)
-        _KEEP_ALIVE.extend([listener, store])
+        _KEEP_ALIVE.append(store)
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
     env = DistEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)))
     if device == "cuda":
@@ -73,7 +73,7 @@ def init_distributed(device: str) -> DistEnv:
     return env
 
 
-_KEEP_ALIVE: list[Any] = []  # the single-process run's listening socket and store live as long as the process
+_KEEP_ALIVE: list[Any] = []  # the single-process run's store lives as long as the process
 
 
 def deepspeed_config(zero_stage: int, offload_optimizer: bool, offload_param: bool, grad_clip: float,

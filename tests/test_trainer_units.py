@@ -1,0 +1,218 @@
+"""Pieces of the trainer checked without training: the reward-function contract, data files, checkpoints on disk,
+the run lock, the process group's store and the non-finite guard."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import ROOT, subprocess_env
+from rlprof.schema import ConfigError
+from rlprof_train import checkpoint
+from rlprof_train.guards import NonFiniteGuard, TrainingDiverged
+from rlprof_train.reward_functions import RewardFunction, load_custom_reward
+from rlprof_train.run_dir import RunInUse, RunLock
+
+
+def reward_file(tmp_path, body: str):
+    path = tmp_path / "my_reward.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+@pytest.mark.parametrize("returns, fragments", [
+    ("None", ["returned None", "must return a number"]),
+    ("'high'", ["returned 'high'", "must return a number"]),
+    ("float('nan')", ["returned nan", "not finite", "skip every update"]),
+    ("{'acc': 1.0}", ["dict without 'score'"]),
+])
+def test_a_bad_reward_value_is_named_with_the_function_the_file_and_the_sample(tmp_path, returns, fragments):
+    path = reward_file(tmp_path, f"def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                 f"    return {returns}\n")
+    reward = RewardFunction(str(path), "compute_score")
+    with pytest.raises(RuntimeError) as info:
+        reward("gsm8k", "#### 42", "42")
+    message = str(info.value)
+    for fragment in [*fragments, "compute_score", str(path), "data_source='gsm8k'", "'#### 42'", "ground_truth='42'"]:
+        assert fragment in message, (fragment, message)
+
+
+def test_a_raising_reward_keeps_its_cause_and_names_the_sample(tmp_path):
+    path = reward_file(tmp_path, """
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+            return int(solution_str)
+    """)
+    with pytest.raises(RuntimeError, match="raised ValueError: invalid literal.*response='seven'") as info:
+        RewardFunction(str(path))("x", "seven", "7")
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_verl_dict_returns_give_the_score_and_extra_metrics(tmp_path):
+    path = reward_file(tmp_path, """
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+            return {"score": 0.5, "acc": 1.0, "pred": "42"}
+    """)
+    assert RewardFunction(str(path))("x", "42", "42") == (0.5, {"acc": 1.0})
+
+
+def test_a_hanging_reward_stops_at_the_timeout(tmp_path):
+    path = reward_file(tmp_path, """
+        import time
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+            time.sleep(30)
+    """)
+    with pytest.raises(RuntimeError, match="took longer than custom_reward_function.timeout_s=0.5"):
+        RewardFunction(str(path), timeout_s=0.5)("x", "1", "1")
+
+
+def test_the_reward_file_is_executed_once(tmp_path):
+    counter = tmp_path / "imports.txt"
+    path = reward_file(tmp_path, f"""
+        with open({str(counter)!r}, "a") as handle:
+            handle.write("imported\\n")
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+            return 1.0
+    """)
+    load_custom_reward(str(path), "compute_score")  # as the config check does
+    RewardFunction(str(path), "compute_score")  # as the trainer does
+    assert counter.read_text().count("imported") == 1
+
+
+def test_malformed_jsonl_data_names_the_file_and_the_line(tmp_path):
+    from rlprof_train.data import read_rows
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "1+1="}\n\n{"prompt": "2+2=", \n')
+    with pytest.raises(ValueError, match=f"data file {data}, line 3: not valid JSON"):
+        read_rows(data)
+
+
+def test_data_without_ground_truth_is_refused_for_the_built_in_rewards(tmp_path, capsys):
+    from rlprof_train.main_ppo import main
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"{i}+1=", "data_source": "rlprof/arithmetic"})
+                              for i in range(8)) + "\n")
+    assert main([f"data.train_files={data}"]) == 2
+    assert "no reward_model.ground_truth in any row" in capsys.readouterr().err
+    custom = reward_file(tmp_path, "def compute_score(*args, **kwargs):\n    return 1.0\n")
+    from rlprof_train.config import load_trainer_config, validate
+
+    validate(load_trainer_config([f"data.train_files={data}", f"custom_reward_function.path={custom}"]))
+
+
+# ----------------------------------------------------------------------------------------------- checkpoints on disk
+
+
+def fake_checkpoint(root, step, files=None):
+    """A checkpoint folder as checkpoint.save leaves it, written without engines."""
+    target = checkpoint.step_dir(root, step)
+    (target / "actor").mkdir(parents=True)
+    for name, data in (files or {"actor/model_states.pt": b"x" * 100}).items():
+        (target / name).write_bytes(data)
+    (target / checkpoint.STATE).write_text(json.dumps({"global_step": step, "kl_coef": 0.1}))
+    listing = {str(p.relative_to(target)): p.stat().st_size for p in target.rglob("*") if p.is_file()}
+    (target / checkpoint.COMPLETE).write_text(json.dumps({"global_step": step, "files": listing}))
+    (root / checkpoint.LATEST).write_text(str(step))
+    return target
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda t: (t / "actor/model_states.pt").write_bytes(b"x" * 10), "has 10 bytes, 100 were written"),
+    (lambda t: (t / checkpoint.STATE).write_text(""), "trainer_state.json"),
+    (lambda t: (t / checkpoint.COMPLETE).unlink(), "never completed"),
+    (lambda t: (t / checkpoint.COMPLETE).write_text("{"), "COMPLETE manifest is damaged"),
+])
+def test_resume_falls_back_to_the_newest_intact_checkpoint_naming_the_skipped_one(tmp_path, damage, reason):
+    fake_checkpoint(tmp_path, 2)
+    newest = fake_checkpoint(tmp_path, 3)
+    damage(newest)
+    (tmp_path / checkpoint.LATEST).write_text("")  # an empty pointer does not matter either
+    with pytest.warns(RuntimeWarning, match=f"checkpoint {newest} is skipped: .*{reason}"):
+        assert checkpoint.find_resume_dir(tmp_path, "auto") == checkpoint.step_dir(tmp_path, 2)
+
+
+def test_a_deleted_newest_checkpoint_and_an_explicit_damaged_one(tmp_path):
+    import shutil
+
+    fake_checkpoint(tmp_path, 2)
+    shutil.rmtree(fake_checkpoint(tmp_path, 3))
+    assert checkpoint.find_resume_dir(tmp_path, "auto") == checkpoint.step_dir(tmp_path, 2)
+    broken = fake_checkpoint(tmp_path, 4)
+    (broken / checkpoint.STATE).write_text("")
+    with pytest.raises(checkpoint.CheckpointError, match="global_step_4: cannot resume from it"):
+        checkpoint.find_resume_dir(tmp_path, str(broken))
+
+
+def test_prune_keeps_the_newest_complete_checkpoints(tmp_path):
+    for step in (1, 2, 3, 4):
+        fake_checkpoint(tmp_path, step)
+    (checkpoint.step_dir(tmp_path, 4) / checkpoint.COMPLETE).unlink()  # an unfinished save does not count
+    checkpoint.prune(tmp_path, 2)
+    assert checkpoint.saved_steps(tmp_path) == [2, 3, 4]
+
+
+# ----------------------------------------------------------------------------------------------- run lock, store, guard
+
+
+def test_a_second_holder_is_refused_naming_the_first_and_a_dead_holder_is_taken_over(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from rlprof_train.run_dir import RunLock
+        RunLock({str(tmp_path)!r}, "trainer.log_dir")
+        print("locked", flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True, env=subprocess_env())
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunInUse, match=f"trainer.log_dir={tmp_path} is in use by another run .pid {holder.pid} on "
+                                           "host .*, started "):
+            RunLock(tmp_path, "trainer.log_dir")
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = RunLock(tmp_path, "trainer.log_dir")  # the kernel released the dead holder's lock
+    assert lock.previous["pid"] == holder.pid
+    lock.release()
+    assert issubclass(RunInUse, ConfigError)
+
+
+def test_a_single_process_run_listens_on_the_loopback_only():
+    code = textwrap.dedent("""
+        import psutil
+        from rlprof_train.workers.engine import init_distributed
+        init_distributed("cpu")
+        print(sorted({c.laddr.ip for c in psutil.Process().net_connections("tcp") if c.status == "LISTEN"}))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env=subprocess_env(), cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "['127.0.0.1']"
+
+
+def test_the_guard_stops_after_patience_non_finite_steps_and_resets_on_a_finite_one():
+    guard = NonFiniteGuard(patience=3)
+    guard.check({"actor/pg_loss": float("nan")}, 1)
+    guard.check({"actor/pg_loss": 0.5}, 2)
+    assert guard.healthy
+    guard.check({"actor/grad_norm": float("inf")}, 3)
+    guard.check({"actor/pg_loss": float("nan")}, 4)
+    assert not guard.healthy
+    with pytest.raises(TrainingDiverged, match="3 consecutive steps .3-5.*critic/vf_loss=nan"):
+        guard.check({"critic/vf_loss": float("nan")}, 5)
+
+
+def test_scoped_environment_is_restored(monkeypatch):
+    from rlprof_train.workers.rollout.vllm import scoped_environ
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "7")
+    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
+    with scoped_environ(VLLM_ALLOW_INSECURE_SERIALIZATION="1", VLLM_CPU_KVCACHE_SPACE="1"):
+        assert os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
+    assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in os.environ and os.environ["VLLM_CPU_KVCACHE_SPACE"] == "7"
