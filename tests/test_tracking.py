@@ -4,6 +4,7 @@ resume without duplicated steps, and a failing backend that does not stop the ot
 from __future__ import annotations
 
 import io
+import time
 import warnings
 from pathlib import Path
 
@@ -125,6 +126,7 @@ def test_resume_ends_with_one_record_per_step_in_every_backend(dirs):
     with Tracker("proj", "exp", backends, log_dir=log_dir) as tracker:
         for step in range(1, 6):
             tracker.log(metrics_for(step, run=1), step)
+    time.sleep(1.1)  # wandb names an offline session's folder by the second: a resume in the same second shares it
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with Tracker("proj", "exp", backends, log_dir=log_dir, resume_step=4) as tracker:
