@@ -1,8 +1,8 @@
 """What each of the seed's memory/throughput knobs buys, measured in one run on a small model on CPU.
 
 Every knob runs in its own process (benchmarks/knob_probe.py) on the same ragged mini-batch, on the model shape where
-its effect lives (gradient checkpointing on an activation-heavy model, the rest on an LM-head-heavy one); the table (peak memory
-above the pre-pass level, tokens/s, token positions computed per real token) is printed and written to
+its effect lives (gradient checkpointing on an activation-heavy model, the rest on an LM-head-heavy one); the table
+(peak memory above the pre-pass level, tokens/s, token positions computed per real token) is printed and written to
 ``outputs/benchmarks/knobs.md``. Asserted, as ratios within this one run, are the directions that are stable on a
 2-core machine: gradient checkpointing lowers the update's peak memory (by 20% at least), packing computes no padding
 and dynamic batch size less of it, entropy chunking lowers the log-prob pass's peak. Tokens/s are reported, not
@@ -26,41 +26,62 @@ ENTROPY_BASELINE = "entropy bonus (baseline for the two below)"
 KNOBS = {  # name -> (model shape, overrides); each group is compared with its own baseline
     BASELINE: ("head", ()),
     "use_remove_padding": ("head", ("actor_rollout_ref.model.use_remove_padding=true",)),
-    "use_dynamic_bsz (padded, 2048-token budget)": ("head", ("actor_rollout_ref.actor.use_dynamic_bsz=true",
-                                                             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2048")),
+    "use_dynamic_bsz (padded, 2048-token budget)": (
+        "head",
+        ("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2048"),
+    ),
     ENTROPY_BASELINE: ("head", ENTROPY),
     "entropy_checkpointing": ("head", (*ENTROPY, "actor_rollout_ref.actor.entropy_checkpointing=true")),
-    "entropy_from_logits_with_chunking": ("head", (*ENTROPY, "actor_rollout_ref.ref.entropy_from_logits_with_chunking=true")),
+    "entropy_from_logits_with_chunking": (
+        "head",
+        (*ENTROPY, "actor_rollout_ref.ref.entropy_from_logits_with_chunking=true"),
+    ),
     DEEP_BASELINE: ("deep", ()),
-    "deep model: enable_gradient_checkpointing": ("deep", ("actor_rollout_ref.model.enable_gradient_checkpointing=true",)),
+    "deep model: enable_gradient_checkpointing": (
+        "deep",
+        ("actor_rollout_ref.model.enable_gradient_checkpointing=true",),
+    ),
 }
 
 
 def probe(name: str, shape: str, overrides: tuple[str, ...]) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
-    out = subprocess.run([sys.executable, str(PROBE), name, shape, *overrides], capture_output=True, text=True, env=env,
-                         cwd=ROOT, timeout=900, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(PROBE), name, shape, *overrides],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=900,
+        check=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def table(results: dict[str, dict]) -> str:
-    lines = ["| knob | update: peak MB | tokens/s | log-prob pass: peak MB | tokens/s | positions computed per real token |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| knob | update: peak MB | tokens/s | log-prob pass: peak MB | tokens/s | positions computed per real token |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name, r in results.items():
         base = results[DEEP_BASELINE if r["shape"] == "deep" else BASELINE]
 
-        def cell(key: str, fmt: str) -> str:
+        def cell(key: str, fmt: str, r: dict = r, base: dict = base) -> str:
             return f"{format(r[key], fmt)} ({r[key] / base[key]:.2f}x)"
-        lines.append(f"| {name} | {cell('update_peak_mb', '.0f')} | {cell('update_tokens_per_s', '.0f')} | "
-                     f"{cell('log_prob_peak_mb', '.0f')} | {cell('log_prob_tokens_per_s', '.0f')} | "
-                     f"{r['computed_positions'] / r['real_tokens']:.2f} |")
+
+        lines.append(
+            f"| {name} | {cell('update_peak_mb', '.0f')} | {cell('update_tokens_per_s', '.0f')} | "
+            f"{cell('log_prob_peak_mb', '.0f')} | {cell('log_prob_tokens_per_s', '.0f')} | "
+            f"{r['computed_positions'] / r['real_tokens']:.2f} |"
+        )
     return "\n".join(lines)
 
 
 def test_knobs(benchmark):
     results: dict[str, dict] = {}
-    benchmark.pedantic(lambda: results.update({name: probe(name, *spec) for name, spec in KNOBS.items()}),
-                       rounds=1, iterations=1)
+    benchmark.pedantic(
+        lambda: results.update({name: probe(name, *spec) for name, spec in KNOBS.items()}), rounds=1, iterations=1
+    )
     text = table(results)
     out = ROOT / "outputs" / "benchmarks"
     out.mkdir(parents=True, exist_ok=True)

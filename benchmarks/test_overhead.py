@@ -19,10 +19,10 @@ import functools
 
 import nvtx
 
-from conftest import ratio
-
 import rlprof
 from rlprof.tools.nsys import DOMAIN, open_domain, role_color
+
+from conftest import ratio
 
 OFF_TARGET = 1.2
 NSYS_TARGET = 1.15
@@ -123,7 +123,15 @@ def test_profiled_call_with_nsys_on(benchmark):
     domain = open_domain(DOMAIN)
     attributes = domain.get_event_attributes(message="work", color=role_color("actor"), category="actor")
     compare(benchmark, "vs_nvtx_module_api", profiled, raw_nvtx(work))
-    compare(benchmark, "vs_lowest_level_c_calls", profiled, raw_lib(
-        work, functools.partial(lib.push_range, attributes, domain.handle), functools.partial(lib.pop_range, domain.handle)))
+    compare(
+        benchmark,
+        "vs_lowest_level_c_calls",
+        profiled,
+        raw_lib(
+            work,
+            functools.partial(lib.push_range, attributes, domain.handle),
+            functools.partial(lib.pop_range, domain.handle),
+        ),
+    )
     r = report(benchmark, "profiled_nsys_on", profiled, raw_domain_prebuilt(work, domain, attributes), NSYS_TARGET)
     assert r <= NSYS_TARGET, f"nsys-on overhead {r:.2f}x vs a pre-built Domain is above the {NSYS_TARGET}x target"

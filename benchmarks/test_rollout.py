@@ -45,13 +45,23 @@ def test_vllm_vs_hf_generate_tokens_per_second(benchmark, tmp_path):
 
     def hf():
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
-                                 num_return_sequences=SAMPLES, max_new_tokens=TOKENS, min_new_tokens=TOKENS,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                num_return_sequences=SAMPLES,
+                max_new_tokens=TOKENS,
+                min_new_tokens=TOKENS,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
         assert out.shape == (PROMPTS * SAMPLES, ids.shape[1] + TOKENS)
 
-    llm = LLM(model=str(model_dir), dtype="float32", enforce_eager=True, max_model_len=64, seed=0,
-              disable_log_stats=True)
+    llm = LLM(
+        model=str(model_dir), dtype="float32", enforce_eager=True, max_model_len=64, seed=0, disable_log_stats=True
+    )
     params = SamplingParams(n=SAMPLES, temperature=1.0, max_tokens=TOKENS, ignore_eos=True)
     prompts = [TokensPrompt(prompt_token_ids=p) for p in prompt_ids]
 
@@ -63,7 +73,10 @@ def test_vllm_vs_hf_generate_tokens_per_second(benchmark, tmp_path):
     hf_seconds = best_seconds(hf)
     vllm_seconds = benchmark.pedantic(lambda: best_seconds(vllm), rounds=1, iterations=1)
     ratio = hf_seconds / vllm_seconds
-    benchmark.extra_info.update(hf_tokens_per_s=tokens / hf_seconds, vllm_tokens_per_s=tokens / vllm_seconds,
-                                vllm_over_hf=ratio)
-    print(f"\nrollout: HF generate {tokens / hf_seconds:.0f} tokens/s, vLLM {tokens / vllm_seconds:.0f} tokens/s "
-          f"-> vLLM/HF = {ratio:.2f}x ({PROMPTS} prompts x {SAMPLES} samples x {TOKENS} tokens)")
+    benchmark.extra_info.update(
+        hf_tokens_per_s=tokens / hf_seconds, vllm_tokens_per_s=tokens / vllm_seconds, vllm_over_hf=ratio
+    )
+    print(
+        f"\nrollout: HF generate {tokens / hf_seconds:.0f} tokens/s, vLLM {tokens / vllm_seconds:.0f} tokens/s "
+        f"-> vLLM/HF = {ratio:.2f}x ({PROMPTS} prompts x {SAMPLES} samples x {TOKENS} tokens)"
+    )

@@ -99,8 +99,15 @@ def compute_values(policy: TinyPolicy, tokens: torch.Tensor, length: int) -> tor
 
 
 @rlprof.profiled(role="actor", name="update_policy")
-def update(policy: TinyPolicy, optimizer: torch.optim.Optimizer, tokens: torch.Tensor, length: int,
-           rewards: torch.Tensor, values: torch.Tensor, ref_lp: torch.Tensor) -> dict[str, float]:
+def update(
+    policy: TinyPolicy,
+    optimizer: torch.optim.Optimizer,
+    tokens: torch.Tensor,
+    length: int,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    ref_lp: torch.Tensor,
+) -> dict[str, float]:
     advantages = (rewards[:, None] - values).detach()
     log_probs, new_values = response_log_probs(policy, tokens, length)
     kl = (log_probs - ref_lp).mean()
@@ -121,8 +128,9 @@ def load(argv: list[str]) -> Any:
     """DEFAULTS, then ``--config FILE`` (its profiler settings replace the default role blocks), then overrides."""
     base = OmegaConf.create(DEFAULTS)
     if argv[:1] == ["--config"]:
-        base = OmegaConf.merge(OmegaConf.masked_copy(base, [k for k in base if k not in ROLE_KEYS]),
-                               OmegaConf.load(argv[1]))
+        base = OmegaConf.merge(
+            OmegaConf.masked_copy(base, [k for k in base if k not in ROLE_KEYS]), OmegaConf.load(argv[1])
+        )
         argv = argv[2:]
     return OmegaConf.merge(base, OmegaConf.from_dotlist(argv))
 
@@ -130,7 +138,7 @@ def load(argv: list[str]) -> Any:
 def main(argv: list[str]) -> None:
     cfg = load(argv)
     loop = cfg.loop
-    distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed:  # launched by torchrun: data-parallel ranks that average their rewards for the log line
         torch.distributed.init_process_group("gloo")
     rlprof.init(cfg)
@@ -143,7 +151,7 @@ def main(argv: list[str]) -> None:
         with rlprof.step(step):
             prompts = torch.randint(0, loop.vocab_size, (loop.batch_size, 2))
             tokens = generate(policy, prompts, loop.response_length)
-            rewards = score(tokens[:, -loop.response_length:], loop.target_token)
+            rewards = score(tokens[:, -loop.response_length :], loop.target_token)
             ref_lp = ref_log_probs(ref, tokens, loop.response_length)
             values = compute_values(policy, tokens, loop.response_length)
             stats = update(policy, optimizer, tokens, loop.response_length, rewards, values, ref_lp)

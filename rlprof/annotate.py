@@ -12,8 +12,8 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from collections.abc import Generator
-from typing import Any, Callable, Optional, TypeVar, overload
+from collections.abc import Callable, Generator
+from typing import Any, Optional, TypeVar, overload
 
 from rlprof.colors import parse_color
 from rlprof.session import RoleGate, add_site
@@ -74,8 +74,10 @@ def profiled(
         if not callable(func) or isinstance(func, type):
             raise TypeError(f"profiled: expected a function or method, got {func!r}")
         if inspect.isasyncgenfunction(func):
-            raise TypeError(f"profiled: {func.__qualname__} is an async generator function, which is not supported; "
-                            "use `with rlprof.profile_range(...)` inside it")
+            raise TypeError(
+                f"profiled: {func.__qualname__} is an async generator function, which is not supported; "
+                "use `with rlprof.profile_range(...)` inside it"
+            )
         gate, site = _entry(role, name or func.__qualname__, color)
         if inspect.iscoroutinefunction(func):
             wrapper = _async_wrapper(func, gate, site)
@@ -156,8 +158,9 @@ def _generator_wrapper(func: Callable[..., Any], gate: RoleGate, site: RangeSite
     return profiled_generator
 
 
-def _resume(generator: Generator[Any, Any, Any], sent: Any, thrown: Optional[BaseException], gate: RoleGate,
-            site: RangeSite) -> Any:
+def _resume(
+    generator: Generator[Any, Any, Any], sent: Any, thrown: Optional[BaseException], gate: RoleGate, site: RangeSite
+) -> Any:
     """Resume ``generator`` once (send or throw), as one range when the gate is open."""
     if not gate.open:
         return generator.throw(thrown) if thrown is not None else generator.send(sent)
@@ -186,7 +189,7 @@ class _NullRange:
 
     __slots__ = ()
 
-    def __enter__(self) -> "_NullRange":
+    def __enter__(self) -> _NullRange:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -203,14 +206,14 @@ def _nothing() -> None:
 class _Range:
     """One recording ``profile_range`` block."""
 
-    __slots__ = ("gate", "site", "exit")
+    __slots__ = ("exit", "gate", "site")
 
     def __init__(self, gate: RoleGate, site: RangeSite) -> None:
         self.gate = gate
         self.site = site
         self.exit: Callable[[], Any] = _nothing
 
-    def __enter__(self) -> "_Range":
+    def __enter__(self) -> _Range:
         enter, exit_ = self.site.ops  # type: ignore[misc]
         try:
             enter()

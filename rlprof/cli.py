@@ -1,7 +1,7 @@
 """The ``rlprof`` command: summarise what a profiled run wrote.
 
-    rlprof summary SAVE_PATH          the files in SAVE_PATH/manifest.jsonl, by tool, step window and rank
-    rlprof nsys REPORT [--nsys PATH]  NVTX ranges of an nsys report (.nsys-rep or exported .sqlite) per role
+rlprof summary SAVE_PATH          the files in SAVE_PATH/manifest.jsonl, by tool, step window and rank
+rlprof nsys REPORT [--nsys PATH]  NVTX ranges of an nsys report (.nsys-rep or exported .sqlite) per role
 """
 
 from __future__ import annotations
@@ -26,8 +26,11 @@ def summary(save_path: Path, console: Console) -> int:
         return 1
     table = Table(title=f"rlprof outputs in {save_path}")
     for column in ("tool", "steps", "rank", "role", "path", "size"):
-        table.add_column(column, justify="right" if column in ("rank", "size") else "left",
-                         overflow="fold" if column == "path" else "ellipsis")
+        table.add_column(
+            column,
+            justify="right" if column in ("rank", "size") else "left",
+            overflow="fold" if column == "path" else "ellipsis",
+        )
     for r in records:
         steps = r["steps"]
         span = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
@@ -59,7 +62,7 @@ def nsys_ranges(report: Path, nsys: Optional[str], console: Console) -> int:
     return 0
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

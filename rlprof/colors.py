@@ -14,9 +14,19 @@ ROLE_COLORS: dict[str, int] = {
 }
 OTHER_ROLE_COLORS = (0xFF17BECF, 0xFFBCBD22, 0xFF8C564B, 0xFFE377C2)
 NAMED_COLORS: dict[str, int] = {
-    "green": 0xFF008000, "blue": 0xFF0000FF, "yellow": 0xFFFFFF00, "purple": 0xFF800080, "cyan": 0xFF00FFFF,
-    "red": 0xFFFF0000, "white": 0xFFFFFFFF, "darkgreen": 0xFF006400, "orange": 0xFFFFA500, "grey": 0xFF7F7F7F,
-    "black": 0xFF000000, "pink": 0xFFFFC0CB, "brown": 0xFF8B4513,
+    "green": 0xFF008000,
+    "blue": 0xFF0000FF,
+    "yellow": 0xFFFFFF00,
+    "purple": 0xFF800080,
+    "cyan": 0xFF00FFFF,
+    "red": 0xFFFF0000,
+    "white": 0xFFFFFFFF,
+    "darkgreen": 0xFF006400,
+    "orange": 0xFFFFA500,
+    "grey": 0xFF7F7F7F,
+    "black": 0xFF000000,
+    "pink": 0xFFFFC0CB,
+    "brown": 0xFF8B4513,
 }
 
 

@@ -34,8 +34,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlprof.schema import ConfigError, build, coerce, unknown_key_message
 
-__all__ = ["ConfigError", "GlobalProfilerConfig", "ProfilerConfig", "RoleProfilerConfig", "StepSelection",
-           "load_config"]
+__all__ = [
+    "ConfigError",
+    "GlobalProfilerConfig",
+    "ProfilerConfig",
+    "RoleProfilerConfig",
+    "StepSelection",
+    "load_config",
+]
 
 ROLE_ALIASES = {"reward_model": "reward"}
 ROLE_PARENTS = {"rollout": "actor", "ref": "actor"}
@@ -66,6 +72,8 @@ class ToolConfigs(Mapping[str, Any]):
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ToolConfigs) and self._settings == other._settings
 
+    __hash__ = None  # type: ignore[assignment]  # mutable settings: not hashable
+
     def __repr__(self) -> str:
         return f"ToolConfigs({self._settings!r})"
 
@@ -77,7 +85,7 @@ class GlobalProfilerConfig:
     tool: Optional[str] = None
     """Which tool records: null (none) or a registered tool (nsys, torch, torch_memory, or your own)."""
     steps: Optional[list[int]] = None
-    """Training steps to record; contiguous runs form one window each. null: use the tool's step window, or all steps."""
+    """Training steps to record; contiguous runs form one window each. null: the tool's step window, or all steps."""
     save_path: str = "outputs/profile"
     """Folder for traces, snapshots and manifest.jsonl."""
     global_tool_config: ToolConfigs = field(default_factory=lambda: ToolConfigs(_default_tool_settings()))
@@ -135,7 +143,7 @@ class ProfilerConfig:
         tool = self.global_profiler.tool
         return self.global_profiler.global_tool_config[tool] if tool else None
 
-    def step_selection(self) -> "StepSelection":
+    def step_selection(self) -> StepSelection:
         """The steps the active tool records, from ``steps`` or the tool's window."""
         return resolve_step_selection(self.global_profiler)
 
@@ -206,8 +214,9 @@ def load_config(cfg: Any = None, world_size: Optional[int] = None) -> ProfilerCo
         if not isinstance(tree, Mapping):
             raise ConfigError(f"profiler config: expected a mapping, got {type(tree).__name__}")
         _check_top_level(tree)
-        config = ProfilerConfig(global_profiler=_build_global(tree.get("global_profiler") or {}),
-                                roles=_find_roles(tree))
+        config = ProfilerConfig(
+            global_profiler=_build_global(tree.get("global_profiler") or {}), roles=_find_roles(tree)
+        )
     validate(config, world_size)
     return config
 
@@ -246,7 +255,9 @@ def _yaml_text(cfg: str) -> str:
     except yaml.YAMLError as exc:
         raise ConfigError(f"profiler config: {source} is not valid YAML ({_first_line(exc)})") from None
     if parsed is not None and not isinstance(parsed, Mapping):
-        raise ConfigError(f"profiler config: {source} holds {type(parsed).__name__} {parsed!r}, not a mapping of settings")
+        raise ConfigError(
+            f"profiler config: {source} holds {type(parsed).__name__} {parsed!r}, not a mapping of settings"
+        )
     return text
 
 
@@ -271,15 +282,19 @@ def _build_global(data: Any) -> GlobalProfilerConfig:
     settings = _default_tool_settings()
     for name, block in tools.items():
         if name not in names:
-            raise ConfigError(unknown_key_message(f"global_profiler.global_tool_config.{name}", str(name), names)
-                              .replace("unknown key", "unknown tool").replace("allowed keys", "registered tools"))
+            raise ConfigError(
+                unknown_key_message(f"global_profiler.global_tool_config.{name}", str(name), names)
+                .replace("unknown key", "unknown tool")
+                .replace("allowed keys", "registered tools")
+            )
         settings[name] = build(type(settings[name]), block, f"global_profiler.global_tool_config.{name}")
     rest = {k: v for k, v in data.items() if k != "global_tool_config"}
     config = build(GlobalProfilerConfig, rest, "global_profiler")
     config.global_tool_config = ToolConfigs(settings)
     if config.tool is not None and config.tool not in names:
-        raise ConfigError(f"global_profiler.tool: {config.tool!r} is not allowed; choose one of: null, "
-                          f"{', '.join(names)}")
+        raise ConfigError(
+            f"global_profiler.tool: {config.tool!r} is not allowed; choose one of: null, {', '.join(names)}"
+        )
     return config
 
 
@@ -322,8 +337,11 @@ def _apply_role_tool_config(block: RoleProfilerConfig, path: str, tree: Mapping[
     discrete = block.discrete
     for tool, settings in block.tool_config.items():
         if tool not in names:
-            raise ConfigError(unknown_key_message(f"{path}.tool_config.{tool}", str(tool), names)
-                              .replace("unknown key", "unknown tool").replace("allowed keys", "registered tools"))
+            raise ConfigError(
+                unknown_key_message(f"{path}.tool_config.{tool}", str(tool), names)
+                .replace("unknown key", "unknown tool")
+                .replace("allowed keys", "registered tools")
+            )
         if settings is None:
             continue
         if not isinstance(settings, Mapping):
@@ -340,7 +358,8 @@ def _apply_role_tool_config(block: RoleProfilerConfig, path: str, tree: Mapping[
                 raise ConfigError(
                     f"{key_path}: {value!r} differs from global_profiler.global_tool_config.{tool}.{key}="
                     f"{getattr(reference, key)!r}; rlprof runs one {tool} profiler per process, so set it there "
-                    "(per role, only nsys.discrete can differ)")
+                    "(per role, only nsys.discrete can differ)"
+                )
     return dataclasses.replace(block, discrete=discrete)
 
 
@@ -379,8 +398,10 @@ def validate(config: ProfilerConfig, world_size: Optional[int] = None) -> None:
             if value is not None and value < 0:
                 raise ConfigError(f"{prefix}.{key}: step {value} is negative; steps are integers >= 0")
         if start is not None and end is not None and end < start:
-            raise ConfigError(f"{prefix}.step_end: {end} is before step_start={start}; "
-                              "the window is inclusive and needs step_end >= step_start")
+            raise ConfigError(
+                f"{prefix}.step_end: {end} is before step_start={start}; "
+                "the window is inclusive and needs step_end >= step_start"
+            )
     if not gp.save_path:
         raise ConfigError("global_profiler.save_path: must be a non-empty folder path")
     resolve_step_selection(gp)

@@ -64,8 +64,15 @@ class Manifest:
         self.host = socket.gethostname()
 
     def record(
-        self, tool: str, path: str | os.PathLike[str], *, steps: Sequence[int], rank: int, role: Optional[str] = None,
-        window: Optional[int] = None, **extra: Any,
+        self,
+        tool: str,
+        path: str | os.PathLike[str],
+        *,
+        steps: Sequence[int],
+        rank: int,
+        role: Optional[str] = None,
+        window: Optional[int] = None,
+        **extra: Any,
     ) -> dict[str, Any]:
         """Append one line describing ``path`` (which must exist) and return it."""
         path = Path(path)
@@ -88,8 +95,19 @@ class Manifest:
 
     def record_session(self, *, tool: str, rank: int, world_size: int, steps: Any) -> None:
         """A ``"kind": "session"`` line: this rank started recording with ``tool`` (read back by ``rlprof report``)."""
-        self._append({"kind": "session", "tool": tool, "rank": rank, "world_size": world_size, "host": self.host,
-                      "pid": os.getpid(), "run": self.run, "steps": steps, "time": time.time()})
+        self._append(
+            {
+                "kind": "session",
+                "tool": tool,
+                "rank": rank,
+                "world_size": world_size,
+                "host": self.host,
+                "pid": os.getpid(),
+                "run": self.run,
+                "steps": steps,
+                "time": time.time(),
+            }
+        )
 
     def _append(self, entry: dict[str, Any]) -> None:
         line = (json.dumps(entry) + "\n").encode()

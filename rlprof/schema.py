@@ -21,27 +21,30 @@ import difflib
 import math
 import types
 import typing
-from collections.abc import Mapping
-from typing import Any, Literal, Optional, Union
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Optional, TypeVar, Union
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the key, the value and what is allowed."""
 
 
-def bounds(*, ge: Optional[float] = None, gt: Optional[float] = None, le: Optional[float] = None,
-           lt: Optional[float] = None) -> dict[str, Any]:
+def bounds(
+    *, ge: Optional[float] = None, gt: Optional[float] = None, le: Optional[float] = None, lt: Optional[float] = None
+) -> dict[str, Any]:
     """Field metadata constraining a number: ``field(default=1, metadata=bounds(ge=1))``."""
     return {"bounds": {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}}
 
 
-def build(schema: type, data: Any, path: str) -> Any:
+def build(schema: type[T], data: Any, path: str) -> T:
     """Instantiate dataclass ``schema`` from the mapping ``data`` (missing keys take their defaults)."""
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: expected a mapping with keys {field_names(schema)}, got {data!r}")
-    fields = {f.name: f for f in dataclasses.fields(schema)}
+    fields = {f.name: f for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
     hints = typing.get_type_hints(schema)
     kwargs = {}
     for key, value in data.items():
@@ -62,14 +65,18 @@ def field_names(schema: type) -> str:
     return ", ".join(f.name for f in dataclasses.fields(schema))
 
 
-def check_bounds(field: dataclasses.Field, value: Any, path: str) -> Any:
+def check_bounds(field: dataclasses.Field[Any], value: Any, path: str) -> Any:
     limits = field.metadata.get("bounds")
     if not limits or value is None:
         return value
-    tests = {"ge": (lambda v, b: v >= b, ">="), "gt": (lambda v, b: v > b, ">"),
-             "le": (lambda v, b: v <= b, "<="), "lt": (lambda v, b: v < b, "<")}
+    tests: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
+        "ge": (lambda v, b: v >= b, ">="),
+        "gt": (lambda v, b: v > b, ">"),
+        "le": (lambda v, b: v <= b, "<="),
+        "lt": (lambda v, b: v < b, "<"),
+    }
     for name, limit in limits.items():
-        test, symbol = tests[name]
+        test, _symbol = tests[name]
         if not test(value, limit):
             allowed = " and ".join(f"{tests[n][1]} {_number(b)}" for n, b in limits.items())
             raise ConfigError(f"{path}: {value!r} is out of range; allowed: a number {allowed}")
@@ -104,15 +111,13 @@ def coerce(hint: Any, value: Any, path: str) -> Any:
             if type(None) in args:
                 return None
             raise ConfigError(f"{path}: null is not allowed; expected {describe(hint)}")
-        options = [a for a in args if a is not type(None)]
-        errors = []
-        for option in options:
+        for option in (a for a in args if a is not type(None)):
             try:
                 return coerce(option, value, path)
-            except ConfigError as exc:
-                errors.append(exc)
+            except ConfigError:
+                continue
         raise ConfigError(f"{path}: {value!r} is not allowed; expected {describe(hint)}")
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return build(hint, value, path)
     if origin is Literal:
         if value not in args or isinstance(value, bool) != any(isinstance(a, bool) for a in args if a == value):

@@ -19,6 +19,7 @@ SIGTERM/SIGINT (then hands the signal on to the handler that was there before); 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import socket
@@ -39,7 +40,7 @@ GAP_SITE = RangeSite("step", "between_steps")
 class RoleGate:
     """Whether ranges of one role record right now; the sites of the role; how a range reports a tool failure."""
 
-    __slots__ = ("role", "open", "fail", "sites")
+    __slots__ = ("fail", "open", "role", "sites")
 
     def __init__(self, role: str) -> None:
         self.role = role
@@ -53,7 +54,7 @@ class RoleGate:
 
 _gates: dict[str, RoleGate] = {}
 _gates_lock = threading.RLock()
-_current: Optional["Session"] = None
+_current: Optional[Session] = None
 
 
 def add_site(site: RangeSite) -> RoleGate:
@@ -84,8 +85,10 @@ def detect_rank_world() -> tuple[int, int]:
         try:
             values.append(int(text))
         except ValueError:
-            raise ConfigError(f"environment variable {name}={text!r} is not an integer (set by the launcher: "
-                              "torchrun, deepspeed, srun); unset it or give a number") from None
+            raise ConfigError(
+                f"environment variable {name}={text!r} is not an integer (set by the launcher: "
+                "torchrun, deepspeed, srun); unset it or give a number"
+            ) from None
     return values[0], values[1]
 
 
@@ -101,9 +104,17 @@ def new_run_id() -> str:
 class Session:
     """One profiling run in this process. Use :func:`rlprof.init` rather than building it directly."""
 
-    def __init__(self, config: Any = None, *, rank: Optional[int] = None, world_size: Optional[int] = None,
-                 run_id: Optional[str] = None) -> None:
-        detected_rank, detected_world = detect_rank_world() if rank is None or world_size is None else (rank, world_size)
+    def __init__(
+        self,
+        config: Any = None,
+        *,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        run_id: Optional[str] = None,
+    ) -> None:
+        detected_rank, detected_world = (
+            detect_rank_world() if rank is None or world_size is None else (rank, world_size)
+        )
         self.rank = detected_rank if rank is None else rank
         self.world_size = detected_world if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
@@ -227,16 +238,23 @@ class Session:
             if not os.access(save_path, os.W_OK):
                 raise PermissionError(f"{save_path} is not writable")
             manifest = self._manifest()
-            context = ToolContext(self.config, self.config.tool_settings(), self.rank, self.world_size, manifest,
-                                  warn=self.warn_once)
+            context = ToolContext(
+                self.config, self.config.tool_settings(), self.rank, self.world_size, manifest, warn=self.warn_once
+            )
             self.tool = create_tool(name, context)
-            manifest.record_session(tool=name, rank=self.rank, world_size=self.world_size,
-                                    steps=sorted(self.selection.steps) if self.selection.steps is not None
-                                    else [self.selection.start, self.selection.end])
+            manifest.record_session(
+                tool=name,
+                rank=self.rank,
+                world_size=self.world_size,
+                steps=sorted(self.selection.steps)
+                if self.selection.steps is not None
+                else [self.selection.start, self.selection.end],
+            )
         except Exception as exc:
             self.tool = None
             self.warn_once(
-                f"create:{name}", f"rlprof: the {name} tool could not start ({type(exc).__name__}: {exc}); profiling is off"
+                f"create:{name}",
+                f"rlprof: the {name} tool could not start ({type(exc).__name__}: {exc}); profiling is off",
             )
 
     def _start_window(self, step: int) -> None:
@@ -299,9 +317,11 @@ class Session:
             try:
                 getattr(listener, event)(window)
             except Exception as exc:
-                self.warn_once(f"listener:{id(listener)}:{event}",
-                               f"rlprof: the window listener {listener!r} failed in {event} "
-                               f"({type(exc).__name__}: {exc}); the window goes on")
+                self.warn_once(
+                    f"listener:{id(listener)}:{event}",
+                    f"rlprof: the window listener {listener!r} failed in {event} "
+                    f"({type(exc).__name__}: {exc}); the window goes on",
+                )
 
     def _guarded(self, action: str, method: Any, *args: Any) -> bool:
         """Call a tool method; on error warn once and turn the tool off. True when it succeeded."""
@@ -328,10 +348,8 @@ class Session:
             f"rlprof: the {tool.name} tool failed while {action} ({type(exc).__name__}: {exc}); "
             "it is turned off for the rest of this run and the program goes on",
         )
-        try:
+        with contextlib.suppress(Exception):  # already reported the failure that matters
             tool.close()
-        except Exception:
-            pass  # already reported the failure that matters
 
     def forget_in_child(self) -> None:
         """After ``fork``: the child records nothing and writes nothing (the parent owns the window)."""
@@ -387,8 +405,9 @@ def _install_signal_handlers() -> None:
         signal.signal(signum, _on_signal)
 
 
-def init(config: Any = None, *, rank: Optional[int] = None, world_size: Optional[int] = None,
-         run_id: Optional[str] = None) -> Session:
+def init(
+    config: Any = None, *, rank: Optional[int] = None, world_size: Optional[int] = None, run_id: Optional[str] = None
+) -> Session:
     """Start the process's profiling session from a config (mapping, DictConfig, YAML path or ProfilerConfig).
 
     Replaces (and shuts down) any previous session. The session shuts down at interpreter exit and on
@@ -433,7 +452,7 @@ class StepScope:
         self.session = session
         self.step = step
 
-    def __enter__(self) -> "StepScope":
+    def __enter__(self) -> StepScope:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:

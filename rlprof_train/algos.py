@@ -7,9 +7,9 @@ response tokens and 0 on padding. Every returned per-token tensor is 0 on paddin
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import torch
 
@@ -78,8 +78,9 @@ class AdvantageEstimator:
 ADV_ESTIMATORS: dict[str, AdvantageEstimator] = {}
 
 
-def register_adv_estimator(name: str, *, needs_critic: bool = False,
-                           needs_groups: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
+def register_adv_estimator(
+    name: str, *, needs_critic: bool = False, needs_groups: bool = False
+) -> Callable[[AdvantageFn], AdvantageFn]:
     """Register an advantage estimator under ``name`` (a value of ``algorithm.adv_estimator``), as verl's
     ``register_adv_est``: the trainer's config check and the critic's presence follow the flags."""
 
@@ -95,15 +96,20 @@ def adv_estimator(name: str) -> AdvantageEstimator:
     try:
         return ADV_ESTIMATORS[name]
     except KeyError:
-        raise ValueError(f"algorithm.adv_estimator={name!r} is unknown; choose one of: "
-                         f"{', '.join(ADV_ESTIMATORS)}") from None
-
+        raise ValueError(
+            f"algorithm.adv_estimator={name!r} is unknown; choose one of: {', '.join(ADV_ESTIMATORS)}"
+        ) from None
 
 
 @register_adv_estimator("gae", needs_critic=True)
 def gae_advantages(
-    token_level_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float, whiten: bool = True,
-    **_: object,
+    token_level_rewards: Tensor,
+    values: Tensor,
+    mask: Tensor,
+    gamma: float,
+    lam: float,
+    whiten: bool = True,
+    **_ignored: Any,
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation (actor-critic PPO). Returns (advantages, returns), each ``[B, T]``.
 
@@ -155,8 +161,12 @@ def group_mean_std(scores: Tensor, index: GroupIndex) -> tuple[Tensor, Tensor, T
 
 @register_adv_estimator("grpo", needs_groups=True)
 def grpo_advantages(
-    token_level_rewards: Tensor, mask: Tensor, index: GroupIndex, norm_adv_by_std: bool = True, eps: float = 1e-6,
-    **_: object,
+    token_level_rewards: Tensor,
+    mask: Tensor,
+    index: GroupIndex,
+    norm_adv_by_std: bool = True,
+    eps: float = 1e-6,
+    **_ignored: Any,
 ) -> tuple[Tensor, Tensor]:
     """GRPO: each response's score ``s_i = Σ_t r_it`` against its prompt's group of n samples.
 
@@ -174,7 +184,9 @@ def grpo_advantages(
 
 
 @register_adv_estimator("rloo", needs_groups=True)
-def rloo_advantages(token_level_rewards: Tensor, mask: Tensor, index: GroupIndex, **_: object) -> tuple[Tensor, Tensor]:
+def rloo_advantages(
+    token_level_rewards: Tensor, mask: Tensor, index: GroupIndex, **_ignored: Any
+) -> tuple[Tensor, Tensor]:
     """RLOO: the leave-one-out baseline ``A_i = s_i - (Σ_{j≠i in group} s_j) / (n-1)``; a group of one keeps s_i.
 
     Equivalently ``A_i = n/(n-1)·(s_i - mean_g)``. Broadcast to every response token. token_level_rewards,
@@ -188,8 +200,9 @@ def rloo_advantages(token_level_rewards: Tensor, mask: Tensor, index: GroupIndex
 
 
 @register_adv_estimator("reinforce_plus_plus")
-def reinforce_plus_plus_advantages(token_level_rewards: Tensor, mask: Tensor, gamma: float,
-                                   **_: object) -> tuple[Tensor, Tensor]:
+def reinforce_plus_plus_advantages(
+    token_level_rewards: Tensor, mask: Tensor, gamma: float, **_ignored: Any
+) -> tuple[Tensor, Tensor]:
     """REINFORCE++: discounted return-to-go ``G_t = r_t + γ·G_{t+1}`` over the real tokens of each sequence,
     whitened over the batch.
 
@@ -209,7 +222,7 @@ def reinforce_plus_plus_advantages(token_level_rewards: Tensor, mask: Tensor, ga
 
 @register_adv_estimator("reinforce_plus_plus_baseline", needs_groups=True)
 def reinforce_plus_plus_baseline_advantages(
-    token_level_rewards: Tensor, mask: Tensor, index: GroupIndex, **_: object
+    token_level_rewards: Tensor, mask: Tensor, index: GroupIndex, **_ignored: Any
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++ with a group baseline: ``s_i - mean_g`` broadcast to tokens, then whitened over the batch.
 
@@ -238,8 +251,15 @@ def compute_advantage(
         raise ValueError(f"algorithm.adv_estimator={estimator} needs critic values (enable the critic)")
     if spec.needs_groups and index is None:
         raise ValueError(f"algorithm.adv_estimator={estimator} needs group ids (the prompt of each response)")
-    return spec.fn(token_level_rewards=token_level_rewards, mask=mask, values=values, index=index, gamma=gamma,
-                   lam=lam, norm_adv_by_std=norm_adv_by_std_in_grpo)
+    return spec.fn(
+        token_level_rewards=token_level_rewards,
+        mask=mask,
+        values=values,
+        index=index,
+        gamma=gamma,
+        lam=lam,
+        norm_adv_by_std=norm_adv_by_std_in_grpo,
+    )
 
 
 # ----------------------------------------------------------------------------------------------- KL
@@ -305,7 +325,9 @@ class KLController:
     def __post_init__(self) -> None:
         if self.kind not in ("fixed", "adaptive"):
             raise ValueError(f"algorithm.kl_ctrl.type={self.kind!r} is unknown; choose one of: fixed, adaptive")
-        if self.kind == "adaptive" and not (self.target_kl and self.target_kl > 0 and self.horizon and self.horizon > 0):
+        if self.kind == "adaptive" and not (
+            self.target_kl and self.target_kl > 0 and self.horizon and self.horizon > 0
+        ):
             raise ValueError(
                 f"algorithm.kl_ctrl: the adaptive controller needs target_kl > 0 and horizon > 0, "
                 f"got target_kl={self.target_kl}, horizon={self.horizon}"
@@ -438,7 +460,11 @@ def value_loss(
 
 
 def kl_loss(
-    log_prob: Tensor, ref_log_prob: Tensor, mask: Tensor, kl_type: str, loss_agg_mode: str = "token-mean",
+    log_prob: Tensor,
+    ref_log_prob: Tensor,
+    mask: Tensor,
+    kl_type: str,
+    loss_agg_mode: str = "token-mean",
     **agg_counts: Optional[float],
 ) -> Tensor:
     """KL as a loss term (``actor.use_kl_loss``): ``agg(kl_penalty(log π, log π_ref))``, inputs ``[B, T]``,

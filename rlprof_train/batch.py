@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
 from collections.abc import Iterator
-from typing import Optional
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Optional
 
 import torch
 
@@ -37,7 +37,7 @@ class RolloutBatch:
     token_level_rewards: Optional[Tensor] = None
     advantages: Optional[Tensor] = None
     returns: Optional[Tensor] = None
-    extras: dict = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -49,7 +49,7 @@ class RolloutBatch:
 
     @property
     def responses(self) -> Tensor:
-        return self.input_ids[:, self.prompt_length:]
+        return self.input_ids[:, self.prompt_length :]
 
     def prompt_lengths(self) -> Tensor:
         return self.attention_mask[:, : self.prompt_length].sum(-1)
@@ -58,7 +58,7 @@ class RolloutBatch:
         """Real tokens (prompt + response) of each sequence."""
         return self.prompt_lengths() + self.response_mask.sum(-1)
 
-    def trim_padding(self) -> "RolloutBatch":
+    def trim_padding(self) -> RolloutBatch:
         """The same rows without the prompt columns that are padding in every row (left) and the response columns
         that are padding in every row (right): what a padded forward of this micro-batch really needs."""
         prompt_real = self.attention_mask[:, : self.prompt_length].any(0).nonzero()
@@ -74,12 +74,12 @@ class RolloutBatch:
                     trimmed[f.name] = value[:, cut_left : self.prompt_length + keep_right]
                 elif value.shape[1] == self.response_length:
                     trimmed[f.name] = value[:, :keep_right]
-        return replace(self, prompt_length=self.prompt_length - cut_left, **trimmed)
+        return replace(self, prompt_length=self.prompt_length - cut_left, **trimmed)  # type: ignore[arg-type]
 
-    def select(self, rows: list[int]) -> "RolloutBatch":
+    def select(self, rows: list[int]) -> RolloutBatch:
         """The rows ``rows`` of every per-response field."""
         index = torch.tensor(rows, dtype=torch.long)
-        picked = {}
+        picked: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, Tensor):
@@ -103,7 +103,8 @@ def token_budget_micro_batches(lengths: list[int], budget: int) -> list[list[int
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     bins = -(-sum(lengths) // budget)
     while True:
-        loads, members = [0] * bins, [[] for _ in range(bins)]
+        loads = [0] * bins
+        members: list[list[int]] = [[] for _ in range(bins)]
         for i in order:
             target = min(range(bins), key=loads.__getitem__)
             if loads[target] + lengths[i] > budget:
@@ -121,8 +122,10 @@ def padded_budget_micro_batches(prompt_lengths: list[int], response_lengths: lis
     similar shape share a micro-batch and little of what is computed is padding."""
     if not prompt_lengths:
         return []
-    _check_budget(max(p + r for p, r in zip(prompt_lengths, response_lengths)), budget)
-    bins, current, widest_prompt, widest_response = [], [], 0, 0
+    _check_budget(max(p + r for p, r in zip(prompt_lengths, response_lengths, strict=False)), budget)
+    bins: list[list[int]] = []
+    current: list[int] = []
+    widest_prompt = widest_response = 0
     for i in sorted(range(len(prompt_lengths)), key=lambda i: (response_lengths[i], prompt_lengths[i])):
         prompt, response = max(widest_prompt, prompt_lengths[i]), max(widest_response, response_lengths[i])
         if current and (len(current) + 1) * (prompt + response) > budget:
@@ -130,13 +133,15 @@ def padded_budget_micro_batches(prompt_lengths: list[int], response_lengths: lis
             current, prompt, response = [], prompt_lengths[i], response_lengths[i]
         current.append(i)
         widest_prompt, widest_response = prompt, response
-    return bins + [sorted(current)]
+    return [*bins, sorted(current)]
 
 
 def _check_budget(longest: int, budget: int) -> None:
     if longest > budget:
-        raise ValueError(f"a sequence of {longest} tokens exceeds the micro-batch token budget "
-                         f"ppo_max_token_len_per_gpu={budget}; raise it to at least {longest}")
+        raise ValueError(
+            f"a sequence of {longest} tokens exceeds the micro-batch token budget "
+            f"ppo_max_token_len_per_gpu={budget}; raise it to at least {longest}"
+        )
 
 
 @dataclass(frozen=True)
@@ -156,8 +161,9 @@ class MicroBatching:
             return fixed_micro_batches(batch.size, self.size)
         if self.packed:
             return token_budget_micro_batches(batch.sequence_lengths().tolist(), self.token_budget)
-        return padded_budget_micro_batches(batch.prompt_lengths().tolist(), batch.response_mask.sum(-1).tolist(),
-                                           self.token_budget)
+        return padded_budget_micro_batches(
+            batch.prompt_lengths().tolist(), batch.response_mask.sum(-1).tolist(), self.token_budget
+        )
 
     def split(self, batch: RolloutBatch) -> Iterator[tuple[list[int], RolloutBatch]]:
         """Every micro-batch of ``batch`` with its row indices: the one loop every pass runs."""
@@ -213,5 +219,6 @@ def pack(input_ids: Tensor, attention_mask: Tensor, response_length: int) -> Pac
         cols.append(torch.arange(n_response))
         predicts.append(offset + n_prompt - 1 + torch.arange(n_response))
         offset += len(tokens)
-    return Packed(torch.cat(ids)[None], torch.cat(positions)[None], torch.cat(rows), torch.cat(cols),
-                  torch.cat(predicts))
+    return Packed(
+        torch.cat(ids)[None], torch.cat(positions)[None], torch.cat(rows), torch.cat(cols), torch.cat(predicts)
+    )

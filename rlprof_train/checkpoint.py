@@ -18,8 +18,9 @@ import re
 import shutil
 import socket
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 LATEST = "latest_checkpointed_iteration.txt"
 STATE = "trainer_state.json"
@@ -42,8 +43,15 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save(root: Path, step: int, engines: dict[str, Any], state: dict[str, Any], is_main: bool,
-         barrier: Callable[[], None], keep: Optional[int]) -> Path:
+def save(
+    root: Path,
+    step: int,
+    engines: dict[str, Any],
+    state: dict[str, Any],
+    is_main: bool,
+    barrier: Callable[[], None],
+    keep: Optional[int],
+) -> Path:
     """Save every engine (a collective: all ranks call it) and the trainer state, then mark the step complete."""
     target = step_dir(root, step)
     if is_main and target.exists():  # an earlier attempt at this step that never completed
@@ -54,8 +62,11 @@ def save(root: Path, step: int, engines: dict[str, Any], state: dict[str, Any], 
     barrier()  # every rank's shards are on disk
     if is_main:
         _write_atomic(target / STATE, json.dumps({**state, "global_step": step}))
-        files = {str(p.relative_to(target)): p.stat().st_size for p in sorted(target.rglob("*"))
-                 if p.is_file() and p.name != COMPLETE}
+        files = {
+            str(p.relative_to(target)): p.stat().st_size
+            for p in sorted(target.rglob("*"))
+            if p.is_file() and p.name != COMPLETE
+        }
         _write_atomic(target / COMPLETE, json.dumps({"global_step": step, "files": files}))
         _write_atomic(Path(root) / LATEST, str(step))
         if keep:
@@ -129,15 +140,18 @@ def load(path: Path, engines: dict[str, Any]) -> dict[str, Any]:
     """Restore every engine (optimizer included) from ``path`` and return the trainer state."""
     for tag, engine in engines.items():
         try:
-            loaded, _ = engine.load_checkpoint(str(path), tag=tag, load_optimizer_states=True,
-                                               load_lr_scheduler_states=True)
+            loaded, _ = engine.load_checkpoint(
+                str(path), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+            )
         except Exception as exc:
-            raise CheckpointError(f"checkpoint {path}: the {tag} state does not load ({type(exc).__name__}: {exc}); "
-                                  "resume from an earlier one with trainer.resume_mode=<its global_step_N folder>") \
-                from exc
+            raise CheckpointError(
+                f"checkpoint {path}: the {tag} state does not load ({type(exc).__name__}: {exc}); "
+                "resume from an earlier one with trainer.resume_mode=<its global_step_N folder>"
+            ) from exc
         if loaded is None:
             raise CheckpointError(f"checkpoint {path} has no {tag!r} state")
-    return json.loads((Path(path) / STATE).read_text(encoding="utf-8"))
+    state: dict[str, Any] = json.loads((Path(path) / STATE).read_text(encoding="utf-8"))
+    return state
 
 
 def shared_directory_problem(root: Path, token: str, is_main: bool, barrier: Callable[[], None]) -> Optional[str]:
@@ -157,6 +171,8 @@ def shared_directory_problem(root: Path, token: str, is_main: bool, barrier: Cal
         marker.unlink(missing_ok=True)
     if seen == token:
         return None
-    return (f"trainer.default_local_dir={root} is not shared between the nodes: rank 0 wrote a marker there that "
-            f"{socket.gethostname()} cannot see; checkpoints of a multi-node run need a directory every node mounts "
-            "(or trainer.save_freq=-1 and trainer.resume_mode=disable for a run without checkpoints)")
+    return (
+        f"trainer.default_local_dir={root} is not shared between the nodes: rank 0 wrote a marker there that "
+        f"{socket.gethostname()} cannot see; checkpoints of a multi-node run need a directory every node mounts "
+        "(or trainer.save_freq=-1 and trainer.resume_mode=disable for a run without checkpoints)"
+    )

@@ -39,7 +39,9 @@ def arithmetic_rows(count: int, max_operand: int, seed: int) -> list[dict[str, A
     rows = []
     for _ in range(count):
         a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
-        rows.append({"prompt": f"{a}+{b}=", "data_source": ARITHMETIC_SOURCE, "reward_model": {"ground_truth": str(a + b)}})
+        rows.append(
+            {"prompt": f"{a}+{b}=", "data_source": ARITHMETIC_SOURCE, "reward_model": {"ground_truth": str(a + b)}}
+        )
     return rows
 
 
@@ -80,12 +82,13 @@ def _read_json_rows(path: Path) -> list[dict[str, Any]]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
-                raise ValueError(f"data file {path}, line {number}: not valid JSON ({exc.msg} at column "
-                                 f"{exc.colno}): {line[:80]!r}") from None
+                raise ValueError(
+                    f"data file {path}, line {number}: not valid JSON ({exc.msg} at column {exc.colno}): {line[:80]!r}"
+                ) from None
     for number, row in enumerate(rows, start=1):
         if not isinstance(row, dict):
             raise ValueError(f"data file {path}, row {number}: expected an object with a prompt, got {row!r:.80}")
-    return rows
+    return list(rows)
 
 
 def check_data_files(files: Any, prompt_key: str, setting: str, needs_ground_truth: bool = False) -> None:
@@ -106,12 +109,16 @@ def check_data_files(files: Any, prompt_key: str, setting: str, needs_ground_tru
             rows = read_rows(path)
             columns = sorted({key for row in rows for key in row})
         if prompt_key not in columns:
-            raise ValueError(f"{setting}: {path} has no {prompt_key!r} column (data.prompt_key); "
-                             f"columns: {', '.join(columns) or 'none'}")
+            raise ValueError(
+                f"{setting}: {path} has no {prompt_key!r} column (data.prompt_key); "
+                f"columns: {', '.join(columns) or 'none'}"
+            )
         if needs_ground_truth and not any(_ground_truth(row) is not None for row in rows):
-            raise ValueError(f"{setting}: {path} has no reward_model.ground_truth in any row, and the built-in rewards "
-                             "compare each response with it (every reward would be 0); add it, or set "
-                             "custom_reward_function.path to a function that needs none")
+            raise ValueError(
+                f"{setting}: {path} has no reward_model.ground_truth in any row, and the built-in rewards "
+                "compare each response with it (every reward would be 0); add it, or set "
+                "custom_reward_function.path to a function that needs none"
+            )
 
 
 def _ground_truth(row: dict[str, Any]) -> Any:
@@ -129,31 +136,47 @@ def prompt_text(prompt: Any, tokenizer: Any, use_template: Any) -> str:
     if use_template is True and not has_template:
         raise ValueError("data.apply_chat_template=true but the tokenizer has no chat template")
     if has_template and use_template in (True, "auto"):
-        return tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+        return str(tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True))
     return "\n".join(m["content"] for m in prompt)
 
 
-def build_examples(rows: list[dict[str, Any]], tokenizer: Any, *, prompt_key: str, max_prompt_length: int,
-                   truncation: str, use_template: Any, source_name: str) -> tuple[list[Example], int]:
+def build_examples(
+    rows: list[dict[str, Any]],
+    tokenizer: Any,
+    *,
+    prompt_key: str,
+    max_prompt_length: int,
+    truncation: str,
+    use_template: Any,
+    source_name: str,
+) -> tuple[list[Example], int]:
     """Tokenised examples and the number of rows dropped by ``truncation=filter``."""
-    examples, dropped = [], 0
+    examples: list[Example] = []
+    dropped = 0
     for i, row in enumerate(rows):
         if prompt_key not in row:
-            raise ValueError(f"{source_name} row {i} has no {prompt_key!r} column (data.prompt_key); "
-                             f"columns: {', '.join(sorted(row))}")
+            raise ValueError(
+                f"{source_name} row {i} has no {prompt_key!r} column (data.prompt_key); "
+                f"columns: {', '.join(sorted(row))}"
+            )
         ids = tokenizer(prompt_text(row[prompt_key], tokenizer, use_template), add_special_tokens=False)["input_ids"]
         if len(ids) > max_prompt_length:
             if truncation == "error":
-                raise ValueError(f"{source_name} row {i}: the prompt has {len(ids)} tokens, more than "
-                                 f"data.max_prompt_length={max_prompt_length}; raise it or set data.truncation to "
-                                 "left, right or filter")
+                raise ValueError(
+                    f"{source_name} row {i}: the prompt has {len(ids)} tokens, more than "
+                    f"data.max_prompt_length={max_prompt_length}; raise it or set data.truncation to "
+                    "left, right or filter"
+                )
             if truncation == "filter":
                 dropped += 1
                 continue
             ids = ids[-max_prompt_length:] if truncation == "left" else ids[:max_prompt_length]
         truth = _ground_truth(row)
-        examples.append(Example(len(examples), tuple(ids), str(row.get("data_source", "unknown")),
-                                "" if truth is None else str(truth)))
+        examples.append(
+            Example(
+                len(examples), tuple(ids), str(row.get("data_source", "unknown")), "" if truth is None else str(truth)
+            )
+        )
     if not examples:
         raise ValueError(f"{source_name}: no usable prompts")
     return examples, dropped
@@ -162,16 +185,21 @@ def build_examples(rows: list[dict[str, Any]], tokenizer: Any, *, prompt_key: st
 def load_datasets(data_cfg: Any, tokenizer: Any, seed: int) -> tuple[list[Example], list[Example], list[str]]:
     """(train, val, notes) from ``data.*`` settings; notes are log lines about what was done."""
     notes = []
-    common = dict(prompt_key=data_cfg.prompt_key, max_prompt_length=data_cfg.max_prompt_length,
-                  truncation=data_cfg.truncation, use_template=data_cfg.apply_chat_template)
+    common = dict(
+        prompt_key=data_cfg.prompt_key,
+        max_prompt_length=data_cfg.max_prompt_length,
+        truncation=data_cfg.truncation,
+        use_template=data_cfg.apply_chat_template,
+    )
     if data_cfg.train_files is None:
         if data_cfg.task not in BUILTIN_TASKS:
             raise ValueError(f"data.task={data_cfg.task!r} is unknown; choose one of: {', '.join(BUILTIN_TASKS)}")
         make = BUILTIN_TASKS[data_cfg.task]
         train_rows = make(data_cfg.train_size, data_cfg.task_max_operand, seed)
         val_rows = make(data_cfg.val_size, data_cfg.task_max_operand, seed + 10_000)
-        notes.append(f"data: built-in task {data_cfg.task!r}: {len(train_rows)} training and {len(val_rows)} "
-                     "validation prompts")
+        notes.append(
+            f"data: built-in task {data_cfg.task!r}: {len(train_rows)} training and {len(val_rows)} validation prompts"
+        )
     else:
         train_rows = read_rows(data_cfg.train_files)
         val_rows = read_rows(data_cfg.val_files) if data_cfg.val_files is not None else []
@@ -216,15 +244,17 @@ class StepBatches:
         return [self.examples[i] for i in chosen]
 
 
-def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, length: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(
+    sequences: Sequence[Sequence[int]], pad_id: int, length: Optional[int] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention_mask) ``[B, L]``, left-padded to ``length`` (default: the longest)."""
     length = length or max(len(s) for s in sequences)
     ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(sequences), length), dtype=torch.long)
     for row, seq in enumerate(sequences):
         if seq:
-            ids[row, length - len(seq):] = torch.tensor(seq, dtype=torch.long)
-            mask[row, length - len(seq):] = 1
+            ids[row, length - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[row, length - len(seq) :] = 1
     return ids, mask
 
 
@@ -232,4 +262,3 @@ def shard(items: list[Any], rank: int, world_size: int) -> list[Any]:
     """This rank's contiguous share of a global batch (sizes are validated to divide evenly)."""
     per_rank = len(items) // world_size
     return items[rank * per_rank : (rank + 1) * per_rank]
-

@@ -34,4 +34,5 @@ class NonFiniteGuard:
             raise TrainingDiverged(
                 f"training diverged: non-finite values for {len(self.bad_steps)} consecutive steps "
                 f"({self.bad_steps[0]}-{step}; trainer.nonfinite_patience={self.patience}), last: {values}. No "
-                f"checkpoint was written from these steps.{self.hint}")
+                f"checkpoint was written from these steps.{self.hint}"
+            )

@@ -30,7 +30,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(__doc__)
         return 0
     try:
-        world_size = int(os.environ.get("WORLD_SIZE", 1))
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
         cfg = load_trainer_config(argv)
         validate(cfg, world_size)
     except (ConfigError, ValueError) as exc:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from rlprof_train import algos
 from rlprof_train.batch import pack
 
+
 def load_tokenizer(path: str | Path) -> Any:
     from transformers import AutoTokenizer
 
@@ -48,15 +49,24 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.weight)
         torch.nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor],
-                position_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor], position_ids: torch.Tensor
+    ) -> torch.Tensor:
         """Values ``[B, L]``; with ``attention_mask=None`` and restarting ``position_ids``, rows packed in one."""
-        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                           use_cache=False).last_hidden_state
-        return self.value_head(hidden).squeeze(-1).float()
+        hidden = self.body(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        values: torch.Tensor = self.value_head(hidden).squeeze(-1).float()
+        return values
 
-    def response_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
-                        packed: bool = False, forward: Any = None) -> torch.Tensor:
+    def response_values(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        response_length: int,
+        packed: bool = False,
+        forward: Any = None,
+    ) -> torch.Tensor:
         """V of the state before each response token, ``[B, R]`` (0 on padding). ``forward``: the callable to run
         (the DeepSpeed engine wrapping this module), default this module."""
         forward = forward or self
@@ -65,7 +75,8 @@ class ValueModel(torch.nn.Module):
             values = forward(layout.ids, None, layout.positions)[0, layout.predicts]
             return layout.unpack(values, input_ids.shape[0], response_length)
         values = forward(input_ids, attention_mask, position_ids(attention_mask))
-        return values[:, -response_length - 1 : -1] * attention_mask[:, -response_length:]
+        response_values: torch.Tensor = values[:, -response_length - 1 : -1] * attention_mask[:, -response_length:]
+        return response_values
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -74,8 +85,15 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def response_log_probs(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int, temperature: float = 1.0,
-    *, with_entropy: bool = False, chunked_entropy: bool = False, checkpoint_entropy: bool = False,
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    temperature: float = 1.0,
+    *,
+    with_entropy: bool = False,
+    chunked_entropy: bool = False,
+    checkpoint_entropy: bool = False,
     packed: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-probs ``[B, R]`` of the last ``response_length`` tokens of ``input_ids`` under ``model`` at
@@ -92,8 +110,12 @@ def response_log_probs(
         logits = logits[layout.predicts].float() / max(temperature, 1e-6)  # [N, V]
         targets = layout.ids[0, layout.predicts + 1]
     else:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                       position_ids=position_ids(attention_mask), use_cache=False).logits
+        logits = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids(attention_mask),
+            use_cache=False,
+        ).logits
         logits = logits[:, -response_length - 1 : -1].float() / max(temperature, 1e-6)  # [B, R, V]
         targets = input_ids[:, -response_length:]
     log_probs = torch.gather(F.log_softmax(logits, dim=-1), -1, targets[..., None]).squeeze(-1)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import importlib.util
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from rlprof_train.data import ARITHMETIC_SOURCE
 
@@ -46,16 +47,19 @@ def gsm8k_score(solution_str: str, ground_truth: str, method: str = "strict") ->
     return 1.0 if answer is not None and _normalise_number(answer) == _normalise_number(ground_truth) else 0.0
 
 
-def default_compute_score(data_source: str, solution_str: str, ground_truth: str,
-                          extra_info: Optional[dict[str, Any]] = None) -> float:
+def default_compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: Optional[dict[str, Any]] = None
+) -> float:
     """The built-in rewards: the arithmetic task, and GSM8K (``openai/gsm8k``, ``gsm8k``) with the strict check.
     Both compare with ``reward_model.ground_truth``."""
     if data_source == ARITHMETIC_SOURCE:
         return arithmetic_score(solution_str, ground_truth)
     if data_source in ("openai/gsm8k", "gsm8k"):
         return gsm8k_score(solution_str, ground_truth)
-    raise ValueError(f"no built-in reward for data_source={data_source!r} (known: {', '.join(BUILTIN_SOURCES)}); "
-                     "set custom_reward_function.path and .name to your own function")
+    raise ValueError(
+        f"no built-in reward for data_source={data_source!r} (known: {', '.join(BUILTIN_SOURCES)}); "
+        "set custom_reward_function.path and .name to your own function"
+    )
 
 
 _loaded: dict[tuple[str, float, str], RewardFn] = {}
@@ -76,9 +80,10 @@ def load_custom_reward(path: str, name: str) -> RewardFn:
         spec.loader.exec_module(module)
     except Exception as exc:
         raise ValueError(f"custom_reward_function.path={path!r} does not import: {type(exc).__name__}: {exc}") from exc
-    fn = getattr(module, name, None)
+    fn: Optional[RewardFn] = getattr(module, name, None)
     if not callable(fn):
         raise ValueError(f"custom_reward_function.name={name!r}: {path} defines no function of that name")
+    assert fn is not None
     _loaded[key] = fn
     return fn
 
@@ -87,8 +92,9 @@ class RewardFunction:
     """Calls the reward function of a run and checks what it returns, naming the function, its file and the
     sample when it fails: an exception, a hang past ``timeout_s``, or a value that is not a finite number."""
 
-    def __init__(self, custom_path: Optional[str] = None, custom_name: str = "compute_score",
-                 timeout_s: Optional[float] = None) -> None:
+    def __init__(
+        self, custom_path: Optional[str] = None, custom_name: str = "compute_score", timeout_s: Optional[float] = None
+    ) -> None:
         self.fn = load_custom_reward(custom_path, custom_name) if custom_path else default_compute_score
         where = f"{custom_path}" if custom_path else "rlprof_train/reward_functions.py"
         self.description = f"reward function {getattr(self.fn, '__name__', custom_name)} ({where})"
@@ -101,26 +107,38 @@ class RewardFunction:
         try:
             value = self._call(data_source, solution_str, ground_truth)
         except TimeoutError:
-            raise RuntimeError(f"the {self.description} took longer than custom_reward_function.timeout_s="
-                               f"{self.timeout_s} s on the sample {sample}") from None
+            raise RuntimeError(
+                f"the {self.description} took longer than custom_reward_function.timeout_s="
+                f"{self.timeout_s} s on the sample {sample}"
+            ) from None
         except Exception as exc:
-            raise RuntimeError(f"the {self.description} raised {type(exc).__name__}: {exc} on the sample "
-                               f"{sample}") from exc
+            raise RuntimeError(
+                f"the {self.description} raised {type(exc).__name__}: {exc} on the sample {sample}"
+            ) from exc
         extra: dict[str, float] = {}
         if isinstance(value, dict):
             if "score" not in value:
-                raise RuntimeError(f"the {self.description} returned a dict without 'score' ({sorted(value)}) on the "
-                                   f"sample {sample}; return a number or {{'score': number, ...}}")
-            extra = {k: float(v) for k, v in value.items()
-                     if k != "score" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+                raise RuntimeError(
+                    f"the {self.description} returned a dict without 'score' ({sorted(value)}) on the "
+                    f"sample {sample}; return a number or {{'score': number, ...}}"
+                )
+            extra = {
+                k: float(v)
+                for k, v in value.items()
+                if k != "score" and isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
             value = value["score"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
-            raise RuntimeError(f"the {self.description} returned {value!r} ({type(value).__name__}) on the sample "
-                               f"{sample}; it must return a number or {{'score': number, ...}}")
+        if isinstance(value, bool) or (not isinstance(value, (int, float)) and not hasattr(value, "__float__")):
+            raise RuntimeError(
+                f"the {self.description} returned {value!r} ({type(value).__name__}) on the sample "
+                f"{sample}; it must return a number or {{'score': number, ...}}"
+            )
         score = float(value)
         if not math.isfinite(score):
-            raise RuntimeError(f"the {self.description} returned {score} (not finite) on the sample {sample}; a "
-                               "NaN or infinite reward would silently skip every update")
+            raise RuntimeError(
+                f"the {self.description} returned {score} (not finite) on the sample {sample}; a "
+                "NaN or infinite reward would silently skip every update"
+            )
         return score, extra
 
     def _call(self, data_source: str, solution_str: str, ground_truth: str) -> Any:

@@ -46,8 +46,10 @@ class RunLock:
         except BlockingIOError:
             holder = _read_holder(self._fd)
             os.close(self._fd)
-            raise RunInUse(f"{setting}={folder} is in use by another run ({_describe(holder)}); wait for it to "
-                           "finish, stop it, or choose another trainer.experiment_name") from None
+            raise RunInUse(
+                f"{setting}={folder} is in use by another run ({_describe(holder)}); wait for it to "
+                "finish, stop it, or choose another trainer.experiment_name"
+            ) from None
         self.previous = _read_holder(self._fd)
         me = {"pid": os.getpid(), "host": socket.gethostname(), "start": time.time(), "command": sys.argv}
         os.ftruncate(self._fd, 0)

@@ -8,9 +8,12 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
+
+import torch
 
 from rlprof.schema import ConfigError
 from rlprof.tracking import Tracker
@@ -44,8 +47,10 @@ def open_run_directory(cfg: TrainerConfig, env: DistEnv, log: Log) -> RunDirecto
     problem = None
     if env.is_main:
         try:
-            for folder, setting in ((trainer.log_dir, "trainer.log_dir"),
-                                    (trainer.default_local_dir, "trainer.default_local_dir")):
+            for folder, setting in (
+                (trainer.log_dir, "trainer.log_dir"),
+                (trainer.default_local_dir, "trainer.default_local_dir"),
+            ):
                 if not any(Path(folder).resolve() == lock.folder.resolve() for lock in locks):
                     locks.append(RunLock(Path(folder), setting))
         except ConfigError as exc:
@@ -61,8 +66,10 @@ def open_run_directory(cfg: TrainerConfig, env: DistEnv, log: Log) -> RunDirecto
     uses_checkpoints = trainer.save_freq > 0 or trainer.resume_mode != "disable"
     if env.world_size > 1 and uses_checkpoints:
         token = env.gather(f"{os.getpid()}-{time.time()}")[0]
-        env.agree(checkpoint.shared_directory_problem(Path(trainer.default_local_dir), token, env.is_main,
-                                                      env.barrier), checkpoint.CheckpointError)
+        env.agree(
+            checkpoint.shared_directory_problem(Path(trainer.default_local_dir), token, env.is_main, env.barrier),
+            checkpoint.CheckpointError,
+        )
     return RunDirectory(locks)
 
 
@@ -72,11 +79,18 @@ def record_run(cfg: TrainerConfig, env: DistEnv, run_id: str, start_step: int, r
         return
     profiler = cfg.global_profiler or {}
     write_run_record(
-        Path(cfg.trainer.log_dir), as_dict(cfg), run_id=run_id, world_size=env.world_size,
-        project=cfg.trainer.project_name, experiment=cfg.trainer.experiment_name,
+        Path(cfg.trainer.log_dir),
+        as_dict(cfg),
+        run_id=run_id,
+        world_size=env.world_size,
+        project=cfg.trainer.project_name,
+        experiment=cfg.trainer.experiment_name,
         profile_save_path=str(Path(profiler.get("save_path") or "outputs/profile").resolve()),
-        profile_tool=profiler.get("tool"), checkpoint_dir=str(Path(cfg.trainer.default_local_dir).resolve()),
-        start_step=start_step, resumed_from=str(resumed_from) if resumed_from else None)
+        profile_tool=profiler.get("tool"),
+        checkpoint_dir=str(Path(cfg.trainer.default_local_dir).resolve()),
+        start_step=start_step,
+        resumed_from=str(resumed_from) if resumed_from else None,
+    )
 
 
 def prepare_model(cfg: TrainerConfig, env: DistEnv, log: Log) -> str:
@@ -91,10 +105,17 @@ def prepare_model(cfg: TrainerConfig, env: DistEnv, log: Log) -> str:
                 log(f"model: using the embedded tiny model at {folder} (actor_rollout_ref.model.path=null)")
         env.barrier()
         path = str(folder)
+    if cfg.actor_rollout_ref.model.enable_activation_offload and not torch.cuda.is_available() and env.is_main:
+        log(
+            "model: enable_activation_offload keeps activations on the host, where they already are without CUDA: "
+            "nothing to do"
+        )
     digests = env.gather(model_digest(Path(path)))
     if len(set(digests)) > 1:
-        raise ConfigError(f"actor_rollout_ref.model.path={path}: the ranks see different models (weights digests "
-                          f"{', '.join(sorted(set(digests)))}); give every node the same model directory")
+        raise ConfigError(
+            f"actor_rollout_ref.model.path={path}: the ranks see different models (weights digests "
+            f"{', '.join(sorted(set(digests)))}); give every node the same model directory"
+        )
     return path
 
 
@@ -116,15 +137,26 @@ def make_rollout(cfg: TrainerConfig, env: DistEnv, model_path: str, actor: Any, 
     if rollout.name == "vllm":
         from rlprof_train.workers.rollout.vllm import VLLMRollout
 
-        return VLLMRollout(rollout, model_path, actor, tokenizer, zero_stage=cfg.actor_rollout_ref.actor.zero_stage,
-                           max_prompt_length=cfg.data.max_prompt_length, seed=cfg.trainer.seed)
+        return VLLMRollout(
+            rollout,
+            model_path,
+            actor,
+            tokenizer,
+            zero_stage=cfg.actor_rollout_ref.actor.zero_stage,
+            max_prompt_length=cfg.data.max_prompt_length,
+            seed=cfg.trainer.seed,
+        )
     from rlprof_train.workers.rollout.base import ignored_knobs_note
     from rlprof_train.workers.rollout.hf import VLLM_ONLY_KNOBS, HFRollout
 
     if env.is_main:
         log(ignored_knobs_note(rollout, "hf", VLLM_ONLY_KNOBS))
-    return HFRollout(lambda: actor.module, tokenizer, cfg.actor_rollout_ref.actor.zero_stage,
-                     rollout.log_prob_micro_batch_size_per_gpu)
+    return HFRollout(
+        lambda: actor.module,
+        tokenizer,
+        cfg.actor_rollout_ref.actor.zero_stage,
+        rollout.log_prob_micro_batch_size_per_gpu,
+    )
 
 
 def resume_point(cfg: TrainerConfig, env: DistEnv, log: Log) -> Optional[Path]:
@@ -142,14 +174,25 @@ def resume_point(cfg: TrainerConfig, env: DistEnv, log: Log) -> Optional[Path]:
         archive.mkdir(parents=True)
         for step in checkpoint.saved_steps(root):
             shutil.move(str(checkpoint.step_dir(root, step)), archive)
-        log(f"checkpoint: a fresh start; the checkpoints found in {root} (another run's, or unusable) moved to {archive}")
+        log(
+            f"checkpoint: a fresh start; the checkpoints found in {root} (another run's, or unusable) are moved to "
+            f"{archive}"
+        )
     env.barrier()
     return Path(path) if path else None
 
 
 def make_tracker(cfg: TrainerConfig, total_steps: int, resume_step: Optional[int]) -> Tracker:
     trainer = cfg.trainer
-    return Tracker(trainer.project_name, trainer.experiment_name, trainer.logger, log_dir=trainer.log_dir,
-                   config=as_dict(cfg), total_steps=total_steps, total_epochs=trainer.total_epochs,
-                   resume_step=resume_step, table_every=trainer.table_every,
-                   start_timeout_s=trainer.tracker_start_timeout_s)
+    return Tracker(
+        trainer.project_name,
+        trainer.experiment_name,
+        trainer.logger,
+        log_dir=trainer.log_dir,
+        config=as_dict(cfg),
+        total_steps=total_steps,
+        total_epochs=trainer.total_epochs,
+        resume_step=resume_step,
+        table_every=trainer.table_every,
+        start_timeout_s=trainer.tracker_start_timeout_s,
+    )

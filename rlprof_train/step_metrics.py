@@ -9,9 +9,16 @@ from typing import Any
 
 import torch
 
-from rlprof.metrics import (MetricAggregator, compute_data_metrics, compute_memory_metrics,
-                            compute_throughput_metrics, compute_timing_metrics, mfu_metrics, timing_shares,
-                            timing_spread)
+from rlprof.metrics import (
+    MetricAggregator,
+    compute_data_metrics,
+    compute_memory_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    mfu_metrics,
+    timing_shares,
+    timing_spread,
+)
 from rlprof.metrics.seed import training_aliases
 from rlprof_train.batch import RolloutBatch
 from rlprof_train.workers.engine import DistEnv
@@ -32,37 +39,59 @@ class StepFacts:
     ppo_epochs: int
 
 
-def step_metrics(env: DistEnv, facts: StepFacts, batch: RolloutBatch, timing: dict[str, float],
-                 workers: MetricAggregator) -> dict[str, float]:
+def step_metrics(
+    env: DistEnv, facts: StepFacts, batch: RolloutBatch, timing: dict[str, float], workers: MetricAggregator
+) -> dict[str, float]:
     """Every metric of the step (verl's names, the seed's aliases, rlprof's timing split); all ranks agree."""
-    everything = env.gather({
-        "workers": workers.state(), "timing": timing,
-        "tensors": {k: getattr(batch, k) for k in TENSOR_FIELDS},
-        "prompt_lengths": batch.prompt_lengths(), "sequence_lengths": batch.sequence_lengths().tolist(),
-    })
-    tensors = {k: torch.cat([r["tensors"][k] for r in everything]) if everything[0]["tensors"][k] is not None
-               else None for k in TENSOR_FIELDS}
+    everything = env.gather(
+        {
+            "workers": workers.state(),
+            "timing": timing,
+            "tensors": {k: getattr(batch, k) for k in TENSOR_FIELDS},
+            "prompt_lengths": batch.prompt_lengths(),
+            "sequence_lengths": batch.sequence_lengths().tolist(),
+        }
+    )
+    tensors: dict[str, Any] = {
+        k: torch.cat([r["tensors"][k] for r in everything]) if everything[0]["tensors"][k] is not None else None
+        for k in TENSOR_FIELDS
+    }
     seq_lens = [n for r in everything for n in r["sequence_lengths"]]
     prompt_lengths = torch.cat([r["prompt_lengths"] for r in everything])
     prompt_tokens = int(prompt_lengths.sum())
     response_tokens = int(tensors["response_mask"].sum())
     metrics = MetricAggregator.from_states(r["workers"] for r in everything).compute()
-    metrics.update(compute_data_metrics(**tensors, prompt_lengths=prompt_lengths,
-                                        max_response_length=facts.response_length,
-                                        max_prompt_length=facts.max_prompt_length))
+    metrics.update(
+        compute_data_metrics(
+            **tensors,
+            prompt_lengths=prompt_lengths,
+            max_response_length=facts.response_length,
+            max_prompt_length=facts.max_prompt_length,
+        )
+    )
     metrics.update(compute_timing_metrics(timing, prompt_tokens, response_tokens))
     metrics.update(timing_shares(timing))
     if env.world_size > 1:
         metrics.update(timing_spread([r["timing"] for r in everything]))
-    metrics.update(compute_throughput_metrics(timing["step"], prompt_tokens + response_tokens, env.world_size,
-                                              num_samples=len(seq_lens), gen_seconds=timing.get("gen")))
-    metrics.update(mfu_metrics("actor", facts.model_config, seq_lens * facts.ppo_epochs, timing["update_actor"],
-                               env.world_size))
+    metrics.update(
+        compute_throughput_metrics(
+            timing["step"],
+            prompt_tokens + response_tokens,
+            env.world_size,
+            num_samples=len(seq_lens),
+            gen_seconds=timing.get("gen"),
+        )
+    )
+    metrics.update(
+        mfu_metrics("actor", facts.model_config, seq_lens * facts.ppo_epochs, timing["update_actor"], env.world_size)
+    )
     metrics.update(compute_memory_metrics(reset_peaks=True))
     metrics.update(training_aliases(metrics))
-    metrics.update({
-        "training/global_step": float(facts.step),
-        "training/epoch": float(facts.epoch),
-        "training/batch_fingerprint": float(zlib.crc32(str(sorted(set(batch.uid))).encode()) % 1_000_000),
-    })
+    metrics.update(
+        {
+            "training/global_step": float(facts.step),
+            "training/epoch": float(facts.epoch),
+            "training/batch_fingerprint": float(zlib.crc32(str(sorted(set(batch.uid))).encode()) % 1_000_000),
+        }
+    )
     return metrics

@@ -31,10 +31,15 @@ def build_tokenizer(corpus: list[str], vocab_size: int = 320) -> Any:
 
     tokenizer = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk_token"]))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS.values()),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS.values()),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(corpus, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **SPECIAL_TOKENS)
 
@@ -45,16 +50,25 @@ def build_tiny_llama(tokenizer: Any, hidden: int = 128, layers: int = 2, heads: 
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=heads, head_dim=hidden // heads, max_position_embeddings=256,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=hidden // heads,
+        max_position_embeddings=256,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
     )
     return LlamaForCausalLM(config)
 
 
-def format_warm_start(model: Any, tokenizer: Any, max_operand: int, steps: int, seed: int, correct_share: float,
-                      lr: float = 3e-3) -> float:
+def format_warm_start(
+    model: Any, tokenizer: Any, max_operand: int, steps: int, seed: int, correct_share: float, lr: float = 3e-3
+) -> float:
     """Supervised steps on ``"a+b=" -> "<number></s>"`` where the number is the sum for ``correct_share`` of the
     examples and a random number of the same range otherwise: a weak SFT model that has the format but not the
     arithmetic. Returns the last loss."""
@@ -64,20 +78,20 @@ def format_warm_start(model: Any, tokenizer: Any, max_operand: int, steps: int, 
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
         prompts, targets = [], []
-        for row in arithmetic_rows(64, max_operand, rng.randrange(1 << 30)):
-            prompts.append(tokenizer(row["prompt"], add_special_tokens=False)["input_ids"])
+        for example in arithmetic_rows(64, max_operand, rng.randrange(1 << 30)):
+            prompts.append(tokenizer(example["prompt"], add_special_tokens=False)["input_ids"])
             correct = rng.random() < correct_share
-            answer = row["reward_model"]["ground_truth"] if correct else str(rng.randint(0, 2 * max_operand))
+            answer = example["reward_model"]["ground_truth"] if correct else str(rng.randint(0, 2 * max_operand))
             targets.append(tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
-        width = max(len(p) + len(t) for p, t in zip(prompts, targets))
+        width = max(len(p) + len(t) for p, t in zip(prompts, targets, strict=False))
         ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
         labels = torch.full_like(ids, -100)
         mask = torch.zeros_like(ids)
-        for row, (p, t) in enumerate(zip(prompts, targets)):
+        for row, (p, t) in enumerate(zip(prompts, targets, strict=False)):
             seq = p + t
-            ids[row, width - len(seq):] = torch.tensor(seq)
-            labels[row, width - len(t):] = torch.tensor(t)
-            mask[row, width - len(seq):] = 1
+            ids[row, width - len(seq) :] = torch.tensor(seq)
+            labels[row, width - len(t) :] = torch.tensor(t)
+            mask[row, width - len(seq) :] = 1
         loss = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
@@ -85,8 +99,14 @@ def format_warm_start(model: Any, tokenizer: Any, max_operand: int, steps: int, 
     return loss.item()
 
 
-def create_tiny_model(out: Path, task: str = "arithmetic", max_operand: int = 4, sft_steps: int = 300,
-                      correct_share: float = 0.25, seed: int = 0) -> Path:
+def create_tiny_model(
+    out: Path,
+    task: str = "arithmetic",
+    max_operand: int = 4,
+    sft_steps: int = 300,
+    correct_share: float = 0.25,
+    seed: int = 0,
+) -> Path:
     """Write the embedded tiny model (tokenizer + Llama, format warm-started) to ``out`` and return it."""
     if task != "arithmetic":
         raise ValueError(f"task={task!r}: the embedded model is built for the arithmetic task")
@@ -123,18 +143,29 @@ def ensure_tiny_model(cache_dir: Path, max_operand: int) -> Path:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    tiny = argparse.ArgumentParser(prog="python -m rlprof_train.tiny_model",
-                                   description="Build the embedded tiny model (tokenizer + 2-layer Llama, warm-started "
-                                               "on the arithmetic task; no downloads).")
+    tiny = argparse.ArgumentParser(
+        prog="python -m rlprof_train.tiny_model",
+        description="Build the embedded tiny model (tokenizer + 2-layer Llama, warm-started "
+        "on the arithmetic task; no downloads).",
+    )
     tiny.add_argument("--out", type=Path, required=True, help="output directory")
     tiny.add_argument("--max-operand", type=int, default=4, help="arithmetic operands 0..N (default 4)")
     tiny.add_argument("--sft-steps", type=int, default=300, help="warm-start steps (0: random weights)")
-    tiny.add_argument("--correct-share", type=float, default=0.25,
-                      help="share of warm-start examples answered correctly (the rest: random numbers)")
+    tiny.add_argument(
+        "--correct-share",
+        type=float,
+        default=0.25,
+        help="share of warm-start examples answered correctly (the rest: random numbers)",
+    )
     tiny.add_argument("--seed", type=int, default=0)
     args = tiny.parse_args(argv)
-    out = create_tiny_model(args.out, max_operand=args.max_operand, sft_steps=args.sft_steps,
-                            correct_share=args.correct_share, seed=args.seed)
+    out = create_tiny_model(
+        args.out,
+        max_operand=args.max_operand,
+        sft_steps=args.sft_steps,
+        correct_share=args.correct_share,
+        seed=args.seed,
+    )
     print(f"wrote {out}")
 
 

@@ -10,8 +10,9 @@ prepares before its first step is in :mod:`rlprof_train.setup`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -45,38 +46,49 @@ class PPOTrainer:
         self.batches = StepBatches(train, cfg.data.train_batch_size, trainer.seed, cfg.data.shuffle)
         epoch_steps = trainer.total_epochs * self.batches.steps_per_epoch
         self.total_steps = min(trainer.total_training_steps or epoch_steps, epoch_steps)
-        self.sampling = SamplingParams(arr.rollout.n, arr.rollout.temperature, arr.rollout.top_p, arr.rollout.top_k,
-                                       arr.rollout.response_length)
+        self.sampling = SamplingParams(
+            arr.rollout.n, arr.rollout.temperature, arr.rollout.top_p, arr.rollout.top_k, arr.rollout.response_length
+        )
         self.log_prob_batching = MicroBatching(
-            arr.rollout.log_prob_micro_batch_size_per_gpu, arr.rollout.log_prob_use_dynamic_bsz,
-            arr.rollout.log_prob_max_token_len_per_gpu, arr.model.use_remove_padding)
+            arr.rollout.log_prob_micro_batch_size_per_gpu,
+            arr.rollout.log_prob_use_dynamic_bsz,
+            arr.rollout.log_prob_max_token_len_per_gpu,
+            arr.model.use_remove_padding,
+        )
 
-        reward = RewardFunction(cfg.custom_reward_function.path, cfg.custom_reward_function.name,
-                                cfg.custom_reward_function.timeout_s)
+        reward = RewardFunction(
+            cfg.custom_reward_function.path, cfg.custom_reward_function.name, cfg.custom_reward_function.timeout_s
+        )
         self.reward = RewardWorker(reward, self.tokenizer)
         self.actor = ActorWorker(arr.actor, arr.model, model_path, env)
         needs_ref = arr.actor.use_kl_loss or algorithm.use_kl_in_reward
         self.ref = RefWorker(arr.ref, arr.model, model_path) if needs_ref else None
         needs_critic = algos.adv_estimator(algorithm.adv_estimator).needs_critic
         if cfg.critic.enable if cfg.critic.enable is not None else needs_critic:
-            self.critic: Optional[CriticWorker] = CriticWorker(cfg.critic, arr.model, cfg.critic.model.path or model_path,
-                                                               env)
+            self.critic: Optional[CriticWorker] = CriticWorker(
+                cfg.critic, arr.model, cfg.critic.model.path or model_path, env
+            )
         else:
             self.critic = None
         self.rollout = setup.make_rollout(cfg, env, model_path, self.actor, self.tokenizer, log)
-        self.kl_ctrl = algos.KLController(algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.type,
-                                          algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon)
-        self.guard = NonFiniteGuard(trainer.nonfinite_patience, hint=(
-            f" Check the reward function and lower actor_rollout_ref.actor.optim.lr (now {arr.actor.optim.lr:g})."))
+        self.kl_ctrl = algos.KLController(
+            algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.type, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon
+        )
+        self.guard = NonFiniteGuard(
+            trainer.nonfinite_patience,
+            hint=(
+                f" Check the reward function and lower actor_rollout_ref.actor.optim.lr (now {arr.actor.optim.lr:g})."
+            ),
+        )
 
-        if arr.model.enable_activation_offload and not torch.cuda.is_available():
-            notes.append("model: enable_activation_offload keeps activations on the host, where they already are "
-                         "without CUDA: nothing to do")
         resumed_from = setup.resume_point(cfg, env, log)
         self.start_step = self.resume(resumed_from) if resumed_from else 1
         setup.record_run(cfg, env, run_id, self.start_step, resumed_from)
-        self.tracker = setup.make_tracker(cfg, self.total_steps, self.start_step if resumed_from else None) \
-            if env.is_main else None
+        self.tracker = (
+            setup.make_tracker(cfg, self.total_steps, self.start_step if resumed_from else None)
+            if env.is_main
+            else None
+        )
         for note in notes:
             self.log(note)
 
@@ -118,8 +130,12 @@ class PPOTrainer:
                 workers.merge(actor_metrics)
             if "rollout_log_probs" in batch.extras:  # the engine's own log-probs: how far off-policy the samples are
                 gap = (batch.old_log_probs - batch.extras["rollout_log_probs"]).abs()
-                workers.add("rollout/log_prob_abs_diff", algos.masked_mean(gap, batch.response_mask).item(),
-                            Reduce.WEIGHTED_MEAN, float(batch.response_mask.sum()))
+                workers.add(
+                    "rollout/log_prob_abs_diff",
+                    algos.masked_mean(gap, batch.response_mask).item(),
+                    Reduce.WEIGHTED_MEAN,
+                    float(batch.response_mask.sum()),
+                )
             if self.ref is not None:
                 with rlprof.marked_timer("ref", timing, role="ref"):
                     batch.ref_log_probs, ref_metrics = self.ref.compute_ref_log_prob(batch)
@@ -141,19 +157,33 @@ class PPOTrainer:
     def compute_advantages(self, batch: RolloutBatch) -> MetricAggregator:
         """Token rewards (scores, minus the KL penalty when ``use_kl_in_reward``), then advantages and returns."""
         algorithm, metrics = self.cfg.algorithm, MetricAggregator()
+        assert batch.token_level_scores is not None and batch.old_log_probs is not None, "run the earlier phases first"
         if algorithm.use_kl_in_reward:
+            assert batch.ref_log_probs is not None, "use_kl_in_reward needs the reference's log-probs"
             batch.token_level_rewards, current_kl = algos.apply_kl_in_reward(
-                batch.token_level_scores, batch.old_log_probs, batch.ref_log_probs, batch.response_mask,
-                self.kl_ctrl.coef, algorithm.kl_penalty)
+                batch.token_level_scores,
+                batch.old_log_probs,
+                batch.ref_log_probs,
+                batch.response_mask,
+                self.kl_ctrl.coef,
+                algorithm.kl_penalty,
+            )
             metrics.add("actor/reward_kl_penalty", current_kl.item(), Reduce.MEAN)
             metrics.add("actor/reward_kl_penalty_coeff", self.kl_ctrl.coef, Reduce.LAST)
             self.kl_ctrl.update(current_kl.item(), n_steps=batch.size * self.env.world_size)
         else:
             batch.token_level_rewards = batch.token_level_scores
+        assert batch.token_level_rewards is not None
         batch.advantages, batch.returns = algos.compute_advantage(
-            algorithm.adv_estimator, batch.token_level_rewards, batch.response_mask, values=batch.values,
-            index=batch.uid, gamma=algorithm.gamma, lam=algorithm.lam,
-            norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo)
+            algorithm.adv_estimator,
+            batch.token_level_rewards,
+            batch.response_mask,
+            values=batch.values,
+            index=batch.uid,
+            gamma=algorithm.gamma,
+            lam=algorithm.lam,
+            norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo,
+        )
         return metrics
 
     def validate(self) -> dict[str, float]:
@@ -165,7 +195,7 @@ class PPOTrainer:
         prompts = self.val_examples[self.env.rank :: self.env.world_size]
         batch = self.rollout.generate(prompts, sampling)
         scores = self.reward.score(batch)[0].sum(-1).tolist()
-        results = [pair for r in self.env.gather(list(zip(batch.data_source, scores))) for pair in r]
+        results = [pair for r in self.env.gather(list(zip(batch.data_source, scores, strict=False))) for pair in r]
         per_source: dict[str, list[float]] = {}
         for source, score in results:
             per_source.setdefault(source, []).append(score)
@@ -174,9 +204,14 @@ class PPOTrainer:
     # ----------------------------------------------------------------------------------------- glue
 
     def _facts(self, step: int) -> StepFacts:
-        return StepFacts(step, self.batches.epoch_of(step) + 1, self.sampling.response_length,
-                         self.cfg.data.max_prompt_length, self.actor.module.config,
-                         self.cfg.actor_rollout_ref.actor.ppo_epochs)
+        return StepFacts(
+            step,
+            self.batches.epoch_of(step) + 1,
+            self.sampling.response_length,
+            self.cfg.data.max_prompt_length,
+            self.actor.module.config,
+            self.cfg.actor_rollout_ref.actor.ppo_epochs,
+        )
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         if self.tracker is not None:
@@ -189,13 +224,20 @@ class PPOTrainer:
         state = checkpoint.load(path, self._engines())
         self.kl_ctrl.coef = state["kl_coef"]
         self.rollout.sync_weights()
-        self.log(f"checkpoint: resumed from {path} (next step {state['global_step'] + 1})")
-        return state["global_step"] + 1
+        next_step = int(state["global_step"]) + 1
+        self.log(f"checkpoint: resumed from {path} (next step {next_step})")
+        return next_step
 
     def save(self, step: int) -> None:
-        target = checkpoint.save(Path(self.cfg.trainer.default_local_dir), step, self._engines(),
-                                 {"kl_coef": self.kl_ctrl.coef}, self.env.is_main, self.env.barrier,
-                                 self.cfg.trainer.max_actor_ckpt_to_keep)
+        target = checkpoint.save(
+            Path(self.cfg.trainer.default_local_dir),
+            step,
+            self._engines(),
+            {"kl_coef": self.kl_ctrl.coef},
+            self.env.is_main,
+            self.env.barrier,
+            self.cfg.trainer.max_actor_ckpt_to_keep,
+        )
         self.log(f"checkpoint: saved {target}")
 
     def close(self) -> None:

@@ -40,10 +40,15 @@ def free_port() -> int:
 
 
 def run_example(
-    *overrides: str, save_path: Path, prefix: tuple[str, ...] = (sys.executable,), timeout: float = 600
+    *overrides: str,
+    save_path: Path,
+    prefix: tuple[str, ...] = (sys.executable,),
+    timeout: float = 600,
+    before: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
-    """Run ``prefix + examples/rl_loop.py + overrides`` (prefix: python, or torchrun / nsys + python)."""
-    command = [*prefix, str(EXAMPLE), f"global_profiler.save_path={save_path}", *overrides]
+    """Run ``prefix + examples/rl_loop.py + before + overrides`` (prefix: python, or torchrun / nsys + python;
+    before: e.g. ``--config FILE``)."""
+    command = [*prefix, str(EXAMPLE), *before, f"global_profiler.save_path={save_path}", *overrides]
     env = subprocess_env(OMP_NUM_THREADS="1")
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     assert result.returncode == 0, f"{command} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"

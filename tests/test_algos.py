@@ -13,8 +13,9 @@ T = torch.tensor
 
 
 def close(actual, expected, tol=1e-5):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32),
-                               torch.as_tensor(expected, dtype=torch.float32), atol=tol, rtol=tol)
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=torch.float32), torch.as_tensor(expected, dtype=torch.float32), atol=tol, rtol=tol
+    )
 
 
 VALUES = T([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
@@ -39,8 +40,14 @@ def test_gae_by_hand_and_padding_is_skipped():
     # δ2 = 1 - .7 = .3; δ1 = .9·.7 - .6 = .03, A1 = .03 + .72·.3; δ0 = .9·.6 - .5 = .04, A0 = .04 + .72·A1
     close(adv, [[0.21712, 0.246, 0.3]])
     close(ret, [[0.71712, 0.846, 1.0]])
-    padded_adv, padded_ret = algos.gae_advantages(T([[0.0, 0.0, 1.0, 0.0]]), T([[0.5, 0.6, 0.7, 99.0]]),
-                                                  T([[1.0, 1.0, 1.0, 0.0]]), gamma=0.9, lam=0.8, whiten=False)
+    padded_adv, padded_ret = algos.gae_advantages(
+        T([[0.0, 0.0, 1.0, 0.0]]),
+        T([[0.5, 0.6, 0.7, 99.0]]),
+        T([[1.0, 1.0, 1.0, 0.0]]),
+        gamma=0.9,
+        lam=0.8,
+        whiten=False,
+    )
     close(padded_adv, [[0.21712, 0.246, 0.3, 0.0]])
     close(padded_ret, [[0.71712, 0.846, 1.0, 0.0]])
 
@@ -128,10 +135,18 @@ def test_compute_advantage_dispatch_and_errors():
 LP, REF = T([[0.0, -1.0]]), T([[-0.5, -0.5]])
 
 
-@pytest.mark.parametrize("kl_type, expected", [
-    ("kl", [0.5, -0.5]), ("k1", [0.5, -0.5]), ("abs", [0.5, 0.5]), ("mse", [0.125, 0.125]), ("k2", [0.125, 0.125]),
-    ("low_var_kl", [math.exp(-0.5) - 0.5, math.exp(0.5) - 1.5]), ("k3", [math.exp(-0.5) - 0.5, math.exp(0.5) - 1.5]),
-])
+@pytest.mark.parametrize(
+    "kl_type, expected",
+    [
+        ("kl", [0.5, -0.5]),
+        ("k1", [0.5, -0.5]),
+        ("abs", [0.5, 0.5]),
+        ("mse", [0.125, 0.125]),
+        ("k2", [0.125, 0.125]),
+        ("low_var_kl", [math.exp(-0.5) - 0.5, math.exp(0.5) - 1.5]),
+        ("k3", [math.exp(-0.5) - 0.5, math.exp(0.5) - 1.5]),
+    ],
+)
 def test_kl_estimators_by_hand(kl_type, expected):
     close(algos.kl_penalty(LP, REF, kl_type)[0], expected)
 
@@ -167,10 +182,15 @@ def test_kl_loss_by_hand():
     close(algos.kl_loss(LP, REF, T([[1.0, 0.0]]), "kl"), 0.5)
 
 
-@pytest.mark.parametrize("mode, expected", [
-    ("token-mean", 7 / 3), ("seq-mean-token-sum", 3.5), ("seq-mean-token-mean", 2.75),
-    ("seq-mean-token-sum-norm", 7 / 6),
-])
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("token-mean", 7 / 3),
+        ("seq-mean-token-sum", 3.5),
+        ("seq-mean-token-mean", 2.75),
+        ("seq-mean-token-sum-norm", 7 / 6),
+    ],
+)
 def test_loss_aggregation_by_hand(mode, expected):
     close(algos.agg_loss(VALUES, MASK, mode), expected)
 
@@ -185,7 +205,9 @@ ADVANTAGES = T([[1.0, 1.0, -1.0, -1.0, -1.0]])
 
 
 def test_policy_loss_ratio_clip_and_dual_clip_by_hand():
-    out = algos.policy_loss(torch.zeros(1, 5), RATIOS.log(), ADVANTAGES, torch.ones(1, 5), clip_ratio=0.2, clip_ratio_c=3.0)
+    out = algos.policy_loss(
+        torch.zeros(1, 5), RATIOS.log(), ADVANTAGES, torch.ones(1, 5), clip_ratio=0.2, clip_ratio_c=3.0
+    )
     # per token: max(-Aρ, -A·clip(ρ)) = -1.2, -0.5, 1.1, 5 -> dual clip 3, 0.8
     close(out.pg_loss, (-1.2 - 0.5 + 1.1 + 3.0 + 0.8) / 5)
     close(out.pg_clipfrac, 2 / 5)  # tokens 1 and 5 take the clipped branch
@@ -194,8 +216,15 @@ def test_policy_loss_ratio_clip_and_dual_clip_by_hand():
 
 
 def test_policy_loss_asymmetric_clip_and_no_dual_clip():
-    out = algos.policy_loss(torch.zeros(1, 5), RATIOS.log(), ADVANTAGES, torch.ones(1, 5),
-                            clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None)
+    out = algos.policy_loss(
+        torch.zeros(1, 5),
+        RATIOS.log(),
+        ADVANTAGES,
+        torch.ones(1, 5),
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        clip_ratio_c=None,
+    )
     close(out.pg_loss, (-1.28 - 0.5 + 1.1 + 5.0 + 0.8) / 5)
     close(out.pg_clipfrac_lower, 0.0)
     with pytest.raises(ValueError, match="clip_ratio_c=1.0 must be > 1.0"):
@@ -203,16 +232,19 @@ def test_policy_loss_asymmetric_clip_and_no_dual_clip():
 
 
 def test_value_loss_by_hand():
-    vf_loss, clipfrac = algos.value_loss(T([[1.0, 2.0]]), T([[1.5, 1.0]]), T([[0.5, 1.8]]), torch.ones(1, 2),
-                                         cliprange_value=0.2)
+    vf_loss, clipfrac = algos.value_loss(
+        T([[1.0, 2.0]]), T([[1.5, 1.0]]), T([[0.5, 1.8]]), torch.ones(1, 2), cliprange_value=0.2
+    )
     # token 1: V_clip = 0.7, errors .25 vs .64; token 2: V_clip = 2.0, errors 1 and 1
     close(vf_loss, 0.5 * (0.64 + 1.0) / 2)
     close(clipfrac, 0.5)
 
 
 def test_entropy_by_hand_and_chunked_equals_plain():
-    close(algos.entropy_from_logits(T([[0.0, 0.0], [0.0, math.log(3.0)]])),
-          [math.log(2.0), -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))])
+    close(
+        algos.entropy_from_logits(T([[0.0, 0.0], [0.0, math.log(3.0)]])),
+        [math.log(2.0), -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))],
+    )
     torch.manual_seed(3)
     logits = torch.randn(3, 37, 50) * 4
     close(algos.entropy_from_logits_chunked(logits, chunk_size=16), algos.entropy_from_logits(logits), tol=1e-5)
@@ -232,11 +264,14 @@ def test_micro_batches_with_global_counts_give_the_full_batch_gradient(mode):
 
     full = torch.autograd.grad(loss_of(slice(0, 6)), param)[0]
     counts = dict(total_tokens=mask.sum(), total_seqs=6, norm_length=8)
-    accumulated = sum(torch.autograd.grad(loss_of(rows, **counts), param)[0]
-                      for rows in (slice(0, 2), slice(2, 3), slice(3, 6)))
+    accumulated = sum(
+        torch.autograd.grad(loss_of(rows, **counts), param)[0] for rows in (slice(0, 2), slice(2, 3), slice(3, 6))
+    )
     close(accumulated, full, tol=1e-5)
     if mode == "token-mean":  # the naive average of micro-batch means is biased: the test can tell them apart
-        naive = sum(torch.autograd.grad(loss_of(rows), param)[0] for rows in (slice(0, 2), slice(2, 3), slice(3, 6))) / 3
+        naive = (
+            sum(torch.autograd.grad(loss_of(rows), param)[0] for rows in (slice(0, 2), slice(2, 3), slice(3, 6))) / 3
+        )
         assert not torch.allclose(naive, full, atol=1e-3)
 
 

@@ -104,12 +104,14 @@ def test_seed_command_line_overrides_load(argv):
 
 
 def test_roles_are_found_anywhere_and_reward_model_is_the_reward_role():
-    config = load_config({
-        "actor_rollout_ref": {"rollout": {"profiler": {"ranks": [1]}}, "ref": {"profiler": {"enable": False}}},
-        "critic": {"profiler": {"all_ranks": True}},
-        "reward_model": {"profiler": {}},
-        "my_env": {"profiler": {"ranks": [0, 1]}},
-    })
+    config = load_config(
+        {
+            "actor_rollout_ref": {"rollout": {"profiler": {"ranks": [1]}}, "ref": {"profiler": {"enable": False}}},
+            "critic": {"profiler": {"all_ranks": True}},
+            "reward_model": {"profiler": {}},
+            "my_env": {"profiler": {"ranks": [0, 1]}},
+        }
+    )
     assert set(config.roles) == {"rollout", "ref", "critic", "reward", "my_env"}
     assert config.roles["rollout"].ranks == [1] and config.roles["critic"].all_ranks
 
@@ -125,7 +127,9 @@ def expect_error(cfg, *fragments, world_size=None):
 def test_unknown_key_names_it_suggests_the_nearest_and_lists_the_allowed():
     expect_error(
         {"global_profiler": {"tool": "torch", "global_tool_config": {"torch": {"step_strat": 1}}}},
-        "global_profiler.global_tool_config.torch.step_strat", "did you mean 'step_start'", "allowed keys:",
+        "global_profiler.global_tool_config.torch.step_strat",
+        "did you mean 'step_start'",
+        "allowed keys:",
     )
 
 
@@ -144,41 +148,71 @@ def test_negative_step():
 def test_negative_window_start():
     expect_error(
         {"global_profiler": {"tool": "torch", "global_tool_config": {"torch": {"step_start": -1}}}},
-        "torch.step_start", "-1", ">= 0",
+        "torch.step_start",
+        "-1",
+        ">= 0",
     )
 
 
 def test_window_that_ends_before_it_starts():
     expect_error(
         {"global_profiler": {"tool": "torch", "global_tool_config": {"torch": {"step_start": 5, "step_end": 3}}}},
-        "global_profiler.global_tool_config.torch.step_end", "3", "step_start=5", "step_end >= step_start",
+        "global_profiler.global_tool_config.torch.step_end",
+        "3",
+        "step_start=5",
+        "step_end >= step_start",
     )
 
 
 def test_steps_that_conflict_with_the_window():
     expect_error(
-        {"global_profiler": {"tool": "torch", "steps": [1, 7],
-                             "global_tool_config": {"torch": {"step_start": 2, "step_end": 4}}}},
-        "global_profiler.steps=[1, 7]", "step_start=2", "step_end=4", "either",
+        {
+            "global_profiler": {
+                "tool": "torch",
+                "steps": [1, 7],
+                "global_tool_config": {"torch": {"step_start": 2, "step_end": 4}},
+            }
+        },
+        "global_profiler.steps=[1, 7]",
+        "step_start=2",
+        "step_end=4",
+        "either",
     )
 
 
 def test_steps_that_spell_out_the_window_are_accepted():
-    config = load_config({"global_profiler": {
-        "tool": "torch", "steps": [2, 3, 4], "global_tool_config": {"torch": {"step_start": 2, "step_end": 4}}}})
+    config = load_config(
+        {
+            "global_profiler": {
+                "tool": "torch",
+                "steps": [2, 3, 4],
+                "global_tool_config": {"torch": {"step_start": 2, "step_end": 4}},
+            }
+        }
+    )
     assert sorted(config.step_selection().steps) == [2, 3, 4]
 
 
 def test_rank_outside_the_world():
-    expect_error(SEED_NSYS.replace("ranks: [0]", "ranks: [0, 4]"), "actor.profiler.ranks[1]", "rank 4",
-                 "world_size=4", "0..3", world_size=4)
+    expect_error(
+        SEED_NSYS.replace("ranks: [0]", "ranks: [0, 4]"),
+        "actor.profiler.ranks[1]",
+        "rank 4",
+        "world_size=4",
+        "0..3",
+        world_size=4,
+    )
 
 
 def test_wrong_types_name_the_key():
     expect_error({"global_profiler": {"steps": "2,3"}}, "global_profiler.steps", "expected a list", "'2,3'")
     expect_error({"actor": {"profiler": {"enable": "yes"}}}, "actor.profiler.enable", "true or false")
-    expect_error({"global_profiler": {"tool": "torch", "global_tool_config": {"torch": {"contents": ["gpu"]}}}},
-                 "contents[0]", "'gpu'", "cpu, cuda, shapes, stack, memory")
+    expect_error(
+        {"global_profiler": {"tool": "torch", "global_tool_config": {"torch": {"contents": ["gpu"]}}}},
+        "contents[0]",
+        "'gpu'",
+        "cpu, cuda, shapes, stack, memory",
+    )
 
 
 def test_yaml_file_path(tmp_path):

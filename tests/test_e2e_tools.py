@@ -16,24 +16,32 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, free_port, run_example, subprocess_env, torchrun
 from rlprof.analysis.nsys_report import count_by_role, export_sqlite, read_nvtx_ranges
 from rlprof.manifest import read_manifest
+
+from conftest import ROOT, free_port, run_example, subprocess_env, torchrun
 
 pytestmark = pytest.mark.slow
 
 # Ranges the example records in one step, by (role, name).
-RANGES_PER_STEP = Counter({
-    ("rollout", "generate"): 1, ("reward", "score"): 1, ("ref", "compute_ref_log_prob"): 1,
-    ("critic", "compute_values"): 1, ("critic", "value_loss"): 1, ("actor", "update_policy"): 1,
-})
+RANGES_PER_STEP = Counter(
+    {
+        ("rollout", "generate"): 1,
+        ("reward", "score"): 1,
+        ("ref", "compute_ref_log_prob"): 1,
+        ("critic", "compute_values"): 1,
+        ("critic", "value_loss"): 1,
+        ("actor", "update_policy"): 1,
+    }
+)
 
 
 def test_torch_traces_for_steps_2_and_3_are_listed_and_served_by_tensorboard(tmp_path):
     run_example("global_profiler.tool=torch", "global_profiler.steps=[2,3]", save_path=tmp_path)
     manifest = read_manifest(tmp_path)
     assert [(m["tool"], m["path"], m["steps"], m["rank"]) for m in manifest] == [
-        ("torch", "torch/step2-3/rank0.pt.trace.json.gz", [2, 3], 0)]
+        ("torch", "torch/step2-3/rank0.pt.trace.json.gz", [2, 3], 0)
+    ]
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert written == ["manifest.jsonl", "torch/step2-3/rank0.pt.trace.json.gz"]
     with gzip.open(tmp_path / manifest[0]["path"], "rt") as handle:
@@ -46,14 +54,19 @@ def test_torch_traces_for_steps_2_and_3_are_listed_and_served_by_tensorboard(tmp
 
     port = free_port()
     tensorboard = shutil.which("tensorboard", path=os.path.dirname(sys.executable))
-    server = subprocess.Popen([tensorboard, "--logdir", str(tmp_path / "torch"), "--host", "127.0.0.1",
-                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [tensorboard, "--logdir", str(tmp_path / "torch"), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         runs = None
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/pytorch_profiler/runs", timeout=5) as r:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/data/plugin/pytorch_profiler/runs", timeout=5
+                ) as r:
                     runs = json.load(r)
                 if runs.get("runs"):
                     break
@@ -62,7 +75,8 @@ def test_torch_traces_for_steps_2_and_3_are_listed_and_served_by_tensorboard(tmp
             time.sleep(1)
         assert runs is not None and "step2-3" in runs["runs"], runs
         with urllib.request.urlopen(
-                f"http://127.0.0.1:{port}/data/plugin/pytorch_profiler/workers?run=step2-3&view=Overview", timeout=30) as r:
+            f"http://127.0.0.1:{port}/data/plugin/pytorch_profiler/workers?run=step2-3&view=Overview", timeout=30
+        ) as r:
             assert json.load(r) == ["rank0"]
     finally:
         server.terminate()
@@ -81,20 +95,41 @@ def nsys():
 
 def nsys_profile(nsys: str, report: Path) -> tuple[str, ...]:
     # --sample/--cpuctxsw=none: without them the CPU-only run can hang (PLATFORM.md)
-    return ("timeout", "600", nsys, "profile", "-t", "nvtx,osrt", "--sample=none", "--cpuctxsw=none",
-            "--force-overwrite=true", "-o", str(report), sys.executable)
+    return (
+        "timeout",
+        "600",
+        nsys,
+        "profile",
+        "-t",
+        "nvtx,osrt",
+        "--sample=none",
+        "--cpuctxsw=none",
+        "--force-overwrite=true",
+        "-o",
+        str(report),
+        sys.executable,
+    )
 
 
 def test_nsys_records_each_role_range_in_the_selected_steps_only(tmp_path, nsys):
     report = tmp_path / "rl"
-    run_example("global_profiler.tool=nsys", "global_profiler.steps=[2,3]", save_path=tmp_path / "out",
-                prefix=nsys_profile(nsys, report))
-    stats = subprocess.run([nsys, "stats", "--report", "nvtxsum", "--format", "csv", f"{report}.nsys-rep"],
-                           capture_output=True, text=True, timeout=300, check=True).stdout
+    run_example(
+        "global_profiler.tool=nsys",
+        "global_profiler.steps=[2,3]",
+        save_path=tmp_path / "out",
+        prefix=nsys_profile(nsys, report),
+    )
+    stats = subprocess.run(
+        [nsys, "stats", "--report", "nvtxsum", "--format", "csv", f"{report}.nsys-rep"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
     rows = [line.split(",") for line in stats.splitlines() if line.startswith(tuple("0123456789"))]
     instances = {row[-1]: int(row[2]) for row in rows}
     assert instances["rlprof:step 2"] == 1 and instances["rlprof:step 3"] == 1 and "rlprof:step 1" not in instances
-    for (role, name), count in RANGES_PER_STEP.items():
+    for (_, name), count in RANGES_PER_STEP.items():
         assert instances[f"rlprof:{name}"] == 2 * count, (name, instances)
 
     by_role = count_by_role(read_nvtx_ranges(export_sqlite(nsys, f"{report}.nsys-rep")))
@@ -109,28 +144,36 @@ def test_nsys_closes_the_ranges_of_a_raising_function(tmp_path, nsys):
         "@rlprof.profiled(role='actor', name='explode')\n"
         "def explode():\n"
         "    raise ValueError('x')\n"
-        "rlprof.init({'global_profiler': {'tool': 'nsys', 'save_path': %r}})\n"
+        "rlprof.init({{'global_profiler': {{'tool': 'nsys', 'save_path': {!r}}}}})\n"
         "for n in range(3):\n"
         "    with rlprof.step(n):\n"
         "        with rlprof.profile_range('outer', role='actor'):\n"
         "            try:\n"
         "                explode()\n"
         "            except ValueError:\n"
-        "                pass\n" % str(tmp_path / "out"))
+        "                pass\n".format(str(tmp_path / "out"))
+    )
     report = tmp_path / "raise"
-    subprocess.run([*nsys_profile(nsys, report), str(script)], check=True, capture_output=True, timeout=600,
-                   env=subprocess_env())
+    subprocess.run(
+        [*nsys_profile(nsys, report), str(script)], check=True, capture_output=True, timeout=600, env=subprocess_env()
+    )
     ranges = [r for r in read_nvtx_ranges(export_sqlite(nsys, f"{report}.nsys-rep")) if r.category == "actor"]
     outer = [r for r in ranges if r.name == "outer"]
     inner = [r for r in ranges if r.name == "explode"]
     assert len(outer) == 3 and len(inner) == 3  # every push was popped
-    for o, i in zip(sorted(outer, key=lambda r: r.start_ns), sorted(inner, key=lambda r: r.start_ns)):
+    for o, i in zip(sorted(outer, key=lambda r: r.start_ns), sorted(inner, key=lambda r: r.start_ns), strict=False):
         assert o.start_ns <= i.start_ns and i.end_ns <= o.end_ns  # the pop of each range came in order
 
 
 def test_two_ranks_with_ranks_1_write_only_rank_1_files(tmp_path):
-    run_example("global_profiler.tool=torch", "global_profiler.steps=[2]", "role_profiler.ranks=[1]",
-                "loop.steps=3", save_path=tmp_path, prefix=torchrun(2))
+    run_example(
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[2]",
+        "role_profiler.ranks=[1]",
+        "loop.steps=3",
+        save_path=tmp_path,
+        prefix=torchrun(2),
+    )
     manifest = read_manifest(tmp_path)
     assert [(m["path"], m["rank"]) for m in manifest] == [("torch/step2/rank1.pt.trace.json.gz", 1)]
     with gzip.open(tmp_path / manifest[0]["path"], "rt") as handle:
@@ -139,8 +182,59 @@ def test_two_ranks_with_ranks_1_write_only_rank_1_files(tmp_path):
 
 
 def test_two_ranks_with_all_ranks_write_both_without_collisions(tmp_path):
-    run_example("global_profiler.tool=torch", "global_profiler.steps=[2]", "role_profiler.all_ranks=true",
-                "loop.steps=3", save_path=tmp_path, prefix=torchrun(2))
+    run_example(
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[2]",
+        "role_profiler.all_ranks=true",
+        "loop.steps=3",
+        save_path=tmp_path,
+        prefix=torchrun(2),
+    )
     paths = sorted(m["path"] for m in read_manifest(tmp_path))
     assert paths == ["torch/step2/rank0.pt.trace.json.gz", "torch/step2/rank1.pt.trace.json.gz"]
     assert all((tmp_path / p).stat().st_size > 0 for p in paths)
+
+
+def test_the_declared_nvtx_range_holds_what_the_nsys_tool_uses():
+    from importlib.metadata import version
+
+    import tomllib
+    from nvtx._lib import lib
+    from packaging.requirements import Requirement
+
+    from rlprof.tools.nsys import NVTX_INTERNALS
+
+    requirements = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (nvtx,) = [Requirement(r) for r in requirements if Requirement(r).name == "nvtx"]
+    assert str(nvtx.specifier) in ("<0.3,>=0.2.12", ">=0.2.12,<0.3")  # 0.2.11 has no DummyDomain
+    assert version("nvtx") in nvtx.specifier
+    assert [name for name in NVTX_INTERNALS if not hasattr(lib, name)] == []
+
+
+SEED_ACTOR_ONLY = """
+actor_rollout_ref:
+  actor:
+    profiler:
+      enable: true
+      all_ranks: false
+      ranks: [0]
+"""
+
+
+@pytest.mark.parametrize("critic_block", [False, True])
+def test_the_seeds_actor_block_alone_records_actor_rollout_and_ref_on_the_example_loop(tmp_path, critic_block):
+    config = tmp_path / "seed.yaml"
+    config.write_text(SEED_ACTOR_ONLY + ("critic:\n  profiler: {enable: true, ranks: [0]}\n" if critic_block else ""))
+    run_example(
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[2]",
+        save_path=tmp_path / "out",
+        prefix=(sys.executable,),
+        before=("--config", str(config)),
+    )
+    (record,) = read_manifest(tmp_path / "out")
+    with gzip.open(tmp_path / "out" / record["path"], "rt") as handle:
+        spans = Counter(e["name"] for e in json.load(handle)["traceEvents"] if e.get("ph") == "X")
+    roles = {name.split("/")[0] for name in spans if "/" in name}
+    assert roles == ({"actor", "rollout", "ref", "critic"} if critic_block else {"actor", "rollout", "ref"})
+    assert spans["rollout/generate"] == 1 and spans["ref/compute_ref_log_prob"] == 1 and "reward/score" not in spans

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 import rlprof
-from conftest import ROOT, subprocess_env
 from rlprof.manifest import read_manifest
+
+from conftest import ROOT, subprocess_env
 
 LOOP = """
 import os, signal, sys, time
@@ -37,8 +38,15 @@ print("finished", flush=True)
 
 def run_child(save_path: Path, setup: str = "", inside: str = "pass", **kwargs) -> subprocess.CompletedProcess:
     code = LOOP.format(setup=textwrap.dedent(setup), inside=inside)
-    return subprocess.run([sys.executable, "-c", code, str(save_path)], capture_output=True, text=True, timeout=120,
-                          env=subprocess_env(), cwd=ROOT, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-c", code, str(save_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(),
+        cwd=ROOT,
+        **kwargs,
+    )
 
 
 def test_sigterm_writes_the_open_window_then_dies_of_the_signal(tmp_path):
@@ -89,11 +97,14 @@ def test_a_full_disk_publishes_no_truncated_trace_and_leaves_no_temporary_file(t
     assert [p.name for p in (tmp_path / "torch").rglob("*") if p.is_file()] == []
 
 
-@pytest.mark.parametrize("text, fragments", [
-    ("global_profilr:\n  tool: torch\n", ["global_profilr", "did you mean 'global_profiler'"]),
-    ("global_profiler:\n  tool: [torch\n", ["not valid YAML"]),
-    ("global_profiler: torch\n", ["global_profiler", "expected a mapping"]),
-])
+@pytest.mark.parametrize(
+    "text, fragments",
+    [
+        ("global_profilr:\n  tool: torch\n", ["global_profilr", "did you mean 'global_profiler'"]),
+        ("global_profiler:\n  tool: [torch\n", ["not valid YAML"]),
+        ("global_profiler: torch\n", ["global_profiler", "expected a mapping"]),
+    ],
+)
 def test_bad_yaml_is_named(tmp_path, text, fragments):
     path = tmp_path / "profile.yaml"
     path.write_text(text)
@@ -120,11 +131,14 @@ def test_a_bad_rank_variable_is_named(monkeypatch):
 
 
 def test_role_tool_config_is_honoured_or_refused():
-    session = rlprof.init({"global_profiler": {"tool": None},
-                           "actor": {"profiler": {"tool_config": {"nsys": {"discrete": True}}}}})
+    session = rlprof.init(
+        {"global_profiler": {"tool": None}, "actor": {"profiler": {"tool_config": {"nsys": {"discrete": True}}}}}
+    )
     assert session.config.role("actor").discrete is True
-    same = {"global_profiler": {"global_tool_config": {"torch": {"step_start": 3}}},
-            "actor": {"profiler": {"tool_config": {"torch": {"step_start": 3}}}}}
+    same = {
+        "global_profiler": {"global_tool_config": {"torch": {"step_start": 3}}},
+        "actor": {"profiler": {"tool_config": {"torch": {"step_start": 3}}}},
+    }
     rlprof.init(same)
     with pytest.raises(rlprof.ConfigError, match="actor.profiler.tool_config.torch.step_start: 5 differs"):
         rlprof.init({"actor": {"profiler": {"tool_config": {"torch": {"step_start": 5}}}}})
@@ -135,8 +149,14 @@ def test_role_tool_config_is_honoured_or_refused():
 def test_the_process_exits_quickly_after_sigint_with_keyboard_interrupt(tmp_path):
     code = LOOP.format(setup="", inside="os.kill(os.getpid(), signal.SIGINT) if n == 2 else None")
     start = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
-                            env=subprocess_env(), cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(),
+        cwd=ROOT,
+    )
     assert "KeyboardInterrupt" in result.stderr and time.monotonic() - start < 60
     assert [r["steps"] for r in read_manifest(tmp_path)] == [[1, 2]]
     assert os.path.exists(tmp_path / "torch" / "step1-2" / "rank0.pt.trace.json.gz")

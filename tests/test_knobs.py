@@ -32,13 +32,21 @@ def ragged_batch(seed: int = 0, rows: int = 6, prompt: int = 7, response: int = 
     ids = torch.randint(4, 250, (rows, prompt + response), generator=g)  # the tokenizer has >= 260 tokens
     mask = torch.zeros_like(ids)
     for r in range(rows):
-        mask[r, prompt - prompt_lengths[r]: prompt + response_lengths[r]] = 1
+        mask[r, prompt - prompt_lengths[r] : prompt + response_lengths[r]] = 1
     ids = ids * mask  # pad id 0
     response_mask = mask[:, prompt:]
-    return RolloutBatch(ids, mask, response_mask, prompt, uid=[r // 2 for r in range(rows)], data_source=["x"] * rows,
-                        ground_truth=["0"] * rows, old_log_probs=torch.randn(rows, response, generator=g) * 0.1 - 2,
-                        ref_log_probs=torch.randn(rows, response, generator=g) * 0.1 - 2,
-                        advantages=torch.randn(rows, response, generator=g) * response_mask)
+    return RolloutBatch(
+        ids,
+        mask,
+        response_mask,
+        prompt,
+        uid=[r // 2 for r in range(rows)],
+        data_source=["x"] * rows,
+        ground_truth=["0"] * rows,
+        old_log_probs=torch.randn(rows, response, generator=g) * 0.1 - 2,
+        ref_log_probs=torch.randn(rows, response, generator=g) * 0.1 - 2,
+        advantages=torch.randn(rows, response, generator=g) * response_mask,
+    )
 
 
 def test_pack_layout():
@@ -57,13 +65,24 @@ def test_packed_log_probs_entropy_and_gradients_equal_padded(model_dir):
     results = {}
     for packed in (False, True):
         model.zero_grad()
-        lp, entropy = response_log_probs(model, batch.input_ids, batch.attention_mask, batch.response_length,
-                                         temperature=0.8, with_entropy=True, packed=packed)
+        lp, entropy = response_log_probs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.response_length,
+            temperature=0.8,
+            with_entropy=True,
+            packed=packed,
+        )
         loss = algos.policy_loss(batch.old_log_probs, lp, batch.advantages, batch.response_mask).pg_loss
         loss.backward()
-        results[packed] = (lp.detach(), entropy.detach(), loss.detach(),
-                           torch.cat([p.grad.flatten() for p in model.parameters()]))
-    for padded_value, packed_value in zip(results[False], results[True]):
+        results[packed] = (
+            lp.detach(),
+            entropy.detach(),
+            loss.detach(),
+            torch.cat([p.grad.flatten() for p in model.parameters()]),
+        )
+    for padded_value, packed_value in zip(results[False], results[True], strict=False):
         torch.testing.assert_close(packed_value, padded_value, atol=2e-5, rtol=1e-4)
     assert results[True][0][batch.response_mask == 0].abs().sum() == 0
 
@@ -114,8 +133,9 @@ def actor_grads(model_dir, env, batch: RolloutBatch, *overrides: str, layer_call
     first decoder layer (recomputation in backward shows up as extra calls)."""
     from rlprof_train.workers.actor import ActorWorker
 
-    cfg = load_trainer_config([f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.actor.zero_stage=0",
-                               *overrides])
+    cfg = load_trainer_config(
+        [f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.actor.zero_stage=0", *overrides]
+    )
     worker = ActorWorker(cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model, str(model_dir), env)
     if layer_calls is not None:  # count executions (torch suppresses module hooks while recomputing)
         layer = worker.module.model.layers[0]
@@ -129,8 +149,13 @@ def actor_grads(model_dir, env, batch: RolloutBatch, *overrides: str, layer_call
 def test_dynamic_batch_size_gives_the_fixed_micro_batch_gradient(model_dir, dist_env):
     batch = ragged_batch(seed=2, rows=8)
     fixed = actor_grads(model_dir, dist_env, batch, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3")
-    dynamic = actor_grads(model_dir, dist_env, batch, "actor_rollout_ref.actor.use_dynamic_bsz=true",
-                          "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20")
+    dynamic = actor_grads(
+        model_dir,
+        dist_env,
+        batch,
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20",
+    )
     whole = actor_grads(model_dir, dist_env, batch, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8")
     assert len(token_budget_micro_batches(batch.sequence_lengths().tolist(), 20)) > 3  # really several micro-batches
     torch.testing.assert_close(dynamic, fixed, atol=1e-6, rtol=1e-4)
@@ -142,11 +167,18 @@ def test_gradient_checkpointing_gives_the_plain_gradient(model_dir, dist_env):
     batch = ragged_batch(seed=3)
     plain = actor_grads(model_dir, dist_env, batch)
     calls_checkpointed, calls_plain = [], []
-    checkpointed = actor_grads(model_dir, dist_env, batch, "actor_rollout_ref.model.enable_gradient_checkpointing=true",
-                               "actor_rollout_ref.actor.entropy_checkpointing=true",
-                               "actor_rollout_ref.actor.entropy_coeff=0.01", layer_calls=calls_checkpointed)
-    entropy_plain = actor_grads(model_dir, dist_env, batch, "actor_rollout_ref.actor.entropy_coeff=0.01",
-                                layer_calls=calls_plain)
+    checkpointed = actor_grads(
+        model_dir,
+        dist_env,
+        batch,
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+        "actor_rollout_ref.actor.entropy_checkpointing=true",
+        "actor_rollout_ref.actor.entropy_coeff=0.01",
+        layer_calls=calls_checkpointed,
+    )
+    entropy_plain = actor_grads(
+        model_dir, dist_env, batch, "actor_rollout_ref.actor.entropy_coeff=0.01", layer_calls=calls_plain
+    )
     assert len(calls_checkpointed) == 2 * len(calls_plain) > 0  # checkpointing really recomputed every layer
     torch.testing.assert_close(checkpointed, entropy_plain, atol=1e-6, rtol=1e-4)
     assert not torch.allclose(plain, entropy_plain)  # the entropy term is really in the checkpointed run

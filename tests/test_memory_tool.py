@@ -48,8 +48,12 @@ def test_cpu_fallback_warns_once_and_records_rss_per_range(tmp_path):
     lines = [json.loads(line) for line in (tmp_path / entry["path"]).read_text().splitlines()]
     ranges = [r for r in lines if r["kind"] == "range"]
     assert [(r["role"], r["name"], r["step"]) for r in ranges] == [
-        ("actor", "grow", 1), ("rollout", "outer", 1), ("step", "between_steps", 1), ("actor", "grow", 2),
-        ("rollout", "outer", 2)]
+        ("actor", "grow", 1),
+        ("rollout", "outer", 1),
+        ("step", "between_steps", 1),
+        ("actor", "grow", 2),
+        ("rollout", "outer", 2),
+    ]
     for r in ranges:
         if r["role"] == "step":
             continue
@@ -89,8 +93,10 @@ def test_summaries_and_rss_reader():
 
 def test_trim_stacks_cuts_frames_of_blocks_and_trace_entries():
     frames = [{"filename": f"f{i}.py", "line": i, "name": "fn"} for i in range(10)]
-    snapshot = {"segments": [{"blocks": [{"frames": list(frames)}, {"size": 1}]}],
-                "device_traces": [[{"action": "alloc", "frames": list(frames)}]]}
+    snapshot = {
+        "segments": [{"blocks": [{"frames": list(frames)}, {"size": 1}]}],
+        "device_traces": [[{"action": "alloc", "frames": list(frames)}]],
+    }
     trim_stacks(snapshot, 3)
     assert snapshot["segments"][0]["blocks"][0]["frames"] == frames[:3]
     assert snapshot["device_traces"][0][0]["frames"] == frames[:3]
@@ -103,8 +109,13 @@ def test_cuda_snapshot_per_window_with_role_metadata_and_oom_snapshot(tmp_path):
     def alloc():
         return torch.empty(32 * 1024 * 1024, device="cuda")
 
-    rlprof.init(memory_config(tmp_path, steps=[1, 2],
-                              global_tool_config={"torch_memory": {"trace_alloc_max_entries": 1000, "stack_depth": 4}}))
+    rlprof.init(
+        memory_config(
+            tmp_path,
+            steps=[1, 2],
+            global_tool_config={"torch_memory": {"trace_alloc_max_entries": 1000, "stack_depth": 4}},
+        )
+    )
     kept = []
     for n in range(4):
         with rlprof.step(n):
@@ -116,7 +127,7 @@ def test_cuda_snapshot_per_window_with_role_metadata_and_oom_snapshot(tmp_path):
     paths = sorted(m["path"] for m in read_manifest(tmp_path))
     assert any(p.startswith("torch_memory/step1-2/rank0_pid") and p.endswith(".pickle") for p in paths)
     assert any(p.startswith("torch_memory/oom_rank0_pid") for p in paths)
-    snapshot = pickle.loads((tmp_path / [p for p in paths if "step1-2" in p][0]).read_bytes())
+    snapshot = pickle.loads((tmp_path / next(p for p in paths if "step1-2" in p)).read_bytes())
     allocs = [e for trace in snapshot["device_traces"] for e in trace if e["action"] == "alloc"]
     assert any(e.get("user_metadata") == "actor/alloc" for e in allocs)
     assert all(len(e.get("frames", [])) <= 4 for e in allocs)

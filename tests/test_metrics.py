@@ -12,12 +12,22 @@ import pytest
 import torch
 
 import rlprof
-from conftest import free_port, subprocess_env
-from rlprof.metrics import (MetricAggregator, Reduce, compute_data_metrics, compute_memory_metrics,
-                            compute_throughput_metrics, compute_timing_metrics, estimate_flops, mfu_metrics,
-                            peak_flops, timing_spread)
+from rlprof.metrics import (
+    MetricAggregator,
+    Reduce,
+    compute_data_metrics,
+    compute_memory_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    estimate_flops,
+    mfu_metrics,
+    peak_flops,
+    timing_spread,
+)
 from rlprof.metrics.flops import cpu_peak_flops, model_shape
 from rlprof.timer import marked_timer
+
+from conftest import free_port, subprocess_env
 
 
 def test_marked_timer_accumulates_nests_and_records_a_range(tmp_path):
@@ -31,8 +41,11 @@ def test_marked_timer_accumulates_nests_and_records_a_range(tmp_path):
                 time.sleep(0.02)
     rlprof.shutdown()
     assert 0.04 <= timing["gen"] < timing["step"]
-    import gzip, json
+    import gzip
+    import json
+
     from rlprof.manifest import read_manifest
+
     with gzip.open(tmp_path / read_manifest(tmp_path)[0]["path"], "rt") as handle:
         names = [e["name"] for e in json.load(handle)["traceEvents"] if e.get("ph") == "X"]
     assert names.count("rollout/gen") == 2 and names.count("default/step") == 1
@@ -50,21 +63,30 @@ def test_marked_timer_records_the_time_of_a_raising_block_and_reraises_unchanged
 
 
 def test_timing_metrics_per_token():
-    metrics = compute_timing_metrics({"gen": 2.0, "update_actor": 3.0, "step": 6.0},
-                                     num_prompt_tokens=600, num_response_tokens=400)
+    metrics = compute_timing_metrics(
+        {"gen": 2.0, "update_actor": 3.0, "step": 6.0}, num_prompt_tokens=600, num_response_tokens=400
+    )
     assert metrics == {
-        "timing_s/gen": 2.0, "timing_s/update_actor": 3.0, "timing_s/step": 6.0,
+        "timing_s/gen": 2.0,
+        "timing_s/update_actor": 3.0,
+        "timing_s/step": 6.0,
         "timing_per_token_ms/gen": 5.0,  # per response token: 2000 ms / 400
         "timing_per_token_ms/update_actor": 3.0,  # per token: 3000 ms / 1000
     }
 
 
 def test_throughput_metrics():
-    metrics = compute_throughput_metrics(step_seconds=4.0, total_num_tokens=8000, num_devices=2, num_samples=64,
-                                         gen_seconds=2.0)
-    assert metrics == {"perf/total_num_tokens": 8000.0, "perf/time_per_step": 4.0, "perf/throughput": 1000.0,
-                       "perf/rollout_samples_per_s": 32.0, "throughput/tokens_per_sec": 2000.0,
-                       "throughput/samples_per_sec": 16.0}
+    metrics = compute_throughput_metrics(
+        step_seconds=4.0, total_num_tokens=8000, num_devices=2, num_samples=64, gen_seconds=2.0
+    )
+    assert metrics == {
+        "perf/total_num_tokens": 8000.0,
+        "perf/time_per_step": 4.0,
+        "perf/throughput": 1000.0,
+        "perf/rollout_samples_per_s": 32.0,
+        "throughput/tokens_per_sec": 2000.0,
+        "throughput/samples_per_sec": 16.0,
+    }
     with pytest.raises(ValueError, match="num_devices=0"):
         compute_throughput_metrics(1.0, 10, 0)
 
@@ -77,7 +99,10 @@ def test_data_metrics():
         advantages=torch.tensor([[1.0, 2.0, 3.0], [-4.0, 99.0, 99.0]]),
         returns=torch.tensor([[1.0, 1.0, 1.0], [2.0, 99.0, 99.0]]),
         values=torch.tensor([[0.5, 0.5, 0.5], [0.1, 99.0, 99.0]]),
-        response_mask=mask, prompt_lengths=torch.tensor([4, 8]), max_response_length=3, max_prompt_length=8,
+        response_mask=mask,
+        prompt_lengths=torch.tensor([4, 8]),
+        max_response_length=3,
+        max_prompt_length=8,
     )
     assert metrics["critic/score/mean"] == pytest.approx(0.75) and metrics["critic/score/min"] == 0.5
     assert metrics["critic/rewards/max"] == pytest.approx(0.9)
@@ -89,7 +114,10 @@ def test_data_metrics():
 
 def test_memory_metrics_on_cpu():
     metrics = compute_memory_metrics()
-    assert 0 < metrics["perf/process_rss_gb"] and 0 < metrics["perf/cpu_memory_used_gb"] < metrics["perf/cpu_memory_total_gb"]
+    assert (
+        metrics["perf/process_rss_gb"] > 0
+        and 0 < metrics["perf/cpu_memory_used_gb"] < metrics["perf/cpu_memory_total_gb"]
+    )
     assert ("perf/max_memory_allocated_gb" in metrics) == (torch.cuda.is_available() and torch.cuda.is_initialized())
 
 
@@ -102,8 +130,16 @@ def test_aggregator_uses_the_stated_reducer_per_metric():
         agg.add("actor/grad_norm", loss, Reduce.MAX)
         agg.add("actor/lr", lr, Reduce.LAST)
         agg.add("critic/vpred_min", -loss, Reduce.MIN)
-    assert agg.compute() == pytest.approx({"actor/pg_loss": 3.25, "actor/pg_clipfrac": 0.2, "perf/tokens": 40.0,
-                                           "actor/grad_norm": 4.0, "actor/lr": 2e-3, "critic/vpred_min": -4.0})
+    assert agg.compute() == pytest.approx(
+        {
+            "actor/pg_loss": 3.25,
+            "actor/pg_clipfrac": 0.2,
+            "perf/tokens": 40.0,
+            "actor/grad_norm": 4.0,
+            "actor/lr": 2e-3,
+            "critic/vpred_min": -4.0,
+        }
+    )
     with pytest.raises(ValueError, match="actor/pg_loss: added with reduce=mean after reduce=weighted_mean"):
         agg.add("actor/pg_loss", 1.0, Reduce.MEAN)
     with pytest.raises(TypeError, match="must be a rlprof.metrics.Reduce"):
@@ -130,11 +166,24 @@ def test_two_process_timing_reduction(tmp_path):
         "out = reduce_timing_across_ranks(timing)\n"
         f"open(r'{tmp_path}/rank%d.json' % rank, 'w').write(json.dumps(out))\n"
         "dist.barrier()\n"
-        "dist.destroy_process_group()\n")
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-                    str(script)], check=True, capture_output=True, timeout=300,
-                   env=subprocess_env())
+        "dist.destroy_process_group()\n"
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={free_port()}",
+            str(script),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+        env=subprocess_env(),
+    )
     import json
+
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert results[0] == results[1]
     out = results[0]
@@ -143,22 +192,49 @@ def test_two_process_timing_reduction(tmp_path):
     assert out["timing_ranks/ref/mean"] == 0.5  # timed on one rank only
 
 
-LLAMA = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-         "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 32000, "hidden_act": "silu"}
-QWEN2 = {"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
-         "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064, "hidden_act": "silu"}
-MIXTRAL = {"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000, "hidden_act": "silu",
-           "num_local_experts": 8, "num_experts_per_tok": 2}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "intermediate_size": 11008,
+    "vocab_size": 32000,
+    "hidden_act": "silu",
+}
+QWEN2 = {
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "intermediate_size": 18944,
+    "vocab_size": 152064,
+    "hidden_act": "silu",
+}
+MIXTRAL = {
+    "model_type": "mixtral",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 32000,
+    "hidden_act": "silu",
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+}
 
 
 def hand_flops(h, layers, heads, kv, head_dim, inter_total_per_token_mlp, vocab, seqs):
     """Forward FLOPs written out term by term (multiply-add = 2)."""
     tokens = sum(seqs)
-    per_layer_token = (2 * h * heads * head_dim      # q
-                       + 2 * 2 * h * kv * head_dim   # k, v
-                       + 2 * heads * head_dim * h    # o
-                       + inter_total_per_token_mlp)  # mlp (+ router)
+    per_layer_token = (
+        2 * h * heads * head_dim  # q
+        + 2 * 2 * h * kv * head_dim  # k, v
+        + 2 * heads * head_dim * h  # o
+        + inter_total_per_token_mlp
+    )  # mlp (+ router)
     attention = sum(layers * 2 * heads * head_dim * s * (s + 1) for s in seqs)  # causal QK^T + AV, counted once
     return tokens * (layers * per_layer_token + 2 * h * vocab) + attention
 
@@ -186,10 +262,16 @@ def test_flops_mixtral_counts_router_and_top_k_experts():
 def test_flops_from_a_real_transformers_config():
     from transformers import LlamaConfig
 
-    assert estimate_flops(LlamaConfig(**{k: v for k, v in LLAMA.items() if k != "model_type"}), [64]).forward == \
-        estimate_flops(LLAMA, [64]).forward
-    assert model_shape({"n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
-                        "activation_function": "gelu_new"}).mlp_matrices == 2  # GPT-2: plain 4h MLP
+    assert (
+        estimate_flops(LlamaConfig(**{k: v for k, v in LLAMA.items() if k != "model_type"}), [64]).forward
+        == estimate_flops(LLAMA, [64]).forward
+    )
+    assert (
+        model_shape(
+            {"n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257, "activation_function": "gelu_new"}
+        ).mlp_matrices
+        == 2
+    )  # GPT-2: plain 4h MLP
 
 
 def test_mfu_with_known_device_and_override():
@@ -220,11 +302,26 @@ def test_cpu_peak_estimate_and_env_override(monkeypatch):
 
 
 def test_gelu_pytorch_tanh_is_gated_in_gemma_but_not_in_gpt_bigcode():
-    bigcode = {"model_type": "gpt_bigcode", "n_embd": 2048, "n_layer": 24, "n_head": 16, "n_inner": 8192,
-               "vocab_size": 49152, "activation_function": "gelu_pytorch_tanh"}
-    gemma = {"model_type": "gemma", "hidden_size": 2048, "num_hidden_layers": 18, "num_attention_heads": 8,
-             "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 16384, "vocab_size": 256000,
-             "hidden_activation": "gelu_pytorch_tanh"}
+    bigcode = {
+        "model_type": "gpt_bigcode",
+        "n_embd": 2048,
+        "n_layer": 24,
+        "n_head": 16,
+        "n_inner": 8192,
+        "vocab_size": 49152,
+        "activation_function": "gelu_pytorch_tanh",
+    }
+    gemma = {
+        "model_type": "gemma",
+        "hidden_size": 2048,
+        "num_hidden_layers": 18,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "intermediate_size": 16384,
+        "vocab_size": 256000,
+        "hidden_activation": "gelu_pytorch_tanh",
+    }
     assert model_shape(bigcode).mlp_matrices == 2 and model_shape(gemma).mlp_matrices == 3
     per_token_mlp = 2 * 2 * 2048 * 8192  # up and down, per layer
     linear = 24 * (2 * 2 * 2048 * 2048 + 2 * 2 * 2048 * 2048 + per_token_mlp) + 2 * 2048 * 49152
@@ -236,9 +333,17 @@ def test_data_metrics_explain_the_values_and_count_aborted_responses():
     rewards = torch.tensor([[0.0, 1.0], [2.0, 0.0], [0.0, 0.0]])
     returns = torch.tensor([[1.0, 1.0], [2.0, 0.0], [0.0, 0.0]])
     values = torch.tensor([[0.5, 1.5], [2.0, 0.0], [9.0, 9.0]])
-    metrics = compute_data_metrics(token_level_scores=rewards, token_level_rewards=rewards, advantages=returns,
-                                   returns=returns, response_mask=mask, prompt_lengths=torch.tensor([3, 3, 3]),
-                                   max_response_length=2, max_prompt_length=8, values=values)
+    metrics = compute_data_metrics(
+        token_level_scores=rewards,
+        token_level_rewards=rewards,
+        advantages=returns,
+        returns=returns,
+        response_mask=mask,
+        prompt_lengths=torch.tensor([3, 3, 3]),
+        max_response_length=2,
+        max_prompt_length=8,
+        values=values,
+    )
     assert metrics["response/aborted_ratio"] == pytest.approx(1 / 3)
     assert metrics["critic/score/min"] == 1.0  # the empty response's 0 is not a score
     assert metrics["response_length_non_aborted/mean"] == 1.5
@@ -251,9 +356,15 @@ def test_data_metrics_explain_the_values_and_count_aborted_responses():
 def test_seed_dashboard_aliases_come_from_the_verl_names():
     from rlprof.metrics.seed import training_aliases
 
-    assert training_aliases({"actor/pg_loss": 0.5, "critic/vf_loss": 0.25, "actor/entropy": 1.5,
-                             "actor/ppo_kl": 0.01, "actor/kl_loss": 0.02}) == {
-        "train/loss": 0.5, "train/value_loss": 0.25, "train/entropy": 1.5, "train/kl_divergence": 0.02}
+    assert training_aliases(
+        {
+            "actor/pg_loss": 0.5,
+            "critic/vf_loss": 0.25,
+            "actor/entropy": 1.5,
+            "actor/ppo_kl": 0.01,
+            "actor/kl_loss": 0.02,
+        }
+    ) == {"train/loss": 0.5, "train/value_loss": 0.25, "train/entropy": 1.5, "train/kl_divergence": 0.02}
     throughput = compute_throughput_metrics(2.0, 1000, 2, num_samples=64, gen_seconds=0.5)
     assert throughput["throughput/tokens_per_sec"] == 500 and throughput["throughput/samples_per_sec"] == 32
     assert compute_memory_metrics()["memory/allocated"] > 0

@@ -17,8 +17,14 @@ from rlprof.manifest import read_manifest
 
 
 def torch_config(save_path: Path, steps=None, roles=None, **torch_cfg):
-    cfg = {"global_profiler": {"tool": "torch", "steps": steps, "save_path": str(save_path),
-                               "global_tool_config": {"torch": torch_cfg}}}
+    cfg = {
+        "global_profiler": {
+            "tool": "torch",
+            "steps": steps,
+            "save_path": str(save_path),
+            "global_tool_config": {"torch": torch_cfg},
+        }
+    }
     cfg.update(roles or {})
     return cfg
 
@@ -50,7 +56,10 @@ def test_contiguous_selected_steps_form_one_window_each(tmp_path):
     files = sorted(m["path"] for m in read_manifest(tmp_path))
     assert files == ["torch/step2-3/rank0.pt.trace.json.gz", "torch/step5/rank0.pt.trace.json.gz"]
     assert names(tmp_path / files[0]).count("actor/update") == 2
-    assert [n for n in names(tmp_path / files[0]) if n.startswith("ProfilerStep")] == ["ProfilerStep#2", "ProfilerStep#3"]
+    assert [n for n in names(tmp_path / files[0]) if n.startswith("ProfilerStep")] == [
+        "ProfilerStep#2",
+        "ProfilerStep#3",
+    ]
     assert [m["steps"] for m in read_manifest(tmp_path)] == [[2, 3], [5]]
 
 
@@ -91,8 +100,9 @@ def test_declared_roles_are_the_only_ones_recorded(tmp_path):
     def generate():
         return update(0)
 
-    rlprof.init(torch_config(tmp_path, steps=[1], roles={"actor": {"profiler": {"enable": False}},
-                                                        "rollout": {"profiler": {}}}))
+    rlprof.init(
+        torch_config(tmp_path, steps=[1], roles={"actor": {"profiler": {"enable": False}}, "rollout": {"profiler": {}}})
+    )
     run_steps([1], generate)
     rlprof.shutdown()
     recorded = names(tmp_path / read_manifest(tmp_path)[0]["path"])
@@ -261,15 +271,20 @@ def test_a_window_records_what_runs_between_its_steps_as_such_and_nothing_after_
     (gap,) = by_name["step/between_steps"]  # between steps 2 and 3 only
     (validate,) = by_name["actor/validate"]  # step 2's validation; step 3's ran after the window closed
     assert gap["ts"] <= validate["ts"] and validate["ts"] + validate["dur"] <= gap["ts"] + gap["dur"]
-    step3 = [e for e in events if e["name"] == "ProfilerStep#3"][0]
+    step3 = next(e for e in events if e["name"] == "ProfilerStep#3")
     assert gap["ts"] + gap["dur"] <= step3["ts"] + 1
 
 
 def test_seed_block_for_the_actor_alone_also_records_rollout_and_ref_but_not_critic_or_reward(tmp_path):
     seed = {"actor_rollout_ref": {"actor": {"profiler": {"enable": True, "all_ranks": False, "ranks": [0]}}}}
     session = rlprof.init(torch_config(tmp_path, steps=[1], roles=seed))
-    assert [session.role_enabled(r) for r in ("actor", "rollout", "ref", "critic", "reward")] == \
-        [True, True, True, False, False]
+    assert [session.role_enabled(r) for r in ("actor", "rollout", "ref", "critic", "reward")] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
     own = {"actor_rollout_ref": {"actor": {"profiler": {"ranks": [0]}}, "rollout": {"profiler": {"enable": False}}}}
     session = rlprof.init(torch_config(tmp_path, steps=[1], roles=own))
     assert session.role_enabled("ref") and not session.role_enabled("rollout")  # a block of its own wins
@@ -280,7 +295,10 @@ def test_a_step_number_seen_twice_gets_a_second_file(tmp_path):
     run_steps([1, 2, 3, 1, 2, 3])  # e.g. a loop restarted in the same process
     rlprof.shutdown()
     records = read_manifest(tmp_path)
-    assert [r["path"] for r in records] == ["torch/step2/rank0.pt.trace.json.gz", "torch/step2/rank0-2.pt.trace.json.gz"]
+    assert [r["path"] for r in records] == [
+        "torch/step2/rank0.pt.trace.json.gz",
+        "torch/step2/rank0-2.pt.trace.json.gz",
+    ]
     assert [r["window"] for r in records] == [1, 2]
     assert all((tmp_path / r["path"]).stat().st_size == r["bytes"] for r in records)
 

@@ -27,14 +27,20 @@ def dirs(tmp_path, monkeypatch):
 
 
 def metrics_for(step: int, run: int = 1) -> dict[str, float]:
-    return {"actor/pg_loss": 1.0 / step + run, "critic/rewards/mean": 0.1 * step, "actor/kl_loss": 0.01 * step,
-            "perf/mfu/actor": 0.4, "odd:key@v1": float(step)}
+    return {
+        "actor/pg_loss": 1.0 / step + run,
+        "critic/rewards/mean": 0.1 * step,
+        "actor/kl_loss": 0.01 * step,
+        "perf/mfu/actor": 0.4,
+        "odd:key@v1": float(step),
+    }
 
 
 def same_series(actual, expected) -> bool:
     """(step, value) pairs: the same steps, in order, and values equal to float precision."""
-    return [s for s, _ in actual] == [s for s, _ in expected] and \
-        [v for _, v in actual] == pytest.approx([v for _, v in expected])
+    return [s for s, _ in actual] == [s for s, _ in expected] and [v for _, v in actual] == pytest.approx(
+        [v for _, v in expected]
+    )
 
 
 def tensorboard_scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
@@ -68,8 +74,13 @@ def mlflow_history(log_dir: Path, key: str) -> list[tuple[int, float]]:
 
 def test_each_backend_holds_the_logged_values(dirs):
     log_dir = dirs / "run"
-    with Tracker("proj", "exp", ["tensorboard", "file", "wandb", "mlflow"], log_dir=log_dir,
-                 config={"actor": {"lr": 1e-6}, "trainer": {"total_epochs": 2}}) as tracker:
+    with Tracker(
+        "proj",
+        "exp",
+        ["tensorboard", "file", "wandb", "mlflow"],
+        log_dir=log_dir,
+        config={"actor": {"lr": 1e-6}, "trainer": {"total_epochs": 2}},
+    ) as tracker:
         for step in (1, 2, 3):
             tracker.log(metrics_for(step), step)
     expected = [(s, 1.0 / s + 1) for s in (1, 2, 3)]
@@ -97,9 +108,17 @@ def test_console_prints_the_seed_lines_the_table_and_progress():
     console = Console(file=out, width=120, force_terminal=False, color_system=None)
     with Tracker("p", "e", ["console"], console=console, total_steps=4, total_epochs=2, table_every=2) as tracker:
         for step in (1, 2, 3, 4):
-            tracker.log({**metrics_for(step), "training/epoch": 1 + (step - 1) // 2,
-                         "perf/rollout_samples_per_s": 1250.0, "perf/throughput": 800.0,
-                         "perf/cpu_memory_used_gb": 12.4, "perf/cpu_memory_total_gb": 16.0}, step)
+            tracker.log(
+                {
+                    **metrics_for(step),
+                    "training/epoch": 1 + (step - 1) // 2,
+                    "perf/rollout_samples_per_s": 1250.0,
+                    "perf/throughput": 800.0,
+                    "perf/cpu_memory_used_gb": 12.4,
+                    "perf/cpu_memory_total_gb": 16.0,
+                },
+                step,
+            )
     text = out.getvalue()
     assert "[INFO] Epoch 1/2 - Step 1 - Loss: 2.000, Reward: 0.100, KL: 0.010" in text
     assert "[INFO] Epoch 2/2 - Step 4 - Loss: 1.250, Reward: 0.400, KL: 0.040" in text
@@ -109,14 +128,24 @@ def test_console_prints_the_seed_lines_the_table_and_progress():
     assert "4/4" in text and "ETA" in text  # the progress bar
 
 
-@pytest.mark.parametrize("value", ['["console","wandb"]', "['console', 'wandb']", "console,wandb",
-                                   ["console", "wandb"], OmegaConf.create({"l": ["console", "wandb"]}).l])
+@pytest.mark.parametrize(
+    "value",
+    [
+        '["console","wandb"]',
+        "['console', 'wandb']",
+        "console,wandb",
+        ["console", "wandb"],
+        OmegaConf.create({"l": ["console", "wandb"]}).l,
+    ],
+)
 def test_logger_setting_forms(value):
     assert parse_backends(value) == ["console", "wandb"]
 
 
 def test_unknown_backend_lists_the_known_ones():
-    with pytest.raises(ValueError, match="unknown backend 'neptune'; registered backends: console, file, mlflow, tensorboard, wandb"):
+    with pytest.raises(
+        ValueError, match="unknown backend 'neptune'; registered backends: console, file, mlflow, tensorboard, wandb"
+    ):
         parse_backends('["console","neptune"]')
 
 

@@ -20,8 +20,14 @@ def test_defaults_validate_and_declare_every_role():
 
 
 def test_dotted_overrides_and_interpolated_defaults():
-    cfg = load_trainer_config(["algorithm.adv_estimator=gae", "trainer.logger=[console,wandb]",
-                               "+trainer.seed=3", "actor_rollout_ref.actor.use_dynamic_bsz=true"])
+    cfg = load_trainer_config(
+        [
+            "algorithm.adv_estimator=gae",
+            "trainer.logger=[console,wandb]",
+            "+trainer.seed=3",
+            "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        ]
+    )
     assert cfg.algorithm.adv_estimator == "gae" and list(cfg.trainer.logger) == ["console", "wandb"]
     assert cfg.trainer.seed == 3  # verl's "+key" spelling of an existing key is accepted
     # the log-prob passes and the critic follow the actor's knob unless set (verl's interpolations)
@@ -30,7 +36,9 @@ def test_dotted_overrides_and_interpolated_defaults():
 
 
 def test_unknown_key_suggests_the_nearest():
-    with pytest.raises(ConfigError, match="unknown config key 'algorithm.adv_estimater'; did you mean 'algorithm.adv_estimator'"):
+    with pytest.raises(
+        ConfigError, match="unknown config key 'algorithm.adv_estimater'; did you mean 'algorithm.adv_estimator'"
+    ):
         load_trainer_config(["algorithm.adv_estimater=gae"])
     with pytest.raises(ConfigError, match="unknown config key 'my.extra'"):
         load_trainer_config(["+my.extra=3"])
@@ -62,8 +70,11 @@ def test_schema_and_yaml_agree_key_by_key():
 
     assert yaml_keys(OmegaConf.to_container(OmegaConf.load(DEFAULTS), resolve=True)) == schema_keys(TrainerConfig)
     defaults, resolved = as_dict(TrainerConfig()), as_dict(load_trainer_config([]))
-    differing = {k for k in schema_keys(TrainerConfig)
-                 if not isinstance(_get(resolved, k), dict) and _get(defaults, k) != _get(resolved, k)}
+    differing = {
+        k
+        for k in schema_keys(TrainerConfig)
+        if not isinstance(_get(resolved, k), dict) and _get(defaults, k) != _get(resolved, k)
+    }
     assert differing == set(), differing  # the dataclass defaults are the YAML's
 
 
@@ -73,19 +84,24 @@ def _get(tree, dotted):
     return tree
 
 
-@pytest.mark.parametrize("override, fragments", [
-    ("trainer.total_training_steps=abc", ["trainer.total_training_steps", "'abc'", "integer or null"]),
-    ("actor_rollout_ref.actor.optim.lr=fast", ["actor_rollout_ref.actor.optim.lr", "'fast'", "a number"]),
-    ("trainer.seed=abc", ["trainer.seed", "'abc'", "an integer"]),
-    ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=0", ["log_prob_micro_batch_size_per_gpu", "0",
-                                                                      ">= 1"]),
-    ("actor_rollout_ref.rollout.top_p=2", ["actor_rollout_ref.rollout.top_p", "2", "> 0 and <= 1"]),
-    ("trainer.total_training_steps=0", ["trainer.total_training_steps", "0", ">= 1"]),
-    ("reward_model.reward_manager=prime", ["reward_model.reward_manager", "'prime'", "naive"]),
-    ("trainer.experiment_name=../elsewhere", ["trainer.experiment_name", "no path separators"]),
-    ("trainer.project_name=a/b", ["trainer.project_name", "no path separators"]),
-    ("trainer.resume_mode=/tmp", ["trainer.resume_mode", "inside trainer.default_local_dir"]),
-])
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        ("trainer.total_training_steps=abc", ["trainer.total_training_steps", "'abc'", "integer or null"]),
+        ("actor_rollout_ref.actor.optim.lr=fast", ["actor_rollout_ref.actor.optim.lr", "'fast'", "a number"]),
+        ("trainer.seed=abc", ["trainer.seed", "'abc'", "an integer"]),
+        (
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=0",
+            ["log_prob_micro_batch_size_per_gpu", "0", ">= 1"],
+        ),
+        ("actor_rollout_ref.rollout.top_p=2", ["actor_rollout_ref.rollout.top_p", "2", "> 0 and <= 1"]),
+        ("trainer.total_training_steps=0", ["trainer.total_training_steps", "0", ">= 1"]),
+        ("reward_model.reward_manager=prime", ["reward_model.reward_manager", "'prime'", "naive"]),
+        ("trainer.experiment_name=../elsewhere", ["trainer.experiment_name", "no path separators"]),
+        ("trainer.project_name=a/b", ["trainer.project_name", "no path separators"]),
+        ("trainer.resume_mode=/tmp", ["trainer.resume_mode", "inside trainer.default_local_dir"]),
+    ],
+)
 def test_wrong_types_and_ranges_are_named_before_work_starts(override, fragments, capsys):
     assert main([override]) == 2
     err = capsys.readouterr().err
@@ -94,19 +110,22 @@ def test_wrong_types_and_ranges_are_named_before_work_starts(override, fragments
         assert fragment in err, (fragment, err)
 
 
-@pytest.mark.parametrize("override, fragments", [
-    ("actor_rollout_ref.actor.strategy=fsdp2", ["strategy='fsdp2'", "DeepSpeed", "zero_stage"]),
-    ("actor_rollout_ref.actor.fsdp_config.forward_prefetch=true", ["forward_prefetch", "ZeRO 3 prefetches"]),
-    ("actor_rollout_ref.actor.fsdp_config.offload_policy=true", ["offload_policy", "zero_stage=3"]),
-    ("data.max_response_length=0", ["data.max_response_length", "0 is out of range", ">= 1"]),
-    ("algorithm.adv_estimator=ppo", ["adv_estimator='ppo'", "gae, grpo, rloo"]),
-    ("actor_rollout_ref.actor.zero_stage=4", ["zero_stage: 4", "0, 1, 2, 3"]),
-    ("trainer.logger=[console,neptune]", ["unknown backend 'neptune'"]),
-    ("actor_rollout_ref.model.path=/no/such/model", ["model.path='/no/such/model'", "no such directory"]),
-    ("custom_reward_function.path=/no/such/reward.py", ["custom_reward_function.path", "no such file"]),
-    ("actor_rollout_ref.rollout.name=sglang", ["rollout.name: 'sglang'", "hf, vllm"]),
-    ("global_profiler.tool=npu", ["global_profiler.tool", "'npu'", "nsys, torch, torch_memory"]),
-])
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        ("actor_rollout_ref.actor.strategy=fsdp2", ["strategy='fsdp2'", "DeepSpeed", "zero_stage"]),
+        ("actor_rollout_ref.actor.fsdp_config.forward_prefetch=true", ["forward_prefetch", "ZeRO 3 prefetches"]),
+        ("actor_rollout_ref.actor.fsdp_config.offload_policy=true", ["offload_policy", "zero_stage=3"]),
+        ("data.max_response_length=0", ["data.max_response_length", "0 is out of range", ">= 1"]),
+        ("algorithm.adv_estimator=ppo", ["adv_estimator='ppo'", "gae, grpo, rloo"]),
+        ("actor_rollout_ref.actor.zero_stage=4", ["zero_stage: 4", "0, 1, 2, 3"]),
+        ("trainer.logger=[console,neptune]", ["unknown backend 'neptune'"]),
+        ("actor_rollout_ref.model.path=/no/such/model", ["model.path='/no/such/model'", "no such directory"]),
+        ("custom_reward_function.path=/no/such/reward.py", ["custom_reward_function.path", "no such file"]),
+        ("actor_rollout_ref.rollout.name=sglang", ["rollout.name: 'sglang'", "hf, vllm"]),
+        ("global_profiler.tool=npu", ["global_profiler.tool", "'npu'", "nsys, torch, torch_memory"]),
+    ],
+)
 def test_bad_settings_are_rejected_before_any_work(override, fragments, capsys):
     assert main([override]) == 2
     err = capsys.readouterr().err

@@ -16,28 +16,49 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, free_port, subprocess_env
 from rlprof.analysis.nsys_report import count_by_role, export_sqlite, read_nvtx_ranges
 from rlprof.manifest import read_manifest
 from rlprof.tracking.jsonl import read_jsonl
 
+from conftest import ROOT, free_port, subprocess_env
+
 pytestmark = pytest.mark.slow
 
-PHASES = {("trainer", "step"), ("rollout", "gen"), ("reward", "reward"), ("actor", "old_log_prob"), ("ref", "ref"),
-          ("critic", "values"), ("trainer", "adv"), ("critic", "update_critic"), ("actor", "update_actor"),
-          ("rollout", "update_weights")}
-ALL_PHASES_RUN = ("algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=1", "data.train_batch_size=8",
-                  "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.total_training_steps=3",
-                  "trainer.test_freq=-1", "trainer.val_before_train=false")
+PHASES = {
+    ("trainer", "step"),
+    ("rollout", "gen"),
+    ("reward", "reward"),
+    ("actor", "old_log_prob"),
+    ("ref", "ref"),
+    ("critic", "values"),
+    ("trainer", "adv"),
+    ("critic", "update_critic"),
+    ("actor", "update_actor"),
+    ("rollout", "update_weights"),
+}
+ALL_PHASES_RUN = (
+    "algorithm.adv_estimator=gae",
+    "actor_rollout_ref.rollout.n=1",
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "trainer.total_training_steps=3",
+    "trainer.test_freq=-1",
+    "trainer.val_before_train=false",
+)
 
 
 def trainer_command(tmp_path: Path, *overrides: str) -> list[str]:
-    return [f"trainer.log_dir={tmp_path / 'logs'}", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-            'trainer.logger=["file"]', *overrides]
+    return [
+        f"trainer.log_dir={tmp_path / 'logs'}",
+        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+        'trainer.logger=["file"]',
+        *overrides,
+    ]
 
 
-def run_trainer(tmp_path: Path, *overrides: str, prefix: tuple[str, ...] = (sys.executable, "-m"),
-                timeout: float = 900) -> subprocess.CompletedProcess:
+def run_trainer(
+    tmp_path: Path, *overrides: str, prefix: tuple[str, ...] = (sys.executable, "-m"), timeout: float = 900
+) -> subprocess.CompletedProcess:
     command = [*prefix, "rlprof_train.main_ppo", *trainer_command(tmp_path, *overrides)]
     env = subprocess_env(OMP_NUM_THREADS="1")
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
@@ -51,30 +72,46 @@ def rewards(tmp_path: Path) -> list[float]:
 
 def assert_learns(curve: list[float], label: str) -> None:
     start, plateau = sum(curve[:5]) / 5, sum(curve[-50:]) / 50
-    windows = [round(sum(curve[i:i + 25]) / len(curve[i:i + 25]), 2) for i in range(0, len(curve), 25)]
-    print(f"\n{label}: mean reward of steps 1-5 = {start:.3f}, of the last 50 steps = {plateau:.3f}; per 25 steps: {windows}")
+    windows = [round(sum(curve[i : i + 25]) / len(curve[i : i + 25]), 2) for i in range(0, len(curve), 25)]
+    print(
+        f"\n{label}: mean reward of steps 1-5 = {start:.3f}, of the last 50 steps = {plateau:.3f}; "
+        f"per 25 steps: {windows}"
+    )
     assert start <= 0.3 and plateau >= 0.8, (start, plateau, windows)
 
 
 def test_grpo_learns_the_arithmetic_task(tmp_path):
     run_trainer(tmp_path, "trainer.test_freq=100")  # the README demo's settings: GRPO, 300 steps
     assert_learns(rewards(tmp_path), "GRPO")
-    val = [r for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl") if "val-core/rlprof/arithmetic/reward/mean@1" in r]
+    val = [
+        r for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl") if "val-core/rlprof/arithmetic/reward/mean@1" in r
+    ]
     assert [r["step"] for r in val] == [0, 100, 200, 300]
     assert val[-1]["val-core/rlprof/arithmetic/reward/mean@1"] > val[0]["val-core/rlprof/arithmetic/reward/mean@1"]
 
 
 def test_gae_actor_critic_learns_the_arithmetic_task(tmp_path):
-    run_trainer(tmp_path, "algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=1", "data.train_batch_size=128",
-                "trainer.total_training_steps=500", "trainer.test_freq=-1")
+    run_trainer(
+        tmp_path,
+        "algorithm.adv_estimator=gae",
+        "actor_rollout_ref.rollout.n=1",
+        "data.train_batch_size=128",
+        "trainer.total_training_steps=500",
+        "trainer.test_freq=-1",
+    )
     assert_learns(rewards(tmp_path), "GAE")
     last = read_jsonl(tmp_path / "logs" / "metrics.jsonl")[-1]
     assert "critic/vf_loss" in last and "critic/values/mean" in last and "actor/grad_norm" in last
 
 
 def test_torch_profile_of_step_2_holds_every_phase(tmp_path):
-    run_trainer(tmp_path, *ALL_PHASES_RUN, "global_profiler.tool=torch", "global_profiler.steps=[2]",
-                f"global_profiler.save_path={tmp_path / 'profile'}")
+    run_trainer(
+        tmp_path,
+        *ALL_PHASES_RUN,
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[2]",
+        f"global_profiler.save_path={tmp_path / 'profile'}",
+    )
     (entry,) = read_manifest(tmp_path / "profile")
     assert entry["path"] == "torch/step2/rank0.pt.trace.json.gz"
     with gzip.open(tmp_path / "profile" / entry["path"], "rt") as handle:
@@ -90,11 +127,34 @@ def test_nsys_profile_holds_every_phase(tmp_path):
         pytest.skip(f"Nsight Systems cannot be installed here: {installed.stderr.strip()}")
     nsys = installed.stdout.strip().splitlines()[-1]
     report = tmp_path / "trainer"
-    run_trainer(tmp_path, *ALL_PHASES_RUN, "global_profiler.tool=nsys", "global_profiler.steps=[2]",
-                prefix=("timeout", "900", nsys, "profile", "-t", "nvtx,osrt", "--sample=none", "--cpuctxsw=none",
-                        "--force-overwrite=true", "-o", str(report), sys.executable, "-m"))
-    stats = subprocess.run([nsys, "stats", "--report", "nvtxsum", "--format", "csv", f"{report}.nsys-rep"],
-                           capture_output=True, text=True, check=True, timeout=300).stdout
+    run_trainer(
+        tmp_path,
+        *ALL_PHASES_RUN,
+        "global_profiler.tool=nsys",
+        "global_profiler.steps=[2]",
+        prefix=(
+            "timeout",
+            "900",
+            nsys,
+            "profile",
+            "-t",
+            "nvtx,osrt",
+            "--sample=none",
+            "--cpuctxsw=none",
+            "--force-overwrite=true",
+            "-o",
+            str(report),
+            sys.executable,
+            "-m",
+        ),
+    )
+    stats = subprocess.run(
+        [nsys, "stats", "--report", "nvtxsum", "--format", "csv", f"{report}.nsys-rep"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
     for _, phase in PHASES:
         assert f"rlprof:{phase}\n" in stats.replace("\r", "") or f",rlprof:{phase}" in stats, phase
     by_role = count_by_role(read_nvtx_ranges(export_sqlite(nsys, f"{report}.nsys-rep")))
@@ -103,8 +163,13 @@ def test_nsys_profile_holds_every_phase(tmp_path):
 
 
 def test_killed_run_resumes_with_the_same_steps_and_data_order(tmp_path):
-    steps = ("trainer.total_training_steps=40", "trainer.save_freq=5", "trainer.test_freq=-1",
-             "trainer.val_before_train=false", "trainer.max_actor_ckpt_to_keep=2")
+    steps = (
+        "trainer.total_training_steps=40",
+        "trainer.save_freq=5",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "trainer.max_actor_ckpt_to_keep=2",
+    )
     reference = tmp_path / "reference"
     run_trainer(reference, *steps)
     killed = tmp_path / "killed"
@@ -133,17 +198,34 @@ def test_two_ranks_train_with_zero(tmp_path, zero_stage, launcher):
     if launcher == "torchrun":
         prefix = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", "-m")
     else:
-        prefix = (shutil.which("deepspeed", path=os.path.dirname(sys.executable)), "--num_gpus", "2",
-                  "--master_port", port, "--module")
-    run_trainer(tmp_path, f"actor_rollout_ref.actor.zero_stage={zero_stage}", "algorithm.adv_estimator=gae",
-                "actor_rollout_ref.rollout.n=2", "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-                "trainer.total_training_steps=4", "trainer.test_freq=2", "trainer.save_freq=2", prefix=prefix)
+        prefix = (
+            shutil.which("deepspeed", path=os.path.dirname(sys.executable)),
+            "--num_gpus",
+            "2",
+            "--master_port",
+            port,
+            "--module",
+        )
+    run_trainer(
+        tmp_path,
+        f"actor_rollout_ref.actor.zero_stage={zero_stage}",
+        "algorithm.adv_estimator=gae",
+        "actor_rollout_ref.rollout.n=2",
+        "data.train_batch_size=16",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "trainer.total_training_steps=4",
+        "trainer.test_freq=2",
+        "trainer.save_freq=2",
+        prefix=prefix,
+    )
     rows = read_jsonl(tmp_path / "logs" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
     last = rows[-1]
     for phase in ("gen", "update_actor", "update_critic"):
         assert last[f"timing_ranks/{phase}/straggler"] >= 1.0
-        assert last[f"timing_ranks/{phase}/min"] <= last[f"timing_ranks/{phase}/mean"] <= last[f"timing_ranks/{phase}/max"]
+        assert (
+            last[f"timing_ranks/{phase}/min"] <= last[f"timing_ranks/{phase}/mean"] <= last[f"timing_ranks/{phase}/max"]
+        )
     assert last["perf/total_num_tokens"] > 0 and "actor/pg_loss" in last
     assert (tmp_path / "ckpt" / "global_step_4" / "actor").is_dir()
 
@@ -151,19 +233,33 @@ def test_two_ranks_train_with_zero(tmp_path, zero_stage, launcher):
 def test_the_seeds_knobs_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     result = run_trainer(
-        tmp_path, "trainer.total_training_steps=2", "trainer.test_freq=-1", 'trainer.logger=["console","wandb"]',
-        "trainer.project_name=multi-turn-grpo", "trainer.experiment_name=qwen2.5-3b-experiment",
-        "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=49152",
-        "critic.ppo_max_token_len_per_gpu=98304", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=true", "actor_rollout_ref.model.enable_activation_offload=true",
-        "actor_rollout_ref.ref.entropy_from_logits_with_chunking=true", "actor_rollout_ref.actor.entropy_checkpointing=true",
-        "actor_rollout_ref.rollout.disable_log_stats=false", "actor_rollout_ref.rollout.gpu_memory_utilization=0.7",
-        "actor_rollout_ref.rollout.max_num_batched_tokens=4096", "actor_rollout_ref.rollout.tensor_parallel_size=1",
-        "global_profiler.tool=torch_memory", f"global_profiler.save_path={tmp_path / 'mem_snapshots'}",
+        tmp_path,
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=-1",
+        'trainer.logger=["console","wandb"]',
+        "trainer.project_name=multi-turn-grpo",
+        "trainer.experiment_name=qwen2.5-3b-experiment",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=49152",
+        "critic.ppo_max_token_len_per_gpu=98304",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+        "actor_rollout_ref.model.enable_activation_offload=true",
+        "actor_rollout_ref.ref.entropy_from_logits_with_chunking=true",
+        "actor_rollout_ref.actor.entropy_checkpointing=true",
+        "actor_rollout_ref.rollout.disable_log_stats=false",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.7",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=4096",
+        "actor_rollout_ref.rollout.tensor_parallel_size=1",
+        "global_profiler.tool=torch_memory",
+        f"global_profiler.save_path={tmp_path / 'mem_snapshots'}",
         "global_profiler.global_tool_config.torch_memory.trace_alloc_max_entries=100000",
-        "global_profiler.global_tool_config.torch_memory.stack_depth=32")
+        "global_profiler.global_tool_config.torch_memory.stack_depth=32",
+    )
     out = result.stdout + result.stderr
-    assert "the hf backend ignores the vLLM engine settings gpu_memory_utilization=0.7, max_num_batched_tokens=4096" in out
+    assert (
+        "the hf backend ignores the vLLM engine settings gpu_memory_utilization=0.7, max_num_batched_tokens=4096" in out
+    )
     assert "[INFO] Epoch 1/100 - Step 2 - Loss:" in out
     assert "enable_activation_offload" in out
     assert any(m["tool"] == "torch_memory" for m in read_manifest(tmp_path / "mem_snapshots"))

@@ -5,6 +5,7 @@ one of two ranks, and a dashboard keyed on the seed's metric names."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -13,24 +14,44 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, free_port, subprocess_env
 from rlprof.tracking.jsonl import read_jsonl
 from rlprof_train import checkpoint
 
+from conftest import ROOT, free_port, subprocess_env
+
 pytestmark = pytest.mark.slow
 
-SMALL = ("data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
-         "trainer.val_before_train=false", "trainer.test_freq=-1")
+SMALL = (
+    "data.train_batch_size=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.rollout.n=2",
+    "trainer.val_before_train=false",
+    "trainer.test_freq=-1",
+)
 
 
 def command(folder: Path, *overrides: str, prefix: tuple[str, ...] = (sys.executable, "-m")) -> list[str]:
-    return [*prefix, "rlprof_train.main_ppo", *SMALL, 'trainer.logger=["file"]', f"trainer.log_dir={folder}/logs",
-            f"trainer.default_local_dir={folder}/ckpt", f"global_profiler.save_path={folder}/profile", *overrides]
+    return [
+        *prefix,
+        "rlprof_train.main_ppo",
+        *SMALL,
+        'trainer.logger=["file"]',
+        f"trainer.log_dir={folder}/logs",
+        f"trainer.default_local_dir={folder}/ckpt",
+        f"global_profiler.save_path={folder}/profile",
+        *overrides,
+    ]
 
 
 def run(folder: Path, *overrides: str, expect: int = 0, **kwargs) -> subprocess.CompletedProcess:
-    result = subprocess.run(command(folder, *overrides, **kwargs), capture_output=True, text=True, timeout=900,
-                            env=subprocess_env(OMP_NUM_THREADS="1"), cwd=ROOT)
+    result = subprocess.run(
+        command(folder, *overrides, **kwargs),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=subprocess_env(OMP_NUM_THREADS="1"),
+        cwd=ROOT,
+    )
     assert result.returncode == expect, f"rc={result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     return result
 
@@ -50,8 +71,14 @@ def test_a_fresh_start_never_appends_to_an_earlier_runs_log(tmp_path):
 
 def test_a_second_run_on_the_same_folders_is_refused_naming_the_first(tmp_path):
     env = subprocess_env(OMP_NUM_THREADS="1")
-    first = subprocess.Popen(command(tmp_path, "trainer.total_training_steps=6", "trainer.save_freq=2"), cwd=ROOT,
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        command(tmp_path, "trainer.total_training_steps=6", "trainer.save_freq=2"),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 300
     while not (tmp_path / "logs" / ".rlprof.lock").exists() or not (tmp_path / "logs" / ".rlprof.lock").stat().st_size:
         assert time.monotonic() < deadline and first.poll() is None
@@ -59,7 +86,7 @@ def test_a_second_run_on_the_same_folders_is_refused_naming_the_first(tmp_path):
     second = run(tmp_path, "trainer.total_training_steps=6", expect=2)
     assert f"is in use by another run (pid {first.pid} on host" in second.stderr
     assert len(second.stderr.strip().splitlines()[-1]) < 400
-    out, err = first.communicate(timeout=600)
+    _out, err = first.communicate(timeout=600)
     assert first.returncode == 0, err[-3000:]
     assert steps(tmp_path) == [1, 2, 3, 4, 5, 6]
     assert checkpoint.saved_steps(tmp_path / "ckpt") == [2, 4, 6]
@@ -79,53 +106,90 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
 
 def test_a_nan_reward_stops_at_once_naming_the_data_source_and_a_sample(tmp_path):
     reward = tmp_path / "nan_reward.py"
-    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                      "    return float('nan')\n")
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return float('nan')\n"
+    )
     result = run(tmp_path, f"custom_reward_function.path={reward}", "trainer.total_training_steps=3", expect=1)
     assert "returned nan (not finite)" in result.stderr and "data_source='rlprof/arithmetic'" in result.stderr
     assert "Traceback" in result.stderr  # an error during training keeps its traceback
 
 
 def test_a_diverging_learning_rate_is_stopped_by_the_guard_not_a_sampling_crash(tmp_path):
-    result = run(tmp_path, "actor_rollout_ref.actor.optim.lr=1e9", "trainer.total_training_steps=20",
-                 "trainer.save_freq=1", "trainer.nonfinite_patience=2", expect=1)
+    result = run(
+        tmp_path,
+        "actor_rollout_ref.actor.optim.lr=1e9",
+        "trainer.total_training_steps=20",
+        "trainer.save_freq=1",
+        "trainer.nonfinite_patience=2",
+        expect=1,
+    )
     assert "training diverged: non-finite values for 2 consecutive steps" in result.stderr
     assert "actor_rollout_ref.actor.optim.lr (now 1e+09)" in result.stderr
     assert "multinomial" not in result.stderr
-    bad = {r["step"] for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl")
-           if any(isinstance(v, float) and v != v for v in r.values())}
+    bad = {
+        r["step"]
+        for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl")
+        if any(isinstance(v, float) and math.isnan(v) for v in r.values())
+    }
     assert bad and not {s for s in checkpoint.saved_steps(tmp_path / "ckpt") if s in bad}  # none from a bad step
 
 
 def test_an_error_on_one_of_two_ranks_ends_both_with_the_traceback_and_no_hang(tmp_path):
     reward = tmp_path / "rank1_fails.py"
-    reward.write_text(textwrap.dedent("""
+    reward.write_text(
+        textwrap.dedent("""
         import os
         def compute_score(data_source, solution_str, ground_truth, extra_info=None):
             if os.environ["RANK"] == "1":
                 raise ValueError("the grader on rank 1 has no answer key")
             return 0.0
-    """))
+    """)
+    )
     prefix = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}", "-m")
     start = time.monotonic()
-    result = subprocess.run(command(tmp_path, f"custom_reward_function.path={reward}", "data.train_batch_size=8",
-                                    "actor_rollout_ref.actor.ppo_mini_batch_size=8", prefix=prefix),
-                            capture_output=True, text=True, timeout=600, env=subprocess_env(OMP_NUM_THREADS="1"),
-                            cwd=ROOT)
+    result = subprocess.run(
+        command(
+            tmp_path,
+            f"custom_reward_function.path={reward}",
+            "data.train_batch_size=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            prefix=prefix,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=subprocess_env(OMP_NUM_THREADS="1"),
+        cwd=ROOT,
+    )
     assert result.returncode not in (0, 2) and time.monotonic() - start < 300
     assert "ValueError: the grader on rank 1 has no answer key" in result.stderr and "Traceback" in result.stderr
     assert "error on rank 1" in result.stderr
 
 
 def test_a_dashboard_keyed_on_the_seeds_metric_names_finds_every_key(tmp_path, monkeypatch):
-    seed_keys = ["train/loss", "train/value_loss", "train/entropy", "train/kl_divergence", "reward/mean", "reward/std",
-                 "reward/max", "reward/min", "throughput/samples_per_sec", "throughput/tokens_per_sec",
-                 "memory/allocated"]
+    seed_keys = [
+        "train/loss",
+        "train/value_loss",
+        "train/entropy",
+        "train/kl_divergence",
+        "reward/mean",
+        "reward/std",
+        "reward/max",
+        "reward/min",
+        "throughput/samples_per_sec",
+        "throughput/tokens_per_sec",
+        "memory/allocated",
+    ]
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
-    run(tmp_path, "algorithm.adv_estimator=gae", "trainer.total_training_steps=2",
-        'trainer.logger=["file","tensorboard","wandb"]', "trainer.experiment_name=seed-dashboard")
+    run(
+        tmp_path,
+        "algorithm.adv_estimator=gae",
+        "trainer.total_training_steps=2",
+        'trainer.logger=["file","tensorboard","wandb"]',
+        "trainer.experiment_name=seed-dashboard",
+    )
     jsonl = read_jsonl(tmp_path / "logs" / "metrics.jsonl")[-1]
     assert [k for k in seed_keys if k not in jsonl] == []
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -11,12 +11,13 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT, subprocess_env
 from rlprof.schema import ConfigError
 from rlprof_train import checkpoint
 from rlprof_train.guards import NonFiniteGuard, TrainingDiverged
 from rlprof_train.reward_functions import RewardFunction, load_custom_reward
 from rlprof_train.run_dir import RunInUse, RunLock
+
+from conftest import ROOT, subprocess_env
 
 
 def reward_file(tmp_path, body: str):
@@ -25,15 +26,20 @@ def reward_file(tmp_path, body: str):
     return path
 
 
-@pytest.mark.parametrize("returns, fragments", [
-    ("None", ["returned None", "must return a number"]),
-    ("'high'", ["returned 'high'", "must return a number"]),
-    ("float('nan')", ["returned nan", "not finite", "skip every update"]),
-    ("{'acc': 1.0}", ["dict without 'score'"]),
-])
+@pytest.mark.parametrize(
+    "returns, fragments",
+    [
+        ("None", ["returned None", "must return a number"]),
+        ("'high'", ["returned 'high'", "must return a number"]),
+        ("float('nan')", ["returned nan", "not finite", "skip every update"]),
+        ("{'acc': 1.0}", ["dict without 'score'"]),
+    ],
+)
 def test_a_bad_reward_value_is_named_with_the_function_the_file_and_the_sample(tmp_path, returns, fragments):
-    path = reward_file(tmp_path, f"def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                                 f"    return {returns}\n")
+    path = reward_file(
+        tmp_path,
+        f"def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return {returns}\n",
+    )
     reward = RewardFunction(str(path), "compute_score")
     with pytest.raises(RuntimeError) as info:
         reward("gsm8k", "#### 42", "42")
@@ -43,41 +49,53 @@ def test_a_bad_reward_value_is_named_with_the_function_the_file_and_the_sample(t
 
 
 def test_a_raising_reward_keeps_its_cause_and_names_the_sample(tmp_path):
-    path = reward_file(tmp_path, """
+    path = reward_file(
+        tmp_path,
+        """
         def compute_score(data_source, solution_str, ground_truth, extra_info=None):
             return int(solution_str)
-    """)
+    """,
+    )
     with pytest.raises(RuntimeError, match="raised ValueError: invalid literal.*response='seven'") as info:
         RewardFunction(str(path))("x", "seven", "7")
     assert isinstance(info.value.__cause__, ValueError)
 
 
 def test_verl_dict_returns_give_the_score_and_extra_metrics(tmp_path):
-    path = reward_file(tmp_path, """
+    path = reward_file(
+        tmp_path,
+        """
         def compute_score(data_source, solution_str, ground_truth, extra_info=None):
             return {"score": 0.5, "acc": 1.0, "pred": "42"}
-    """)
+    """,
+    )
     assert RewardFunction(str(path))("x", "42", "42") == (0.5, {"acc": 1.0})
 
 
 def test_a_hanging_reward_stops_at_the_timeout(tmp_path):
-    path = reward_file(tmp_path, """
+    path = reward_file(
+        tmp_path,
+        """
         import time
         def compute_score(data_source, solution_str, ground_truth, extra_info=None):
             time.sleep(30)
-    """)
+    """,
+    )
     with pytest.raises(RuntimeError, match="took longer than custom_reward_function.timeout_s=0.5"):
         RewardFunction(str(path), timeout_s=0.5)("x", "1", "1")
 
 
 def test_the_reward_file_is_executed_once(tmp_path):
     counter = tmp_path / "imports.txt"
-    path = reward_file(tmp_path, f"""
+    path = reward_file(
+        tmp_path,
+        f"""
         with open({str(counter)!r}, "a") as handle:
             handle.write("imported\\n")
         def compute_score(data_source, solution_str, ground_truth, extra_info=None):
             return 1.0
-    """)
+    """,
+    )
     load_custom_reward(str(path), "compute_score")  # as the config check does
     RewardFunction(str(path), "compute_score")  # as the trainer does
     assert counter.read_text().count("imported") == 1
@@ -96,8 +114,9 @@ def test_data_without_ground_truth_is_refused_for_the_built_in_rewards(tmp_path,
     from rlprof_train.main_ppo import main
 
     data = tmp_path / "train.jsonl"
-    data.write_text("\n".join(json.dumps({"prompt": f"{i}+1=", "data_source": "rlprof/arithmetic"})
-                              for i in range(8)) + "\n")
+    data.write_text(
+        "\n".join(json.dumps({"prompt": f"{i}+1=", "data_source": "rlprof/arithmetic"}) for i in range(8)) + "\n"
+    )
     assert main([f"data.train_files={data}"]) == 2
     assert "no reward_model.ground_truth in any row" in capsys.readouterr().err
     custom = reward_file(tmp_path, "def compute_score(*args, **kwargs):\n    return 1.0\n")
@@ -122,12 +141,15 @@ def fake_checkpoint(root, step, files=None):
     return target
 
 
-@pytest.mark.parametrize("damage, reason", [
-    (lambda t: (t / "actor/model_states.pt").write_bytes(b"x" * 10), "has 10 bytes, 100 were written"),
-    (lambda t: (t / checkpoint.STATE).write_text(""), "trainer_state.json"),
-    (lambda t: (t / checkpoint.COMPLETE).unlink(), "never completed"),
-    (lambda t: (t / checkpoint.COMPLETE).write_text("{"), "COMPLETE manifest is damaged"),
-])
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda t: (t / "actor/model_states.pt").write_bytes(b"x" * 10), "has 10 bytes, 100 were written"),
+        (lambda t: (t / checkpoint.STATE).write_text(""), "trainer_state.json"),
+        (lambda t: (t / checkpoint.COMPLETE).unlink(), "never completed"),
+        (lambda t: (t / checkpoint.COMPLETE).write_text("{"), "COMPLETE manifest is damaged"),
+    ],
+)
 def test_resume_falls_back_to_the_newest_intact_checkpoint_naming_the_skipped_one(tmp_path, damage, reason):
     fake_checkpoint(tmp_path, 2)
     newest = fake_checkpoint(tmp_path, 3)
@@ -161,18 +183,29 @@ def test_prune_keeps_the_newest_complete_checkpoints(tmp_path):
 
 
 def test_a_second_holder_is_refused_naming_the_first_and_a_dead_holder_is_taken_over(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(ROOT)!r})
         from rlprof_train.run_dir import RunLock
         RunLock({str(tmp_path)!r}, "trainer.log_dir")
         print("locked", flush=True)
         time.sleep(60)
-    """)], stdout=subprocess.PIPE, text=True, env=subprocess_env())
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(RunInUse, match=f"trainer.log_dir={tmp_path} is in use by another run .pid {holder.pid} on "
-                                           "host .*, started "):
+        with pytest.raises(
+            RunInUse,
+            match=f"trainer.log_dir={tmp_path} is in use by another run .pid {holder.pid} on host .*, started ",
+        ):
             RunLock(tmp_path, "trainer.log_dir")
     finally:
         holder.kill()
@@ -190,8 +223,9 @@ def test_a_single_process_run_listens_on_the_loopback_only():
         init_distributed("cpu")
         print(sorted({c.laddr.ip for c in psutil.Process().net_connections("tcp") if c.status == "LISTEN"}))
     """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                            env=subprocess_env(), cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=subprocess_env(), cwd=ROOT
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "['127.0.0.1']"
 

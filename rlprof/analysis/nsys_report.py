@@ -32,7 +32,9 @@ def export_sqlite(nsys: str, report: str | Path, timeout_s: float = 300) -> Path
     out = report.with_suffix(".sqlite")
     subprocess.run(
         [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "--output", str(out), str(report)],
-        check=True, capture_output=True, timeout=timeout_s,
+        check=True,
+        capture_output=True,
+        timeout=timeout_s,
     )
     return out
 

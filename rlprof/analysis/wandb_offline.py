@@ -46,11 +46,12 @@ def read_history(wandb_file: str | Path) -> list[dict[str, Any]]:
 
     rows = []
     for raw in _records(Path(wandb_file)):
-        record = wandb_internal_pb2.Record()
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # generated protobuf class
         record.ParseFromString(raw)
         if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in record.history.item})
+            rows.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
     return rows
 
 

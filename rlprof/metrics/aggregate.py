@@ -52,10 +52,10 @@ class MetricAggregator:
         """The reduced value of every key added so far."""
         return {key: _reduce(series) for key, series in self._series.items()}
 
-    def merge(self, other: "MetricAggregator") -> "MetricAggregator":
+    def merge(self, other: MetricAggregator) -> MetricAggregator:
         """Add every value of ``other`` to this aggregator (same reducer per key); returns self."""
         for key, series in other._series.items():
-            for value, weight in zip(series.values, series.weights):
+            for value, weight in zip(series.values, series.weights, strict=False):
                 self.add(key, value, series.reduce, weight)
         return self
 
@@ -64,12 +64,12 @@ class MetricAggregator:
         return {key: (s.reduce.value, list(s.values), list(s.weights)) for key, s in self._series.items()}
 
     @classmethod
-    def from_states(cls, states: "Iterable[Mapping[str, tuple[str, list[float], list[float]]]]") -> "MetricAggregator":
+    def from_states(cls, states: Iterable[Mapping[str, tuple[str, list[float], list[float]]]]) -> MetricAggregator:
         """One aggregator holding the values of every state (e.g. one per rank, in rank order)."""
         merged = cls()
         for state in states:
             for key, (reduce, values, weights) in state.items():
-                for value, weight in zip(values, weights):
+                for value, weight in zip(values, weights, strict=False):
                     merged.add(key, value, Reduce(reduce), weight)
         return merged
 
@@ -80,7 +80,7 @@ def _reduce(series: _Series) -> float:
         return sum(values) / len(values)
     if series.reduce is Reduce.WEIGHTED_MEAN:
         total = sum(weights)
-        return sum(v * w for v, w in zip(values, weights)) / total if total else 0.0
+        return sum(v * w for v, w in zip(values, weights, strict=False)) / total if total else 0.0
     if series.reduce is Reduce.SUM:
         return sum(values)
     if series.reduce is Reduce.MIN:

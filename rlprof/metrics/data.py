@@ -15,11 +15,17 @@ def _stats(prefix: str, values: Tensor) -> dict[str, float]:
     """``{prefix}/mean, max, min``; NaN for an empty selection (verl's convention), said once per prefix."""
     values = values.detach().float()
     if values.numel() == 0:
-        warnings.warn(f"{prefix}: no values in this batch (every response is empty); reported as NaN",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"{prefix}: no values in this batch (every response is empty); reported as NaN",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return {f"{prefix}/{stat}": float("nan") for stat in ("mean", "max", "min")}
-    return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(),
-            f"{prefix}/min": values.min().item()}
+    return {
+        f"{prefix}/mean": values.mean().item(),
+        f"{prefix}/max": values.max().item(),
+        f"{prefix}/min": values.min().item(),
+    }
 
 
 def compute_data_metrics(
@@ -65,8 +71,9 @@ def compute_data_metrics(
     }
     kept = response_lengths[~aborted]
     metrics.update(_stats("response_length_non_aborted", kept))
-    metrics["response_length_non_aborted/clip_ratio"] = \
+    metrics["response_length_non_aborted/clip_ratio"] = (
         (kept >= max_response_length).float().mean().item() if kept.numel() else float("nan")
+    )
     for stat in ("mean", "max", "min"):
         metrics[f"reward/{stat}"] = metrics[f"critic/rewards/{stat}"]
     metrics["reward/std"] = sequence_rewards.std().item() if sequence_rewards.numel() > 1 else 0.0

@@ -31,11 +31,28 @@ GATED_MODEL_TYPES = ("gemma",)
 
 # Dense (no sparsity) BF16 tensor-core peak in TFLOP/s; longest name wins when several match the device name.
 PEAK_TFLOPS: dict[str, float] = {
-    "GB200": 2500.0, "B200": 2250.0, "B100": 1750.0,
-    "H200": 989.0, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.0, "H800": 989.0, "H20": 148.0,
-    "A100": 312.0, "A800": 312.0, "A10G": 70.0, "A10": 125.0,
-    "L40S": 362.0, "L40": 181.0, "L4": 121.0, "V100": 125.0, "RTX 4090": 165.0,
-    "MI355X": 2500.0, "MI325X": 1307.0, "MI300X": 1307.0, "MI250X": 383.0,
+    "GB200": 2500.0,
+    "B200": 2250.0,
+    "B100": 1750.0,
+    "H200": 989.0,
+    "H100 NVL": 835.0,
+    "H100 PCIe": 756.0,
+    "H100": 989.0,
+    "H800": 989.0,
+    "H20": 148.0,
+    "A100": 312.0,
+    "A800": 312.0,
+    "A10G": 70.0,
+    "A10": 125.0,
+    "L40S": 362.0,
+    "L40": 181.0,
+    "L4": 121.0,
+    "V100": 125.0,
+    "RTX 4090": 165.0,
+    "MI355X": 2500.0,
+    "MI325X": 1307.0,
+    "MI300X": 1307.0,
+    "MI250X": 383.0,
 }
 PEAK_ENV = "RLPROF_PEAK_TFLOPS"
 
@@ -96,8 +113,11 @@ def model_shape(config: Any, gated_mlp: Optional[bool] = None) -> ModelShape:
     head_dim = int(_get(config, "head_dim", default=hidden // heads))
     activation = str(_get(config, "hidden_act", "hidden_activation", "activation_function", default="")).lower()
     model_type = str(_get(config, "model_type", default="")).lower()
-    gated = (activation in GATED_ACTIVATIONS or model_type.startswith(GATED_MODEL_TYPES)) if gated_mlp is None \
+    gated = (
+        (activation in GATED_ACTIVATIONS or model_type.startswith(GATED_MODEL_TYPES))
+        if gated_mlp is None
         else gated_mlp
+    )
     experts = int(_get(config, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
     shape = dict(
         hidden=hidden,
@@ -131,7 +151,8 @@ def forward_flops_per_token_linear(shape: ModelShape) -> float:
     dense_mlp = 2 * shape.mlp_matrices * h * shape.intermediate
     if shape.experts:
         moe_mlp = 2 * h * shape.experts + 2 * shape.mlp_matrices * h * (
-            shape.top_k * shape.expert_intermediate + shape.shared_intermediate)
+            shape.top_k * shape.expert_intermediate + shape.shared_intermediate
+        )
         mlp_total = shape.dense_layers * dense_mlp + (shape.layers - shape.dense_layers) * moe_mlp
     else:
         mlp_total = shape.layers * dense_mlp
@@ -172,7 +193,8 @@ def cpu_peak_flops() -> Optional[float]:
     try:
         with open("/proc/cpuinfo") as handle:
             info = handle.read()
-        flags = re.search(r"^flags\s*:(.*)$", info, re.M).group(1) if "flags" in info else ""
+        found = re.search(r"^flags\s*:(.*)$", info, re.M)
+        flags = found.group(1) if found else ""
         if hz is None:
             mhz = re.search(r"^cpu MHz\s*:\s*([\d.]+)", info, re.M)
             hz = float(mhz.group(1)) * 1e6 if mhz else None

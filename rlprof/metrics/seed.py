@@ -7,8 +7,10 @@
 | ``train/entropy`` | ``actor/entropy`` |
 | ``train/kl_divergence`` | ``actor/kl_loss``, else ``actor/reward_kl_penalty``, else ``actor/ppo_kl`` |
 | ``reward/{mean,std,max,min}`` | the sequence rewards of ``critic/rewards`` (:func:`compute_data_metrics`) |
-| ``throughput/samples_per_sec``, ``throughput/tokens_per_sec`` | responses and tokens per second of step time (:func:`compute_throughput_metrics`) |
-| ``memory/allocated`` | GB: ``perf/max_memory_allocated_gb`` on CUDA, the process's resident memory otherwise (:func:`compute_memory_metrics`) |
+| ``throughput/samples_per_sec``, ``throughput/tokens_per_sec`` | responses, tokens per second of step time (1) |
+| ``memory/allocated`` | GB: ``perf/max_memory_allocated_gb`` on CUDA, the process's resident memory otherwise (2) |
+
+(1) :func:`rlprof.metrics.compute_throughput_metrics`; (2) :func:`rlprof.metrics.compute_memory_metrics`.
 """
 
 from __future__ import annotations

@@ -4,10 +4,18 @@ The built-in tools register themselves here: ``nsys``, ``torch`` and ``torch_mem
 before it is started).
 """
 
+from rlprof.tools import nsys, torch_memory, torch_profiler  # noqa: F401  (registers the built-in tools)
 from rlprof.tools.base import RangeOps, RangeSite, StepWindowSettings, Tool, ToolContext
 from rlprof.tools.registry import create_tool, register_tool, tool_names, tool_spec
 
-from rlprof.tools import nsys, torch_memory, torch_profiler  # noqa: E402,F401  (registers the built-in tools)
-
-__all__ = ["RangeOps", "RangeSite", "StepWindowSettings", "Tool", "ToolContext", "create_tool", "register_tool",
-           "tool_names", "tool_spec"]
+__all__ = [
+    "RangeOps",
+    "RangeSite",
+    "StepWindowSettings",
+    "Tool",
+    "ToolContext",
+    "create_tool",
+    "register_tool",
+    "tool_names",
+    "tool_spec",
+]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from rlprof.manifest import Manifest, place
 from rlprof.window import StepWindow
@@ -37,7 +38,7 @@ class NoSettings:
 class ToolContext:
     """What a tool knows about the run it records, and how it publishes its files."""
 
-    config: "ProfilerConfig"
+    config: ProfilerConfig
     settings: Any
     """This tool's block of ``global_profiler.global_tool_config``."""
     rank: int
@@ -60,8 +61,9 @@ class ToolContext:
         """A hidden temporary name beside ``final`` for this process (moved into place by :meth:`publish`)."""
         return final.with_name(f".{final.name}.{os.getpid()}.tmp")
 
-    def publish(self, tool: str, tmp: Path, final: Path, window: StepWindow, role: Optional[str] = None,
-                **extra: Any) -> Path:
+    def publish(
+        self, tool: str, tmp: Path, final: Path, window: StepWindow, role: Optional[str] = None, **extra: Any
+    ) -> Path:
         """Move a finished file into place (never over an existing file: see :mod:`rlprof.manifest`) and list it
         in the manifest; returns its final path."""
         placed = place(tmp, final)
@@ -76,7 +78,7 @@ class RangeSite:
     it (:meth:`Tool.range_ops`, built once per tool) before opening the gate, so the hot path does no lookups.
     """
 
-    __slots__ = ("role", "name", "color", "label", "ops", "bound_to")
+    __slots__ = ("bound_to", "color", "label", "name", "ops", "role")
 
     def __init__(self, role: str, name: str, color: Optional[str | int] = None) -> None:
         self.role = role
@@ -86,7 +88,7 @@ class RangeSite:
         self.ops: Optional[RangeOps] = None
         self.bound_to: Any = None
 
-    def bind(self, tool: "Tool") -> None:
+    def bind(self, tool: Tool) -> None:
         """Make ``ops`` the ranges of ``tool`` (built once per tool)."""
         if self.bound_to is not tool:
             self.ops = tool.range_ops(self)

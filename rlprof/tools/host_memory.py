@@ -54,7 +54,7 @@ def reset_peak() -> bool:
 class _OpenRange:
     """A range being measured; compared by identity (two ranges of one site with equal numbers stay distinct)."""
 
-    __slots__ = ("site", "step", "rss_before", "peak")
+    __slots__ = ("peak", "rss_before", "site", "step")
 
     def __init__(self, site: RangeSite, step: Optional[int], rss_before: int) -> None:
         self.site = site
@@ -119,7 +119,9 @@ class HostMemoryTool(Tool):
     def stop_window(self, window: StepWindow) -> None:
         with self._lock:
             records, self._records = self._records, []
-        final = self.context.window_dir(self.name, window) / f"rank{self.context.rank}_pid{os.getpid()}.host_memory.jsonl"
+        final = (
+            self.context.window_dir(self.name, window) / f"rank{self.context.rank}_pid{os.getpid()}.host_memory.jsonl"
+        )
         tmp = self.context.temp_path(final)
         try:
             with tmp.open("w", encoding="utf-8") as handle:
@@ -136,7 +138,8 @@ def summarize_by_role(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     summaries: dict[str, dict[str, Any]] = {}
     for record in records:
         summary = summaries.setdefault(
-            record["role"], {"kind": "role_summary", "role": record["role"], "ranges": 0, "peak_rss": 0, "max_rss_growth": 0}
+            record["role"],
+            {"kind": "role_summary", "role": record["role"], "ranges": 0, "peak_rss": 0, "max_rss_growth": 0},
         )
         summary["ranges"] += 1
         summary["peak_rss"] = max(summary["peak_rss"], record["peak_rss"])

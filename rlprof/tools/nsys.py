@@ -8,7 +8,9 @@ skipped and the NVTX ranges are still emitted, only inside the selected steps.
 nvtx >= 0.2.12 asks ``nvtxDomainIsEnabled()`` before handing out a domain and returns a no-op stand-in when it
 answers 0, which older injection libraries (Debian's nsys 2022.4) always do. :func:`open_domain` builds the real
 domain object in that case: it records under old and current nsys alike, and with no tool attached the NVTX C
-calls are no-ops anyway.
+calls are no-ops anyway. Ranges are pushed with ``nvtx._lib.lib.push_range(attributes, handle)`` and popped with
+``lib.pop_range(handle)``, bound per site. These are nvtx's private internals (present in 0.2.12 to 0.2.17), hence
+the ``nvtx>=0.2.12,<0.3`` requirement; :data:`NVTX_INTERNALS` lists them and a test checks the installed nvtx.
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ from rlprof.tools.registry import register_tool
 from rlprof.window import StepWindow
 
 DOMAIN = "rlprof"
+NVTX_INTERNALS = ("DummyDomain", "Domain", "DomainHandle", "push_range", "pop_range")
+"""What this module uses from ``nvtx._lib.lib``."""
 INJECTION_VARIABLES = ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH")
 """Set by Nsight Systems (and other NVTX tools) in the processes it traces."""
 STEP_CATEGORY = "step"
+
 
 def open_domain(name: str) -> Any:
     """An ``nvtx`` Domain that records even where ``nvtxDomainIsEnabled()`` wrongly answers 0 (see module doc)."""
@@ -100,9 +105,12 @@ class NsysTool(Tool):
         self._depth = threading.local()
         self._step_range: Optional[Any] = None
         if not nvtx_tool_attached():
-            context.warn("nsys:detached", "rlprof: tool=nsys but no Nsight Systems is attached to this process "
-                         "(NVTX_INJECTION64_PATH is unset), so the NVTX ranges go nowhere; run the program under "
-                         "`rlprof nsys profile -- ...` or `nsys profile ...`")
+            context.warn(
+                "nsys:detached",
+                "rlprof: tool=nsys but no Nsight Systems is attached to this process "
+                "(NVTX_INJECTION64_PATH is unset), so the NVTX ranges go nowhere; run the program under "
+                "`rlprof nsys profile -- ...` or `nsys profile ...`",
+            )
 
     def _attributes(self, site: RangeSite) -> Any:
         color = parse_color(site.color) if site.color is not None else role_color(site.role)

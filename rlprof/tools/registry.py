@@ -13,8 +13,9 @@ The name becomes a valid ``global_profiler.tool``, the settings dataclass the sc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, is_dataclass
-from typing import Any, Callable, TypeVar
+from typing import TypeVar
 
 from rlprof.schema import ConfigError
 from rlprof.tools.base import NoSettings, Tool, ToolContext
@@ -47,7 +48,7 @@ def register_tool(name: str, *, config: type = NoSettings) -> Callable[[T], T]:
             if not issubclass(factory, Tool):
                 raise TypeError(f"register_tool({name!r}): {factory.__name__} does not subclass rlprof.Tool")
             factory.name = name
-        _TOOLS[name] = ToolSpec(name, config, factory)  # type: ignore[arg-type]
+        _TOOLS[name] = ToolSpec(name, config, factory)
         return factory
 
     return register
@@ -65,12 +66,13 @@ def tool_spec(name: str) -> ToolSpec:
     try:
         return _TOOLS[name]
     except KeyError:
-        raise ConfigError(f"global_profiler.tool: {name!r} is not a registered tool; choose one of: "
-                          f"{', '.join(tool_names())}") from None
+        raise ConfigError(
+            f"global_profiler.tool: {name!r} is not a registered tool; choose one of: {', '.join(tool_names())}"
+        ) from None
 
 
 def create_tool(name: str, context: ToolContext) -> Tool:
     """Start the tool registered as ``name``; the instance's ``name`` is the registered one."""
-    tool: Any = tool_spec(name).factory(context)
-    tool.name = name
+    tool = tool_spec(name).factory(context)
+    tool.name = name  # type: ignore[misc]  # a factory function's tool takes the registered name too
     return tool

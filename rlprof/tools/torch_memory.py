@@ -55,9 +55,14 @@ def torch_memory_tool(context: ToolContext) -> Tool:
         return CudaMemoryTool(context)
     from rlprof.tools.host_memory import HostMemoryTool
 
-    context.warn("torch_memory:host", (
-        f"rlprof: torch_memory: {reason}, so no CUDA memory snapshot is written; recording host memory (RSS before, "
-        f"after and peak of each range) to {context.save_path}/torch_memory/step*/*.host_memory.jsonl instead"))
+    context.warn(
+        "torch_memory:host",
+        (
+            f"rlprof: torch_memory: {reason}, so no CUDA memory snapshot is written; recording host memory (RSS "
+            "before, "
+            f"after and peak of each range) to {context.save_path}/torch_memory/step*/*.host_memory.jsonl instead"
+        ),
+    )
     return HostMemoryTool(context)
 
 
@@ -156,7 +161,7 @@ def _watch_oom(tool: Optional[CudaMemoryTool]) -> None:
     if tool is not None and not _oom_observer_attached:
         import torch
 
-        torch._C._cuda_attach_out_of_memory_observer(_on_oom)
+        torch._C._cuda_attach_out_of_memory_observer(_on_oom)  # type: ignore[attr-defined]  # exists in CUDA builds
         _oom_observer_attached = True
 
 

@@ -35,7 +35,8 @@ class TorchSettings(StepWindowSettings):
     """torch.profiler over each step window, one gzipped Chrome trace per window per rank."""
 
     contents: list[TorchContent] = field(default_factory=list)
-    """Extra detail: cpu, cuda (activities; both default to on where available), shapes, stack, memory, flops, modules."""
+    """Extra detail: cpu, cuda (activities; both on where available by default), shapes, stack, memory, flops,
+    modules."""
     discrete: bool = False
     """Accepted for verl compatibility; the torch tool always writes one trace per window per process."""
 
@@ -60,12 +61,15 @@ def check_complete(path: Path) -> None:
 def gzip_trace(source: Path, target: Path, final_name: Path) -> None:
     """Gzip ``source`` into ``target`` with ``final_name`` in the gzip header and as the trace's ``traceName``."""
     name = json.dumps(str(final_name))[1:-1].encode()
-    with source.open("rb") as fin, target.open("wb") as raw, \
-            gzip.GzipFile(filename=final_name.name, mode="wb", fileobj=raw, mtime=int(source.stat().st_mtime)) as out:
+    with (
+        source.open("rb") as fin,
+        target.open("wb") as raw,
+        gzip.GzipFile(filename=final_name.name, mode="wb", fileobj=raw, mtime=int(source.stat().st_mtime)) as out,
+    ):
         for line in fin:
-            if b'"traceName"' in line:
-                line = _TRACE_NAME.sub(lambda m: m.group(1) + b'"' + name + b'"', line)
-            out.write(line)
+            out.write(
+                _TRACE_NAME.sub(lambda m: m.group(1) + b'"' + name + b'"', line) if b'"traceName"' in line else line
+            )
 
 
 def _record_every_step(step: int) -> Any:
@@ -90,7 +94,7 @@ class TorchProfilerTool(Tool):
         if cuda and ("cuda" in contents or not contents & {"cpu", "cuda"}):
             activities.add(ProfilerActivity.CUDA)
         self.activities = sorted(activities, key=str)
-        self.options = dict(
+        self.options: dict[str, Any] = dict(
             record_shapes="shapes" in contents,
             with_stack="stack" in contents,
             profile_memory="memory" in contents,
@@ -102,7 +106,7 @@ class TorchProfilerTool(Tool):
 
     def start_window(self, window: StepWindow) -> None:
         import torch
-        from torch.profiler import _ExperimentalConfig
+        from torch.profiler import _ExperimentalConfig  # type: ignore[attr-defined]  # public in torch.profiler
 
         profiler = torch.profiler.profile(
             activities=self.activities,
@@ -131,9 +135,11 @@ class TorchProfilerTool(Tool):
             try:
                 check_complete(exported)
             except IncompleteTrace as exc:
-                self.context.warn(f"torch:incomplete:{window.index}",
-                                  f"rlprof: the torch trace of window {window.name} was not written ({exc}; is the "
-                                  f"disk under {self.context.save_path} full?); it is left out of the manifest")
+                self.context.warn(
+                    f"torch:incomplete:{window.index}",
+                    f"rlprof: the torch trace of window {window.name} was not written ({exc}; is the "
+                    f"disk under {self.context.save_path} full?); it is left out of the manifest",
+                )
                 return
             gzip_trace(exported, packed, final)
             self.context.publish(self.name, packed, final, window)
@@ -165,4 +171,3 @@ class TorchProfilerTool(Tool):
         if self.profiler is not None:  # turned off mid-window: stop recording, write nothing
             profiler, self.profiler = self.profiler, None
             profiler.stop()
-

@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
 
 @dataclass(frozen=True)
@@ -85,9 +85,8 @@ def backend_factory(name: str) -> Callable[[BackendContext], Backend]:
 def to_floats(metrics: Mapping[str, Any]) -> dict[str, float]:
     """Numbers (Python, numpy or 0-d tensors) as floats; anything else raises ``TypeError`` naming the key."""
     out = {}
-    for key, value in metrics.items():
-        if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
-            value = value.item()
+    for key, given in metrics.items():
+        value = given.item() if hasattr(given, "item") and getattr(given, "ndim", 0) == 0 else given
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"metric {key!r}: {value!r} is not a number")
         out[str(key)] = float(value)
@@ -132,7 +131,7 @@ class RunState:
         self.last_step = last_step
 
     @classmethod
-    def load(cls, path: Any) -> Optional["RunState"]:
+    def load(cls, path: Any) -> Optional[RunState]:
         import json
 
         try:
@@ -173,6 +172,7 @@ class RemoteRunBackend(Backend):
             warnings.warn(
                 f"{self.name} keeps steps <= {self.state.last_step} from before the resume (it cannot drop logged "
                 f"steps); skipping them and logging from step {self.state.last_step + 1}",
-                RuntimeWarning, stacklevel=4,
+                RuntimeWarning,
+                stacklevel=4,
             )
         return True

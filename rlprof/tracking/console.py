@@ -50,8 +50,11 @@ def detail_lines(metrics: Mapping[str, float]) -> list[str]:
 
 def split_line(metrics: Mapping[str, float]) -> Optional[str]:
     """``[INFO] Step time: rollout 38% | training 52% | other 6% | unaccounted 4%`` from ``timing_share/*``."""
-    parts = [f"{group} {100 * metrics[f'timing_share/{group}']:.0f}%"
-             for group in ("rollout", "training", "other", "unaccounted") if f"timing_share/{group}" in metrics]
+    parts = [
+        f"{group} {100 * metrics[f'timing_share/{group}']:.0f}%"
+        for group in ("rollout", "training", "other", "unaccounted")
+        if f"timing_share/{group}" in metrics
+    ]
     return "[INFO] Step time: " + " | ".join(parts) if parts else None
 
 
@@ -81,9 +84,16 @@ class ConsoleBackend(Backend):
         self.progress: Optional[Progress] = None
         if total_steps:
             self.progress = Progress(
-                TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"),
-                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=self.console,
-                auto_refresh=False, transient=False,
+                TextColumn("[bold]training"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("elapsed"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=self.console,
+                auto_refresh=False,
+                transient=False,
             )
             self.task = self.progress.add_task("training", total=total_steps)
             self.progress.start()

@@ -61,8 +61,12 @@ def archive(path: Path) -> Path:
         n += 1
         target = target.with_name(f"{path.stem}.{time.strftime('%Y%m%d-%H%M%S')}-{n}.jsonl")
     os.replace(path, target)
-    warnings.warn(f"rlprof tracking: {path} held the records of an earlier run; they were moved to {target} and this "
-                  "run starts a new log (resume from a checkpoint to continue a run's log)", RuntimeWarning, stacklevel=3)
+    warnings.warn(
+        f"rlprof tracking: {path} held the records of an earlier run; they were moved to {target} and this "
+        "run starts a new log (resume from a checkpoint to continue a run's log)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
     return target
 
 
@@ -80,13 +84,17 @@ def repair_last_line(path: Path) -> None:
         handle.seek(start)
         tail = handle.read()
         cut = tail.rfind(b"\n")
-        last = tail[cut + 1:]
+        last = tail[cut + 1 :]
         try:
             json.loads(last)
         except ValueError:
             handle.truncate(start + cut + 1)
-            warnings.warn(f"rlprof tracking: the last line of {path} was cut short ({len(last)} bytes, e.g. by a crash "
-                          "while writing); it was dropped", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"rlprof tracking: the last line of {path} was cut short ({len(last)} bytes, e.g. by a crash "
+                "while writing); it was dropped",
+                RuntimeWarning,
+                stacklevel=4,
+            )
             return
         handle.write(b"\n")
 

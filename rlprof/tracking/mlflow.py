@@ -6,7 +6,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from rlprof.tracking.base import BackendContext, RemoteRunBackend, RunState, flatten, mlflow_safe_key, register_backend
 

@@ -7,6 +7,7 @@ import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
+
 from rlprof.tracking.base import Backend, BackendContext, register_backend
 
 
@@ -52,5 +53,9 @@ def archive_events(log_dir: Path) -> None:
     target.mkdir()
     for path in old:
         os.replace(path, target / path.name)
-    warnings.warn(f"rlprof tracking: {log_dir} held the TensorBoard events of an earlier run; they were moved to "
-                  f"{target} (shown as a run of its own)", RuntimeWarning, stacklevel=4)
+    warnings.warn(
+        f"rlprof tracking: {log_dir} held the TensorBoard events of an earlier run; they were moved to "
+        f"{target} (shown as a run of its own)",
+        RuntimeWarning,
+        stacklevel=4,
+    )

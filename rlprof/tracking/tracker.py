@@ -32,8 +32,9 @@ def parse_backends(value: Any) -> list[str]:
     names = [str(name) for name in value]
     for name in names:
         if name not in backend_names():
-            raise ValueError(f"trainer.logger: unknown backend {name!r}; registered backends: "
-                             f"{', '.join(backend_names())}")
+            raise ValueError(
+                f"trainer.logger: unknown backend {name!r}; registered backends: {', '.join(backend_names())}"
+            )
     return list(dict.fromkeys(names))
 
 
@@ -64,8 +65,17 @@ class Tracker:
     ) -> None:
         self.names = parse_backends(backends)
         self.log_dir = Path(log_dir) if log_dir is not None else Path("outputs") / project_name / experiment_name
-        context = BackendContext(project_name, experiment_name, self.log_dir, config, total_steps, total_epochs,
-                                 resume_step, console, table_every)
+        context = BackendContext(
+            project_name,
+            experiment_name,
+            self.log_dir,
+            config,
+            total_steps,
+            total_epochs,
+            resume_step,
+            console,
+            table_every,
+        )
         self.backends: list[Backend] = []
         self.last_step: Optional[int] = None
         for name in self.names:
@@ -89,11 +99,19 @@ class Tracker:
         thread.start()
         thread.join(timeout_s)
         if "backend" in outcome:
-            return outcome["backend"]
-        reason = (f"{type(outcome['error']).__name__}: {outcome['error']}" if "error" in outcome
-                  else f"it did not start within {timeout_s:g} s")
-        warnings.warn(f"rlprof tracking: the {name} backend could not start ({reason}); it is turned off, the other "
-                      "backends go on", RuntimeWarning, stacklevel=3)
+            backend: Backend = outcome["backend"]
+            return backend
+        reason = (
+            f"{type(outcome['error']).__name__}: {outcome['error']}"
+            if "error" in outcome
+            else f"it did not start within {timeout_s:g} s"
+        )
+        warnings.warn(
+            f"rlprof tracking: the {name} backend could not start ({reason}); it is turned off, the other "
+            "backends go on",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return None
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
@@ -110,9 +128,12 @@ class Tracker:
 
     def _drop(self, backend: Backend, action: str, exc: Exception) -> None:
         self.backends.remove(backend)
-        warnings.warn(f"rlprof tracking: the {backend.name} backend failed while {action} "
-                      f"({type(exc).__name__}: {exc}); it is turned off, the other backends go on",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"rlprof tracking: the {backend.name} backend failed while {action} "
+            f"({type(exc).__name__}: {exc}); it is turned off, the other backends go on",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def close(self) -> None:
         for backend in list(self.backends):
@@ -122,7 +143,7 @@ class Tracker:
                 self._drop(backend, "closing", exc)
         self.backends.clear()
 
-    def __enter__(self) -> "Tracker":
+    def __enter__(self) -> Tracker:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:

@@ -25,9 +25,15 @@ class WandbBackend(RemoteRunBackend):
         state_path = log_dir / "wandb_run.json"
         previous = RunState.load(state_path) if resume_step is not None else None
         self.state = previous or RunState(state_path, uuid.uuid4().hex[:12])
-        self.run = wandb.init(project=context.project, name=context.experiment, dir=str(log_dir),
-                              id=self.state.run_id, resume="allow", config=dict(context.config or {}),
-                              reinit="create_new")
+        self.run = wandb.init(
+            project=context.project,
+            name=context.experiment,
+            dir=str(log_dir),
+            id=self.state.run_id,
+            resume="allow",
+            config=dict(context.config or {}),
+            reinit="create_new",
+        )
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         if self.already_logged(step):

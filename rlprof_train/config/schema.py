@@ -20,8 +20,8 @@ ProfilerBlock = Optional[dict[str, Any]]
 """A role's ``profiler`` block; rlprof checks it (``rlprof.config.RoleProfilerConfig``)."""
 
 
-def _profiler() -> Any:
-    return field(default_factory=lambda: {"enable": True, "all_ranks": False, "ranks": [0]})
+def _role_profiler() -> dict[str, Any]:
+    return {"enable": True, "all_ranks": False, "ranks": [0]}
 
 
 # ----------------------------------------------------------------------------------------------------- data
@@ -61,7 +61,7 @@ class DataConfig:
     """Apply the tokenizer's chat template to chat prompts: auto (when it has one), true or false."""
 
 
-# ----------------------------------------------------------------------------------------------------- actor, ref, rollout
+# ----------------------------------------------------------------------------------------------- actor, ref, rollout
 
 
 @dataclass
@@ -154,7 +154,7 @@ class ActorConfig:
     """The actor's optimizer."""
     fsdp_config: FsdpCompatConfig = field(default_factory=FsdpCompatConfig)
     """verl's FSDP knobs."""
-    profiler: ProfilerBlock = _profiler()
+    profiler: ProfilerBlock = field(default_factory=_role_profiler)
     """rlprof role ``actor`` (rollout and ref follow it unless they have their own block)."""
 
 
@@ -170,7 +170,7 @@ class RefConfig:
     """Token budget of one micro-batch (defaults to ``actor.ppo_max_token_len_per_gpu``)."""
     entropy_from_logits_with_chunking: bool = False
     """Compute the reference's entropies (``ref/entropy``) a chunk of positions at a time."""
-    profiler: ProfilerBlock = _profiler()
+    profiler: ProfilerBlock = field(default_factory=_role_profiler)
     """rlprof role ``ref``."""
 
 
@@ -224,7 +224,7 @@ class RolloutConfig:
     """vLLM on CPU: KV cache size in whole GiB (``VLLM_CPU_KVCACHE_SPACE``, unless you set that variable)."""
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     """Validation sampling."""
-    profiler: ProfilerBlock = _profiler()
+    profiler: ProfilerBlock = field(default_factory=_role_profiler)
     """rlprof role ``rollout``."""
 
 
@@ -277,7 +277,7 @@ class CriticConfig:
     """Gradient norm clip."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-3))
     """The critic's optimizer."""
-    profiler: ProfilerBlock = _profiler()
+    profiler: ProfilerBlock = field(default_factory=_role_profiler)
     """rlprof role ``critic``."""
 
 
@@ -285,7 +285,7 @@ class CriticConfig:
 class RewardModelConfig:
     reward_manager: Literal["naive"] = "naive"
     """naive: one rule-based score per response, chosen by data_source (the only manager of this trainer)."""
-    profiler: ProfilerBlock = _profiler()
+    profiler: ProfilerBlock = field(default_factory=_role_profiler)
     """rlprof role ``reward``."""
 
 
@@ -375,7 +375,7 @@ class TrainerSection:
     """Stop after this many consecutive steps with a non-finite loss or gradient norm."""
     tracker_start_timeout_s: float = field(default=60.0, metadata=bounds(gt=0))
     """A tracking backend that does not start within this time (unreachable server) is turned off."""
-    profiler: ProfilerBlock = _profiler()
+    profiler: ProfilerBlock = field(default_factory=_role_profiler)
     """rlprof role ``trainer`` (step, adv, ...)."""
 
 

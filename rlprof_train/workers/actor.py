@@ -12,8 +12,14 @@ from rlprof_train import algos
 from rlprof_train.batch import MicroBatching, RolloutBatch
 from rlprof_train.config.schema import ActorConfig, ModelConfig
 from rlprof_train.models import load_causal_lm, response_log_probs
-from rlprof_train.workers.engine import (DistEnv, activation_offload, loss_counts, make_engine, mini_batches,
-                                         optimizer_step)
+from rlprof_train.workers.engine import (
+    DistEnv,
+    activation_offload,
+    loss_counts,
+    make_engine,
+    mini_batches,
+    optimizer_step,
+)
 from rlprof_train.workers.log_prob import log_prob_pass
 
 
@@ -27,11 +33,21 @@ class ActorWorker:
         module = load_causal_lm(model_path, model.dtype, model.enable_gradient_checkpointing)
         offload = cfg.fsdp_config.offload_policy
         self.engine = make_engine(
-            module, cfg.optim, zero_stage=cfg.zero_stage, offload_optimizer=cfg.offload_optimizer or offload,
-            offload_param=cfg.offload_param or offload, grad_clip=cfg.grad_clip, dtype=model.dtype,
-            world_size=env.world_size)
-        self.update_batching = MicroBatching(cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
-                                             cfg.ppo_max_token_len_per_gpu, model.use_remove_padding)
+            module,
+            cfg.optim,
+            zero_stage=cfg.zero_stage,
+            offload_optimizer=cfg.offload_optimizer or offload,
+            offload_param=cfg.offload_param or offload,
+            grad_clip=cfg.grad_clip,
+            dtype=model.dtype,
+            world_size=env.world_size,
+        )
+        self.update_batching = MicroBatching(
+            cfg.ppo_micro_batch_size_per_gpu,
+            cfg.use_dynamic_bsz,
+            cfg.ppo_max_token_len_per_gpu,
+            model.use_remove_padding,
+        )
 
     @property
     def module(self) -> Any:
@@ -41,8 +57,12 @@ class ActorWorker:
         """Log-probs ``[B, R]`` of the sampled responses under the current policy, and ``actor/entropy``."""
         log_probs, entropy = log_prob_pass(self.engine, batch, batching, self.cfg.entropy_from_logits_with_chunking)
         metrics = MetricAggregator()
-        metrics.add("actor/entropy", algos.masked_mean(entropy, batch.response_mask).item(), Reduce.WEIGHTED_MEAN,
-                    float(batch.response_mask.sum()))
+        metrics.add(
+            "actor/entropy",
+            algos.masked_mean(entropy, batch.response_mask).item(),
+            Reduce.WEIGHTED_MEAN,
+            float(batch.response_mask.sum()),
+        )
         return log_probs, metrics
 
     def update(self, batch: RolloutBatch) -> MetricAggregator:
@@ -67,28 +87,50 @@ class ActorWorker:
     def _micro_step(self, micro: RolloutBatch, counts: dict[str, float], metrics: MetricAggregator) -> float:
         cfg = self.cfg
         mask = micro.response_mask
+        assert micro.old_log_probs is not None and micro.advantages is not None, "run the earlier phases first"
         with activation_offload(self.model_cfg.enable_activation_offload):
             log_probs, entropy = response_log_probs(
-                self.engine, micro.input_ids, micro.attention_mask, micro.response_length, micro.temperature,
-                with_entropy=cfg.entropy_coeff != 0, chunked_entropy=cfg.entropy_from_logits_with_chunking,
-                checkpoint_entropy=cfg.entropy_checkpointing, packed=self.update_batching.packed)
+                self.engine,
+                micro.input_ids,
+                micro.attention_mask,
+                micro.response_length,
+                micro.temperature,
+                with_entropy=cfg.entropy_coeff != 0,
+                chunked_entropy=cfg.entropy_from_logits_with_chunking,
+                checkpoint_entropy=cfg.entropy_checkpointing,
+                packed=self.update_batching.packed,
+            )
             result = algos.policy_loss(
-                micro.old_log_probs, log_probs, micro.advantages, mask, clip_ratio=cfg.clip_ratio,
-                clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
-                loss_agg_mode=cfg.loss_agg_mode, **counts)
+                micro.old_log_probs,
+                log_probs,
+                micro.advantages,
+                mask,
+                clip_ratio=cfg.clip_ratio,
+                clip_ratio_low=cfg.clip_ratio_low,
+                clip_ratio_high=cfg.clip_ratio_high,
+                clip_ratio_c=cfg.clip_ratio_c,
+                loss_agg_mode=cfg.loss_agg_mode,
+                **counts,
+            )
             loss = result.pg_loss
             if entropy is not None:
                 loss = loss - cfg.entropy_coeff * algos.agg_loss(entropy, mask, cfg.loss_agg_mode, **counts)
             if cfg.use_kl_loss:
+                assert micro.ref_log_probs is not None, "use_kl_loss needs the reference's log-probs"
                 kl = algos.kl_loss(log_probs, micro.ref_log_probs, mask, cfg.kl_loss_type, cfg.loss_agg_mode, **counts)
                 loss = loss + cfg.kl_loss_coef * kl
                 with torch.no_grad():  # the metric: this micro-batch's token-mean KL estimate
-                    kl_mean = algos.masked_mean(algos.kl_penalty(log_probs, micro.ref_log_probs, cfg.kl_loss_type), mask)
+                    kl_mean = algos.masked_mean(
+                        algos.kl_penalty(log_probs, micro.ref_log_probs, cfg.kl_loss_type), mask
+                    )
                 metrics.add("actor/kl_loss", kl_mean.item(), Reduce.WEIGHTED_MEAN, float(mask.sum()))
             # DeepSpeed averages gradients over ranks; the loss is already normalised by the global counts.
             self.engine.backward(loss * self.env.world_size, scale_wrt_gas=False)
         tokens = float(mask.sum())
-        for key, value in (("actor/pg_clipfrac", result.pg_clipfrac), ("actor/pg_clipfrac_lower", result.pg_clipfrac_lower),
-                           ("actor/ppo_kl", result.ppo_kl)):
+        for key, value in (
+            ("actor/pg_clipfrac", result.pg_clipfrac),
+            ("actor/pg_clipfrac_lower", result.pg_clipfrac_lower),
+            ("actor/ppo_kl", result.ppo_kl),
+        ):
             metrics.add(key, value.item(), Reduce.WEIGHTED_MEAN, tokens)
         return result.pg_loss.item()

@@ -9,8 +9,14 @@ from rlprof_train import algos
 from rlprof_train.batch import MicroBatching, RolloutBatch, gather_rows
 from rlprof_train.config.schema import CriticConfig, ModelConfig
 from rlprof_train.models import ValueModel
-from rlprof_train.workers.engine import (DistEnv, activation_offload, loss_counts, make_engine, mini_batches,
-                                         optimizer_step)
+from rlprof_train.workers.engine import (
+    DistEnv,
+    activation_offload,
+    loss_counts,
+    make_engine,
+    mini_batches,
+    optimizer_step,
+)
 
 
 class CriticWorker:
@@ -22,24 +28,37 @@ class CriticWorker:
         self.model_cfg = model
         self.env = env
         module = ValueModel(model_path, model.dtype, model.enable_gradient_checkpointing)
-        self.engine = make_engine(module, cfg.optim, zero_stage=cfg.zero_stage, offload_optimizer=False,
-                                  offload_param=False, grad_clip=cfg.grad_clip, dtype=model.dtype,
-                                  world_size=env.world_size)
+        self.engine = make_engine(
+            module,
+            cfg.optim,
+            zero_stage=cfg.zero_stage,
+            offload_optimizer=False,
+            offload_param=False,
+            grad_clip=cfg.grad_clip,
+            dtype=model.dtype,
+            world_size=env.world_size,
+        )
         packed = model.use_remove_padding
-        self.forward_batching = MicroBatching(cfg.forward_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
-                                              cfg.forward_max_token_len_per_gpu, packed)
-        self.update_batching = MicroBatching(cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
-                                             cfg.ppo_max_token_len_per_gpu, packed)
+        self.forward_batching = MicroBatching(
+            cfg.forward_micro_batch_size_per_gpu, cfg.use_dynamic_bsz, cfg.forward_max_token_len_per_gpu, packed
+        )
+        self.update_batching = MicroBatching(
+            cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, packed
+        )
 
     def _values(self, micro: RolloutBatch, packed: bool) -> torch.Tensor:
         """V of the state before each response token: ``[B, R]``."""
-        return self.engine.module.response_values(micro.input_ids, micro.attention_mask, micro.response_length,
-                                                  packed=packed, forward=self.engine)
+        values: torch.Tensor = self.engine.module.response_values(
+            micro.input_ids, micro.attention_mask, micro.response_length, packed=packed, forward=self.engine
+        )
+        return values
 
     @torch.no_grad()
     def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
-        parts = [(rows, self._values(micro, self.forward_batching.packed))
-                 for rows, micro in self.forward_batching.split(batch)]
+        parts = [
+            (rows, self._values(micro, self.forward_batching.packed))
+            for rows, micro in self.forward_batching.split(batch)
+        ]
         return gather_rows(parts, batch.size, batch.response_length) * batch.response_mask
 
     def update(self, batch: RolloutBatch) -> MetricAggregator:
@@ -55,16 +74,27 @@ class CriticWorker:
         counts = loss_counts(mini.response_mask, world)
         mini_loss = 0.0
         for _, micro in self.update_batching.split(mini):
+            assert micro.returns is not None and micro.values is not None, "run the earlier phases first"
             with activation_offload(self.model_cfg.enable_activation_offload):
                 vpreds = self._values(micro, self.update_batching.packed)
-                vf_loss, clipfrac = algos.value_loss(vpreds, micro.returns, micro.values, micro.response_mask,
-                                                     cliprange_value=self.cfg.cliprange_value,
-                                                     loss_agg_mode=self.cfg.loss_agg_mode, **counts)
+                vf_loss, clipfrac = algos.value_loss(
+                    vpreds,
+                    micro.returns,
+                    micro.values,
+                    micro.response_mask,
+                    cliprange_value=self.cfg.cliprange_value,
+                    loss_agg_mode=self.cfg.loss_agg_mode,
+                    **counts,
+                )
                 self.engine.backward(vf_loss * world, scale_wrt_gas=False)
             tokens = float(micro.response_mask.sum())
             mini_loss += vf_loss.item()
             metrics.add("critic/vf_clipfrac", clipfrac.item(), Reduce.WEIGHTED_MEAN, tokens)
-            metrics.add("critic/vpred_mean", algos.masked_mean(vpreds.detach(), micro.response_mask).item(),
-                        Reduce.WEIGHTED_MEAN, tokens)
+            metrics.add(
+                "critic/vpred_mean",
+                algos.masked_mean(vpreds.detach(), micro.response_mask).item(),
+                Reduce.WEIGHTED_MEAN,
+                tokens,
+            )
         metrics.add("critic/vf_loss", mini_loss, Reduce.MEAN)
         optimizer_step(self.engine, "critic", metrics)

@@ -61,13 +61,14 @@ def init_distributed(device: str) -> DistEnv:
         listener.bind(("127.0.0.1", 0))
         listener.listen(128)
         port = listener.getsockname()[1]
-        store = dist.TCPStore("127.0.0.1", port, world_size=1, is_master=True, master_listen_fd=listener.detach(),
-                              use_libuv=False)  # the store owns the listening socket from here on
+        store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at run time
+            "127.0.0.1", port, world_size=1, is_master=True, master_listen_fd=listener.detach(), use_libuv=False
+        )  # the store owns the listening socket from here on
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("nccl" if device == "cuda" else "gloo", store=store, rank=0, world_size=1)
         _KEEP_ALIVE.append(store)
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
-    env = DistEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)))
+    env = DistEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0")))
     if device == "cuda":
         torch.cuda.set_device(env.local_rank)
     return env
@@ -76,8 +77,9 @@ def init_distributed(device: str) -> DistEnv:
 _KEEP_ALIVE: list[Any] = []  # the single-process run's store lives as long as the process
 
 
-def deepspeed_config(zero_stage: int, offload_optimizer: bool, offload_param: bool, grad_clip: float,
-                     dtype: str, world_size: int) -> dict[str, Any]:
+def deepspeed_config(
+    zero_stage: int, offload_optimizer: bool, offload_param: bool, grad_clip: float, dtype: str, world_size: int
+) -> dict[str, Any]:
     """The engine config: the caller owns gradient accumulation (one ``step()`` per mini-batch, however many
     micro-batches it had), so batch sizes here are nominal."""
     zero: dict[str, Any] = {"stage": zero_stage}
@@ -98,8 +100,17 @@ def deepspeed_config(zero_stage: int, offload_optimizer: bool, offload_param: bo
     }
 
 
-def make_engine(module: torch.nn.Module, optim: Any, *, zero_stage: int, offload_optimizer: bool,
-                offload_param: bool, grad_clip: float, dtype: str, world_size: int) -> Any:
+def make_engine(
+    module: torch.nn.Module,
+    optim: Any,
+    *,
+    zero_stage: int,
+    offload_optimizer: bool,
+    offload_param: bool,
+    grad_clip: float,
+    dtype: str,
+    world_size: int,
+) -> Any:
     """A DeepSpeed engine around ``module`` with AdamW (DeepSpeed's CPU Adam when the optimizer is offloaded;
     otherwise torch's AdamW, which needs no extension build)."""
     import deepspeed
@@ -146,9 +157,11 @@ def mini_batches(size: int, mini_size: int, epochs: int, shuffle: bool, seed: in
 def loss_counts(response_mask: torch.Tensor, world_size: int) -> dict[str, float]:
     """The mini-batch's token and sequence counts over all ranks, for :func:`rlprof_train.algos.agg_loss`
     (sequences: those with at least one response token)."""
-    return dict(total_tokens=global_sum(float(response_mask.sum()), world_size),
-                total_seqs=global_sum(float((response_mask.sum(-1) > 0).sum()), world_size),
-                norm_length=float(response_mask.shape[1]))
+    return dict(
+        total_tokens=global_sum(float(response_mask.sum()), world_size),
+        total_seqs=global_sum(float((response_mask.sum(-1) > 0).sum()), world_size),
+        norm_length=float(response_mask.shape[1]),
+    )
 
 
 def optimizer_step(engine: Any, role: str, agg: Any) -> None:

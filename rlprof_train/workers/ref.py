@@ -19,13 +19,21 @@ class RefWorker:
     def __init__(self, cfg: RefConfig, model: ModelConfig, model_path: str) -> None:
         self.cfg = cfg
         self.model = load_causal_lm(model_path, model.dtype).eval().requires_grad_(False)
-        self.batching = MicroBatching(cfg.log_prob_micro_batch_size_per_gpu, cfg.log_prob_use_dynamic_bsz,
-                                      cfg.log_prob_max_token_len_per_gpu, model.use_remove_padding)
+        self.batching = MicroBatching(
+            cfg.log_prob_micro_batch_size_per_gpu,
+            cfg.log_prob_use_dynamic_bsz,
+            cfg.log_prob_max_token_len_per_gpu,
+            model.use_remove_padding,
+        )
 
     def compute_ref_log_prob(self, batch: RolloutBatch) -> tuple[torch.Tensor, MetricAggregator]:
-        """Reference log-probs ``[B, R]`` and ``ref/entropy`` (chunked with ``ref.entropy_from_logits_with_chunking``)."""
+        """Reference log-probs ``[B, R]`` and ``ref/entropy`` (chunked: ``ref.entropy_from_logits_with_chunking``)."""
         log_probs, entropy = log_prob_pass(self.model, batch, self.batching, self.cfg.entropy_from_logits_with_chunking)
         metrics = MetricAggregator()
-        metrics.add("ref/entropy", algos.masked_mean(entropy, batch.response_mask).item(), Reduce.WEIGHTED_MEAN,
-                    float(batch.response_mask.sum()))
+        metrics.add(
+            "ref/entropy",
+            algos.masked_mean(entropy, batch.response_mask).item(),
+            Reduce.WEIGHTED_MEAN,
+            float(batch.response_mask.sum()),
+        )
         return log_probs, metrics

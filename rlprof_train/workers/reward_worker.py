@@ -23,7 +23,7 @@ class RewardWorker:
         scores = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
         last = (batch.response_mask.sum(-1) - 1).clamp(min=0)
         metrics = MetricAggregator()
-        for row, (text, source, truth) in enumerate(zip(texts, batch.data_source, batch.ground_truth)):
+        for row, (text, source, truth) in enumerate(zip(texts, batch.data_source, batch.ground_truth, strict=False)):
             score, extra = self.reward(source, text, truth)
             scores[row, last[row]] = score
             for key, value in extra.items():
@@ -32,5 +32,7 @@ class RewardWorker:
 
     def decode(self, batch: RolloutBatch) -> list[str]:
         pad = self.tokenizer.pad_token_id
-        return self.tokenizer.batch_decode(batch.responses * batch.response_mask + pad * (1 - batch.response_mask),
-                                           skip_special_tokens=True)
+        texts: list[str] = self.tokenizer.batch_decode(
+            batch.responses * batch.response_mask + pad * (1 - batch.response_mask), skip_special_tokens=True
+        )
+        return texts

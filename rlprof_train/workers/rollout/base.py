@@ -38,8 +38,9 @@ class Rollout(ABC):
         """Finish what the backend records (e.g. an engine-side profile)."""
 
 
-def build_rollout_batch(prompts: list[Example], response_ids: list[list[int]], sampling: SamplingParams,
-                        pad_id: int, eos_id: int) -> RolloutBatch:
+def build_rollout_batch(
+    prompts: list[Example], response_ids: list[list[int]], sampling: SamplingParams, pad_id: int, eos_id: int
+) -> RolloutBatch:
     """Assemble prompts (each repeated n times, in order) and their responses into a :class:`RolloutBatch`.
 
     Responses are cut after their first EOS (which stays, masked in) and right-padded to ``response_length``.
@@ -48,8 +49,8 @@ def build_rollout_batch(prompts: list[Example], response_ids: list[list[int]], s
     prompt_ids, prompt_mask = left_pad([p.prompt_ids for p in prompts for _ in range(n)], pad_id)
     responses = torch.full((len(response_ids), response_length), pad_id, dtype=torch.long)
     response_mask = torch.zeros_like(responses)
-    for row, ids in enumerate(response_ids):
-        ids = list(ids[:response_length])
+    for row, generated in enumerate(response_ids):
+        ids = list(generated[:response_length])
         if eos_id in ids:
             ids = ids[: ids.index(eos_id) + 1]
         responses[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)

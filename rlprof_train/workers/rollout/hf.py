@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -38,12 +39,20 @@ class HFRollout(Rollout):
         was_training = model.training
         model.eval()
         greedy = sampling.temperature == 0
-        options = dict(do_sample=not greedy, max_new_tokens=sampling.response_length, num_return_sequences=sampling.n,
-                       eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
-                       remove_invalid_values=True)  # a diverged policy samples garbage (caught later), not a crash
+        options = dict(
+            do_sample=not greedy,
+            max_new_tokens=sampling.response_length,
+            num_return_sequences=sampling.n,
+            eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id,
+            remove_invalid_values=True,
+        )  # a diverged policy samples garbage (caught later), not a crash
         if not greedy:
-            options.update(temperature=sampling.temperature, top_p=sampling.top_p,
-                           top_k=sampling.top_k if sampling.top_k > 0 else 0)  # 0: off (None would mean 50)
+            options.update(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else 0,
+            )  # 0: off (None would mean 50)
         responses: list[list[int]] = []
         try:
             with self._gathered(model):
@@ -51,8 +60,9 @@ class HFRollout(Rollout):
                     chunk = prompts[start : start + self.micro_batch_size]
                     ids, mask = left_pad([p.prompt_ids for p in chunk], self.tokenizer.pad_token_id)
                     out = model.generate(input_ids=ids, attention_mask=mask, **options)
-                    responses.extend(out[:, ids.shape[1]:].tolist())
+                    responses.extend(out[:, ids.shape[1] :].tolist())
         finally:
             model.train(was_training)
-        return build_rollout_batch(prompts, responses, sampling, self.tokenizer.pad_token_id,
-                                   self.tokenizer.eos_token_id)
+        return build_rollout_batch(
+            prompts, responses, sampling, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        )

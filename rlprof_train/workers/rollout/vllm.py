@@ -17,8 +17,8 @@ import itertools
 import os
 import shutil
 import tempfile
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -31,8 +31,10 @@ from rlprof_train.data import Example
 from rlprof_train.workers.rollout.base import Rollout, SamplingParams, build_rollout_batch
 
 BUCKET_BYTES = 256 * 1024 * 1024
-MEMORY_KNOBS = ("actor_rollout_ref.rollout.gpu_memory_utilization, actor_rollout_ref.rollout.kv_cache_space_gb (CPU), "
-                "actor_rollout_ref.rollout.max_model_len or actor_rollout_ref.rollout.max_num_batched_tokens")
+MEMORY_KNOBS = (
+    "actor_rollout_ref.rollout.gpu_memory_utilization, actor_rollout_ref.rollout.kv_cache_space_gb (CPU), "
+    "actor_rollout_ref.rollout.max_model_len or actor_rollout_ref.rollout.max_num_batched_tokens"
+)
 
 
 def _reload_from_files(worker: Any, paths: list[str]) -> int:
@@ -53,8 +55,10 @@ def preflight(model_path: str, kv_cache_space_gb: float) -> None:
     supported = set(ModelRegistry.get_supported_archs())
     architectures = list(getattr(config, "architectures", None) or [])
     if not any(arch in supported for arch in architectures):
-        raise ValueError(f"vLLM cannot serve the model at {model_path}: it has no implementation of "
-                         f"{', '.join(architectures) or 'an unnamed architecture'}")
+        raise ValueError(
+            f"vLLM cannot serve the model at {model_path}: it has no implementation of "
+            f"{', '.join(architectures) or 'an unnamed architecture'}"
+        )
     if torch.cuda.is_available():
         return
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
@@ -62,15 +66,19 @@ def preflight(model_path: str, kv_cache_space_gb: float) -> None:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     sizes = CPUAttentionBackend.get_supported_head_sizes()
     if head_dim not in sizes:
-        raise ValueError(f"vLLM cannot serve the model at {model_path}: its head_dim is {head_dim} and vLLM's CPU "
-                         f"attention supports head sizes {sizes}")
+        raise ValueError(
+            f"vLLM cannot serve the model at {model_path}: its head_dim is {head_dim} and vLLM's CPU "
+            f"attention supports head sizes {sizes}"
+        )
     import psutil
 
     available = psutil.virtual_memory().available / 2**30
     if kv_cache_space_gb >= available:
-        raise ValueError(f"vLLM would run out of memory while starting: actor_rollout_ref.rollout.kv_cache_space_gb="
-                         f"{kv_cache_space_gb} GiB of KV cache but {available:.1f} GiB of host memory is available; "
-                         f"lower {MEMORY_KNOBS}")
+        raise ValueError(
+            f"vLLM would run out of memory while starting: actor_rollout_ref.rollout.kv_cache_space_gb="
+            f"{kv_cache_space_gb} GiB of KV cache but {available:.1f} GiB of host memory is available; "
+            f"lower {MEMORY_KNOBS}"
+        )
 
 
 def explain_start_failure(exc: BaseException, model_path: str) -> str:
@@ -78,8 +86,10 @@ def explain_start_failure(exc: BaseException, model_path: str) -> str:
     text = f"{type(exc).__name__}: {exc}"
     if any(word in text.lower() for word in ("out of memory", "memory", "kv cache", "cache blocks")):
         return f"vLLM ran out of memory while starting ({text}); lower {MEMORY_KNOBS}"
-    return (f"vLLM could not start an engine for {model_path} ({text}); the engine's own error is in the log above. "
-            f"If it ran out of memory, lower {MEMORY_KNOBS}")
+    return (
+        f"vLLM could not start an engine for {model_path} ({text}); the engine's own error is in the log above. "
+        f"If it ran out of memory, lower {MEMORY_KNOBS}"
+    )
 
 
 @contextlib.contextmanager
@@ -102,8 +112,17 @@ class VLLMRollout(Rollout, WindowListener):
 
     name = "vllm"
 
-    def __init__(self, rollout: RolloutConfig, model_path: str, actor: Any, tokenizer: Any, *, zero_stage: int,
-                 max_prompt_length: int, seed: int) -> None:
+    def __init__(
+        self,
+        rollout: RolloutConfig,
+        model_path: str,
+        actor: Any,
+        tokenizer: Any,
+        *,
+        zero_stage: int,
+        max_prompt_length: int,
+        seed: int,
+    ) -> None:
         self.actor = actor
         self.tokenizer = tokenizer
         self.zero_stage = zero_stage
@@ -119,17 +138,26 @@ class VLLMRollout(Rollout, WindowListener):
 
         preflight(model_path, kv_cache_gb)
         options: dict[str, Any] = dict(
-            model=model_path, tokenizer=model_path, dtype=rollout.dtype, enforce_eager=rollout.enforce_eager,
-            gpu_memory_utilization=rollout.gpu_memory_utilization, tensor_parallel_size=rollout.tensor_parallel_size,
-            max_num_batched_tokens=rollout.max_num_batched_tokens, disable_log_stats=rollout.disable_log_stats,
-            max_model_len=rollout.max_model_len or max_prompt_length + rollout.response_length, seed=seed,
+            model=model_path,
+            tokenizer=model_path,
+            dtype=rollout.dtype,
+            enforce_eager=rollout.enforce_eager,
+            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            tensor_parallel_size=rollout.tensor_parallel_size,
+            max_num_batched_tokens=rollout.max_num_batched_tokens,
+            disable_log_stats=rollout.disable_log_stats,
+            max_model_len=rollout.max_model_len or max_prompt_length + rollout.response_length,
+            seed=seed,
         )
         if session is not None and session.config.global_profiler.tool == "torch":  # the engine's side, same contents
             contents = set(session.config.tool_settings().contents)
             options["profiler_config"] = {
-                "profiler": "torch", "torch_profiler_dir": str(self.profile_dir),
-                "torch_profiler_with_stack": "stack" in contents, "torch_profiler_record_shapes": "shapes" in contents,
-                "torch_profiler_with_memory": "memory" in contents, "torch_profiler_with_flops": "flops" in contents,
+                "profiler": "torch",
+                "torch_profiler_dir": str(self.profile_dir),
+                "torch_profiler_with_stack": "stack" in contents,
+                "torch_profiler_record_shapes": "shapes" in contents,
+                "torch_profiler_with_memory": "memory" in contents,
+                "torch_profiler_with_flops": "flops" in contents,
                 "torch_profiler_dump_cuda_time_total": False,  # a summary table that takes minutes to write
             }
         engine_env = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # the engine process decodes our reload function
@@ -149,25 +177,43 @@ class VLLMRollout(Rollout, WindowListener):
 
         greedy = sampling.temperature == 0
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()  # from the trainer's per-step seed
-        params = [VLLMSampling(n=sampling.n, temperature=0.0 if greedy else sampling.temperature,
-                               top_p=1.0 if greedy else sampling.top_p,
-                               top_k=-1 if greedy or sampling.top_k <= 0 else sampling.top_k,
-                               max_tokens=sampling.response_length, seed=seed, logprobs=0) for seed in seeds]
+        params = [
+            VLLMSampling(
+                n=sampling.n,
+                temperature=0.0 if greedy else sampling.temperature,
+                top_p=1.0 if greedy else sampling.top_p,
+                top_k=-1 if greedy or sampling.top_k <= 0 else sampling.top_k,
+                max_tokens=sampling.response_length,
+                seed=seed,
+                logprobs=0,
+            )
+            for seed in seeds
+        ]
         try:
-            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p.prompt_ids)) for p in prompts], params,
-                                        use_tqdm=False)
+            outputs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=list(p.prompt_ids)) for p in prompts], params, use_tqdm=False
+            )
         except Exception as exc:
             from vllm.v1.engine.exceptions import EngineDeadError
 
             if isinstance(exc, EngineDeadError):
-                raise ValueError(f"vLLM's engine stopped while generating ({exc}); its own error is in the log above")
+                raise RuntimeError(
+                    f"vLLM's engine stopped while generating ({exc}); its own error is in the log above"
+                ) from exc
             raise
         completions = [c for output in outputs for c in output.outputs]
-        batch = build_rollout_batch(prompts, [list(c.token_ids) for c in completions], sampling,
-                                    self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
+        batch = build_rollout_batch(
+            prompts,
+            [list(c.token_ids) for c in completions],
+            sampling,
+            self.tokenizer.pad_token_id,
+            self.tokenizer.eos_token_id,
+        )
         rollout_log_probs = torch.zeros(batch.response_mask.shape)
         for row, completion in enumerate(completions):
-            values = [next(iter(step.values())).logprob for step in (completion.logprobs or [])][: batch.response_length]
+            values = [next(iter(step.values())).logprob for step in (completion.logprobs or [])][
+                : batch.response_length
+            ]
             rollout_log_probs[row, : len(values)] = torch.tensor(values)
         batch.extras["rollout_log_probs"] = rollout_log_probs * batch.response_mask
         return batch
@@ -194,7 +240,9 @@ class VLLMRollout(Rollout, WindowListener):
             gathered = deepspeed.zero.GatheredParameters(list(module.parameters()))
             gathered.__enter__()
         try:
-            paths, bucket, size = [], {}, 0
+            paths: list[Path] = []
+            bucket: dict[str, torch.Tensor] = {}
+            size = 0
             for name, tensor in module.state_dict().items():
                 bucket[name] = tensor.detach().to(device="cpu", dtype=self.dtype).contiguous().clone()
                 size += bucket[name].numel() * bucket[name].element_size()
