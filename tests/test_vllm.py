@@ -4,6 +4,7 @@ actor's current weights under ZeRO 2 and ZeRO 3, GRPO learns with it, and start-
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -47,16 +48,17 @@ def examples(tokenizer) -> list[Example]:
 
 def train_a_little(actor, tokenizer, steps: int = 3) -> None:
     """Real PPO updates on sampled data, so the actor's weights move away from the engine's."""
+    from rlprof_train.batch import MicroBatching
     from rlprof_train.workers.rollout.hf import HFRollout
 
-    hf = HFRollout(lambda: actor.module, tokenizer, actor.actor_cfg.zero_stage, 64)
+    hf = HFRollout(lambda: actor.module, tokenizer, actor.cfg.zero_stage, 64)
     for step in range(steps):
         torch.manual_seed(step)
         batch = hf.generate(examples(tokenizer), SamplingParams(4, 1.0, 1.0, -1, 4))
-        batch.old_log_probs, _ = actor.compute_log_prob(batch)
+        batch.old_log_probs, _ = actor.compute_log_prob(batch, MicroBatching(64))
         batch.ref_log_probs = batch.old_log_probs
         batch.advantages = torch.randn(batch.response_mask.shape) * batch.response_mask * 5
-        actor.update(batch, n=4)
+        actor.update(batch)
 
 
 @pytest.mark.parametrize("zero_stage", [2, 3])
@@ -77,8 +79,18 @@ def test_after_sync_vllm_greedy_equals_the_actors_greedy(model_dir, dist_env, ze
         ]
     )
     tokenizer = load_tokenizer(model_dir)
-    actor = ActorWorker(cfg.actor_rollout_ref, str(model_dir), dist_env)
-    engine = VLLMRollout(cfg, str(model_dir), actor, tokenizer)
+    arr = cfg.actor_rollout_ref
+    actor = ActorWorker(arr.actor, arr.model, str(model_dir), dist_env)
+    engine = VLLMRollout(
+        arr.rollout,
+        str(model_dir),
+        actor,
+        tokenizer,
+        zero_stage=zero_stage,
+        max_prompt_length=cfg.data.max_prompt_length,
+        seed=cfg.trainer.seed,
+    )
+    assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in os.environ  # weights are reloaded without pickling
     hf = HFRollout(lambda: actor.module, tokenizer, zero_stage, 64)
     greedy = SamplingParams(1, 0.0, 1.0, -1, 4)
     assert (
@@ -92,7 +104,9 @@ def test_after_sync_vllm_greedy_equals_the_actors_greedy(model_dir, dist_env, ze
     engine.sync_weights()
     assert engine.generate(examples(tokenizer), greedy).responses.tolist() == actor_greedy
     sampled = engine.generate(examples(tokenizer), SamplingParams(4, 1.0, 1.0, -1, 4))
-    old, _ = actor.compute_log_prob(sampled)
+    from rlprof_train.batch import MicroBatching
+
+    old, _ = actor.compute_log_prob(sampled, MicroBatching(64))
     gap = ((old - sampled.extras["rollout_log_probs"]).abs() * sampled.response_mask).max()
     assert gap < 1e-3, f"the engine's log-probs should be the actor's after sync (max gap {gap})"
 

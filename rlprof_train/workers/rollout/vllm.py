@@ -2,9 +2,10 @@
 directory, refreshed with the actor's weights after every update without a restart.
 
 Weight sync: the actor's parameters (gathered from ZeRO-3 partitions when needed) are written as safetensors
-buckets of ``BUCKET_BYTES`` into a temporary folder (``/dev/shm`` when there is one), then one ``collective_rpc``
-makes every engine worker reload them in place (vLLM's ``reload_weights``, which re-runs its post-load weight
-processing, e.g. the CPU backend's repacking) and the prefix cache is reset.
+buckets of ``BUCKET_BYTES`` into a temporary folder (``/dev/shm`` when there is one), then one ``collective_rpc`` of
+the workers' own ``reload_weights`` method reloads them in place from that folder (re-running vLLM's post-load
+weight processing, e.g. the CPU backend's repacking) and the prefix cache is reset. Only vLLM's own methods are
+called by name, so nothing is pickled: ``VLLM_ALLOW_INSECURE_SERIALIZATION`` is never needed (nor set).
 
 Profiling: when rlprof's torch tool has a window open for the rollout role, vLLM's own torch profiler records the
 engine's side too; its traces land in ``{save_path}/vllm_torch/`` and are listed in the manifest.
@@ -13,7 +14,6 @@ engine's side too; its traces land in ``{save_path}/vllm_torch/`` and are listed
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import shutil
 import tempfile
@@ -24,6 +24,7 @@ from typing import Any, Optional
 import torch
 
 import rlprof
+from rlprof.schema import ConfigError
 from rlprof.window import StepWindow, WindowListener
 from rlprof_train.batch import RolloutBatch
 from rlprof_train.config.schema import RolloutConfig
@@ -37,15 +38,6 @@ MEMORY_KNOBS = (
 )
 
 
-def _reload_from_files(worker: Any, paths: list[str]) -> int:
-    """Runs inside each vLLM worker: reload every tensor of the safetensors ``paths`` in place."""
-    from safetensors.torch import load_file
-
-    weights = itertools.chain.from_iterable(load_file(path).items() for path in paths)
-    worker.model_runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
-    return len(paths)
-
-
 def preflight(model_path: str, kv_cache_space_gb: float) -> None:
     """Refuse, naming the reason, what the engine would only report in its own process's log."""
     from transformers import AutoConfig
@@ -55,7 +47,7 @@ def preflight(model_path: str, kv_cache_space_gb: float) -> None:
     supported = set(ModelRegistry.get_supported_archs())
     architectures = list(getattr(config, "architectures", None) or [])
     if not any(arch in supported for arch in architectures):
-        raise ValueError(
+        raise ConfigError(
             f"vLLM cannot serve the model at {model_path}: it has no implementation of "
             f"{', '.join(architectures) or 'an unnamed architecture'}"
         )
@@ -66,7 +58,7 @@ def preflight(model_path: str, kv_cache_space_gb: float) -> None:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     sizes = CPUAttentionBackend.get_supported_head_sizes()
     if head_dim not in sizes:
-        raise ValueError(
+        raise ConfigError(
             f"vLLM cannot serve the model at {model_path}: its head_dim is {head_dim} and vLLM's CPU "
             f"attention supports head sizes {sizes}"
         )
@@ -74,7 +66,7 @@ def preflight(model_path: str, kv_cache_space_gb: float) -> None:
 
     available = psutil.virtual_memory().available / 2**30
     if kv_cache_space_gb >= available:
-        raise ValueError(
+        raise ConfigError(
             f"vLLM would run out of memory while starting: actor_rollout_ref.rollout.kv_cache_space_gb="
             f"{kv_cache_space_gb} GiB of KV cache but {available:.1f} GiB of host memory is available; "
             f"lower {MEMORY_KNOBS}"
@@ -160,14 +152,14 @@ class VLLMRollout(Rollout, WindowListener):
                 "torch_profiler_with_flops": "flops" in contents,
                 "torch_profiler_dump_cuda_time_total": False,  # a summary table that takes minutes to write
             }
-        engine_env = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # the engine process decodes our reload function
+        engine_env = {}
         if not torch.cuda.is_available() and not kv_cache:
             engine_env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gb)
         try:
             with scoped_environ(**engine_env):
                 self.llm = LLM(**options)
         except Exception as exc:
-            raise ValueError(explain_start_failure(exc, model_path)) from exc
+            raise ConfigError(explain_start_failure(exc, model_path)) from exc
         if session is not None:
             session.add_window_listener(self)
 
@@ -222,9 +214,10 @@ class VLLMRollout(Rollout, WindowListener):
     def sync_weights(self) -> None:
         folder = Path(tempfile.mkdtemp(prefix="rlprof-sync-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
         try:
-            paths = self._write_buckets(folder)
-            with scoped_environ(VLLM_ALLOW_INSECURE_SERIALIZATION="1"):  # sending a function to the workers
-                self.llm.collective_rpc(_reload_from_files, args=([str(p) for p in paths],))
+            self._write_buckets(folder)
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_path": str(folder), "is_checkpoint_format": True}
+            )
             self.llm.reset_prefix_cache()
         finally:
             shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,73 @@
+"""Scale a real torch trace to any size: copies of its complete events, shifted in time one after the other, with
+step numbers and ids renumbered, between its own header and footer. The result has the structure of the source
+(same ranges, same operators, same nesting), only more of it: what ``rlprof report`` and Holistic Trace Analysis
+meet on a long real run.
+
+    python benchmarks/trace_tiling.py SOURCE.pt.trace.json.gz TARGET.pt.trace.json.gz --mb 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import re
+from pathlib import Path
+
+_TS = re.compile(rb'"ts": ([0-9.]+)')
+_STEP = re.compile(rb'"ProfilerStep#(\d+)"')
+_IDS = re.compile(rb'"(External id|Ev Idx|Record function id|correlation)": (\d+)')
+
+
+def split_trace(source: Path) -> tuple[bytes, list[bytes], bytes]:
+    """(header up to the event list, the complete ``"ph": "X"`` events, footer from the end of the list)."""
+    raw = gzip.open(source, "rb").read() if source.suffix == ".gz" else source.read_bytes()
+    start = raw.index(b"[", raw.index(b'"traceEvents"')) + 1
+    end = raw.rindex(b"\n  ]")
+    first = raw.index(b"\n  {", start)
+    blocks = raw[first + 1 : end].split(b"\n  },\n  {")  # kineto: one top-level event per indented block
+    events = [b"  {" + block if not block.startswith(b"  {") else block for block in blocks]
+    events = [block if block.rstrip().endswith(b"\n  }") else block.rstrip() + b"\n  }" for block in events]
+    return raw[:start], [block for block in events if b'"ph": "X"' in block], raw[end:]
+
+
+def tile(source: Path, target: Path, megabytes: float) -> dict[str, float]:
+    """Write ``target`` (gzip, level 1) of about ``megabytes`` MB uncompressed; returns what was written."""
+    header, events, footer = split_trace(source)
+    times = [float(m.group(1)) for block in events for m in _TS.finditer(block)]
+    span = max(times) - min(times) + 1000.0
+    steps = [int(m.group(1)) for block in events for m in _STEP.finditer(block)]
+    step_count = max(steps) - min(steps) + 1 if steps else 0
+    body = b",\n".join(events)
+    written, copies, goal = len(header) + len(footer), 0, megabytes * 1e6
+    with gzip.open(target, "wb", compresslevel=1) as out:
+        out.write(header)
+        while written < goal:
+            shift = copies * span
+            text = _TS.sub(lambda m: b'"ts": %.3f' % (float(m.group(1)) + shift), body)
+            text = _STEP.sub(lambda m: b'"ProfilerStep#%d"' % (int(m.group(1)) + copies * step_count), text)
+            text = _IDS.sub(lambda m: b'"%s": %d' % (m.group(1), int(m.group(2)) + copies * 10_000_000), text)
+            chunk = (b",\n" if copies else b"\n") + text
+            out.write(chunk)
+            written += len(chunk)
+            copies += 1
+        out.write(b"\n" + footer.lstrip(b"\n"))
+    return {
+        "copies": copies,
+        "events": copies * len(events),
+        "uncompressed_bytes": written,
+        "compressed_bytes": target.stat().st_size,
+        "steps": copies * step_count,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", type=Path)
+    parser.add_argument("target", type=Path)
+    parser.add_argument("--mb", type=float, default=1024.0, help="uncompressed size to reach, in MB (default 1024)")
+    args = parser.parse_args()
+    print(tile(args.source, args.target, args.mb))
+
+
+if __name__ == "__main__":
+    main()

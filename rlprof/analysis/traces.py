@@ -1,0 +1,292 @@
+"""One streaming pass over a Chrome trace written by torch.profiler (``*.pt.trace.json[.gz]``): per range totals,
+self times and the operators inside, per-step times, and GPU kernels attributed to the ranges that launched them.
+
+The file is never loaded whole. Kineto writes one event per indented block (``\\n  {`` ... ``\\n  },``); the reader
+cuts the decompressed stream at those boundaries and parses a few megabytes of events at a time with orjson, so
+memory stays flat whatever the trace's size. A trace in another layout is read with ijson's streaming parser.
+
+Nesting: on each thread, an event's children are the events that start inside it (kineto writes each thread's
+events in start order; a trace that is not is re-sorted per thread). A range's *self* time is its duration minus
+its direct children's; an operator's self time counts for every rlprof range around it (``actor/update_actor``
+lists the operators of its micro-batches too).
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Optional
+
+import orjson
+
+CHUNK = 8 << 20
+MAX_EVENT_BYTES = 256 << 20
+STEP_PREFIX = "ProfilerStep#"
+GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+CPU_CATEGORIES = frozenset(
+    {"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver", "cpu_instant_event", "Trace"}
+)
+
+
+class TraceError(ValueError):
+    """The file is not a readable Chrome trace; the message says why in one line."""
+
+
+@dataclass
+class RangeTotals:
+    """One ``role/name`` range in one trace: how often, how long in all, how much of it outside its children."""
+
+    label: str
+    count: int = 0
+    total_us: float = 0.0
+    self_us: float = 0.0
+    cuda_us: float = 0.0
+    """GPU kernel time launched from inside the range."""
+
+
+@dataclass
+class OpTotals:
+    name: str
+    device: str
+    """``cpu`` (operator self time) or ``cuda`` (kernel time)."""
+    count: int = 0
+    self_us: float = 0.0
+
+
+@dataclass
+class TraceScan:
+    """What one pass over one trace found."""
+
+    path: str
+    rank: Optional[int] = None
+    world_size: Optional[int] = None
+    events: int = 0
+    ranges: dict[str, RangeTotals] = field(default_factory=dict)
+    ops: dict[tuple[str, str, str], OpTotals] = field(default_factory=dict)
+    """(range label, operator name, device) -> totals; the label ``""`` holds operators outside every range."""
+    steps: dict[int, float] = field(default_factory=dict)
+    """ProfilerStep number -> its duration in µs."""
+    problems: list[str] = field(default_factory=list)
+    """What could not be read (a truncated file, re-sorted threads): one line each."""
+
+
+# --------------------------------------------------------------------------------------------- reading events
+
+
+def _open(path: Path) -> IO[bytes]:
+    with path.open("rb") as probe:
+        magic = probe.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else path.open("rb")
+
+
+def _header_info(header: bytes, scan: TraceScan) -> None:
+    for line in header.splitlines():
+        text = line.strip()
+        if text.startswith(b'"distributedInfo"'):
+            try:
+                info = orjson.loads(text.split(b":", 1)[1].rstrip(b","))
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(info, dict):
+                scan.rank = info.get("rank")
+                scan.world_size = info.get("world_size")
+
+
+def iter_event_batches(path: Path, scan: TraceScan) -> Iterator[list[Any]]:
+    """The trace's events, a batch (a few MB of the file) at a time; header facts go into ``scan``."""
+    try:
+        with _open(path) as stream:
+            head = stream.read(1 << 16)
+            start = head.find(b'"traceEvents"')
+            if start < 0 or not head.lstrip().startswith(b"{"):
+                raise TraceError(f"{path} is not a Chrome trace (no traceEvents in its first 64 KiB)")
+            _header_info(head[:start], scan)
+            bracket = head.find(b"[", start)
+            if bracket < 0 or head.find(b"\n  {", bracket) < 0 or head.find(b"\n  },", bracket) < 0:
+                yield from _ijson_batches(path, scan)
+                return
+            buffer = head[bracket + 1 :]
+            while True:
+                block = stream.read(CHUNK)
+                buffer += block
+                cut = buffer.rfind(b"\n  },")
+                if block and cut >= 0:
+                    yield orjson.loads(b"[" + buffer[: cut + 4] + b"]")
+                    buffer = buffer[cut + 5 :]
+                    continue
+                if block and len(buffer) > MAX_EVENT_BYTES:
+                    raise TraceError(f"{path}: no event boundary in {len(buffer) >> 20} MiB; not a torch trace layout")
+                if not block:
+                    end = buffer.rfind(b"\n  ]")
+                    if end < 0:
+                        raise EOFError("the trace ends before its event list is closed")
+                    tail = buffer[:end].strip()
+                    if tail:
+                        yield orjson.loads(b"[" + tail + b"]")
+                    return
+    except (EOFError, zlib.error, OSError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise TraceError(f"{path}: no such file") from None
+        scan.problems.append(f"{path.name} is truncated or damaged ({exc}); what came before the damage is reported")
+    except orjson.JSONDecodeError as exc:
+        scan.problems.append(f"{path.name}: events after byte {exc.pos} of a batch are not valid JSON ({exc.msg})")
+
+
+def _ijson_batches(path: Path, scan: TraceScan) -> Iterator[list[Any]]:
+    """Any other layout of a Chrome trace, streamed by ijson (slower; same results)."""
+    import ijson
+
+    with _open(path) as stream:
+        batch: list[Any] = []
+        for event in ijson.items(stream, "traceEvents.item", use_float=True):
+            batch.append(event)
+            if len(batch) >= 50_000:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+    if scan.rank is None:
+        with _open(path) as stream:
+            for info in ijson.items(stream, "distributedInfo"):
+                scan.rank, scan.world_size = info.get("rank"), info.get("world_size")
+
+
+# --------------------------------------------------------------------------------------------- the pass
+
+
+def is_range(name: str) -> bool:
+    """An rlprof range (``role/name``), as opposed to an operator or a library's own annotation."""
+    return "/" in name and not name.startswith(STEP_PREFIX)
+
+
+def scan_trace(path: str | Path) -> TraceScan:
+    """Read ``path`` once and return its :class:`TraceScan`."""
+    path = Path(path)
+    scan = TraceScan(str(path))
+    stacks: dict[Any, list[list[Any]]] = {}
+    last_start: dict[Any, float] = {}
+    unordered: set[Any] = set()
+    launches: dict[Any, tuple[str, ...]] = {}
+    kernels: list[tuple[Any, str, float]] = []
+    buffered: dict[Any, list[tuple[float, float, str, str, Any]]] = {}
+    for batch in iter_event_batches(path, scan):
+        for event in batch:
+            if event.get("ph") != "X":
+                continue
+            scan.events += 1
+            category = event.get("cat", "")
+            if category in GPU_CATEGORIES:
+                args = event.get("args") or {}
+                kernels.append((args.get("correlation"), event.get("name", ""), float(event.get("dur", 0.0))))
+                continue
+            thread = (event.get("pid"), event.get("tid"))
+            start = float(event.get("ts", 0.0))
+            if thread in unordered or start < last_start.get(thread, start):
+                unordered.add(thread)
+                buffered.setdefault(thread, []).append(_flat(event, start))
+                continue
+            last_start[thread] = start
+            _push(
+                scan,
+                stacks.setdefault(thread, []),
+                start,
+                float(event.get("dur", 0.0)),
+                event.get("name", ""),
+                category,
+                event.get("args"),
+                launches,
+            )
+    for thread in unordered:
+        scan.problems.append(f"thread {thread[1]} of {path.name} was not in start order; its events were re-sorted")
+        stack = stacks.setdefault(thread, [])
+        while stack:
+            _finish(scan, stack.pop())
+        for start, duration, name, category, args in sorted(buffered[thread], key=lambda row: (row[0], -row[1])):
+            _push(scan, stack, start, duration, name, category, args, launches)
+    for stack in stacks.values():
+        while stack:
+            _finish(scan, stack.pop())
+    _attribute_kernels(scan, kernels, launches)
+    return scan
+
+
+def _flat(event: dict[str, Any], start: float) -> tuple[float, float, str, str, Any]:
+    return start, float(event.get("dur", 0.0)), event.get("name", ""), event.get("cat", ""), event.get("args")
+
+
+# A frame: [end, duration, children's total, name, kind, ranges around it (and itself, for a range)]
+RANGE, STEP, OP, OTHER = 0, 1, 2, 3
+
+
+def _push(
+    scan: TraceScan,
+    stack: list[list[Any]],
+    start: float,
+    duration: float,
+    name: str,
+    category: str,
+    args: Any,
+    launches: dict[Any, tuple[str, ...]],
+) -> None:
+    while stack and stack[-1][0] <= start:
+        _finish(scan, stack.pop())
+    parent = stack[-1] if stack else None
+    enclosing: tuple[str, ...] = parent[5] if parent is not None else ()
+    if parent is not None:
+        parent[2] += duration
+    if category == "user_annotation" and name.startswith(STEP_PREFIX):
+        kind = STEP
+    elif category == "user_annotation" and is_range(name):
+        kind, enclosing = RANGE, (*enclosing, name)
+    elif category in ("cpu_op", "user_annotation"):
+        kind = OP
+    else:
+        kind = OTHER
+        if category == "cuda_runtime" and args:
+            correlation = args.get("correlation")
+            if correlation is not None:
+                launches[correlation] = enclosing
+    stack.append([start + duration, duration, 0.0, name, kind, enclosing])
+
+
+def _finish(scan: TraceScan, frame: list[Any]) -> None:
+    _, duration, children, name, kind, enclosing = frame
+    own = max(0.0, duration - children)
+    if kind == OP:
+        for label in enclosing or ("",):
+            key = (label, name, "cpu")
+            totals = scan.ops.get(key)
+            if totals is None:
+                totals = scan.ops[key] = OpTotals(name, "cpu")
+            totals.count += 1
+            totals.self_us += own
+    elif kind == RANGE:
+        totals_range = scan.ranges.get(name)
+        if totals_range is None:
+            totals_range = scan.ranges[name] = RangeTotals(name)
+        totals_range.count += 1
+        totals_range.total_us += duration
+        totals_range.self_us += own
+    elif kind == STEP:
+        try:
+            scan.steps[int(name[len(STEP_PREFIX) :])] = duration
+        except ValueError:
+            pass
+
+
+def _attribute_kernels(
+    scan: TraceScan, kernels: list[tuple[Any, str, float]], launches: dict[Any, tuple[str, ...]]
+) -> None:
+    for correlation, name, duration in kernels:
+        for label in launches.get(correlation, ()) or ("",):
+            if label in scan.ranges:
+                scan.ranges[label].cuda_us += duration
+            key = (label, name, "cuda")
+            totals = scan.ops.get(key)
+            if totals is None:
+                totals = scan.ops[key] = OpTotals(name, "cuda")
+            totals.count += 1
+            totals.self_us += duration
