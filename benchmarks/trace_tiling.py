@@ -20,7 +20,11 @@ _IDS = re.compile(rb'"(External id|Ev Idx|Record function id|correlation)": (\d+
 
 def split_trace(source: Path) -> tuple[bytes, list[bytes], bytes]:
     """(header up to the event list, the complete ``"ph": "X"`` events, footer from the end of the list)."""
-    raw = gzip.open(source, "rb").read() if source.suffix == ".gz" else source.read_bytes()
+    if source.suffix == ".gz":
+        with gzip.open(source, "rb") as handle:
+            raw = handle.read()
+    else:
+        raw = source.read_bytes()
     start = raw.index(b"[", raw.index(b'"traceEvents"')) + 1
     end = raw.rindex(b"\n  ]")
     first = raw.index(b"\n  {", start)
@@ -28,6 +32,13 @@ def split_trace(source: Path) -> tuple[bytes, list[bytes], bytes]:
     events = [b"  {" + block if not block.startswith(b"  {") else block for block in blocks]
     events = [block if block.rstrip().endswith(b"\n  }") else block.rstrip() + b"\n  }" for block in events]
     return raw[:start], [block for block in events if b'"ph": "X"' in block], raw[end:]
+
+
+def renumber(body: bytes, copy: int, span: float, step_count: int) -> bytes:
+    """The ``copy``-th copy of the events: times shifted by ``copy`` spans, steps and ids past earlier copies'."""
+    text = _TS.sub(lambda m: b'"ts": %.3f' % (float(m.group(1)) + copy * span), body)
+    text = _STEP.sub(lambda m: b'"ProfilerStep#%d"' % (int(m.group(1)) + copy * step_count), text)
+    return _IDS.sub(lambda m: b'"%s": %d' % (m.group(1), int(m.group(2)) + copy * 10_000_000), text)
 
 
 def tile(source: Path, target: Path, megabytes: float) -> dict[str, float]:
@@ -42,10 +53,7 @@ def tile(source: Path, target: Path, megabytes: float) -> dict[str, float]:
     with gzip.open(target, "wb", compresslevel=1) as out:
         out.write(header)
         while written < goal:
-            shift = copies * span
-            text = _TS.sub(lambda m: b'"ts": %.3f' % (float(m.group(1)) + shift), body)
-            text = _STEP.sub(lambda m: b'"ProfilerStep#%d"' % (int(m.group(1)) + copies * step_count), text)
-            text = _IDS.sub(lambda m: b'"%s": %d' % (m.group(1), int(m.group(2)) + copies * 10_000_000), text)
+            text = renumber(body, copies, span, step_count)
             chunk = (b",\n" if copies else b"\n") + text
             out.write(chunk)
             written += len(chunk)

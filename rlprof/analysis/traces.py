@@ -79,7 +79,9 @@ class TraceScan:
 def _open(path: Path) -> IO[bytes]:
     with path.open("rb") as probe:
         magic = probe.read(2)
-    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else path.open("rb")
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rb")  # type: ignore[return-value]  # a GzipFile reads bytes
+    return path.open("rb")
 
 
 def _header_info(header: bytes, scan: TraceScan) -> None:
@@ -271,10 +273,9 @@ def _finish(scan: TraceScan, frame: list[Any]) -> None:
         totals_range.total_us += duration
         totals_range.self_us += own
     elif kind == STEP:
-        try:
-            scan.steps[int(name[len(STEP_PREFIX) :])] = duration
-        except ValueError:
-            pass
+        number = name[len(STEP_PREFIX) :]
+        if number.isdigit():
+            scan.steps[int(number)] = duration
 
 
 def _attribute_kernels(
