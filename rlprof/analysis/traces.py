@@ -45,6 +45,10 @@ class RangeTotals:
     self_us: float = 0.0
     cuda_us: float = 0.0
     """GPU kernel time launched from inside the range."""
+    allocated_bytes: int = 0
+    """Bytes allocated inside the range (``[memory]`` events, torch tool with ``contents: [memory]``)."""
+    peak_allocated: int = 0
+    """Highest ``Total Allocated`` seen inside the range (same source), or 0."""
 
 
 @dataclass
@@ -69,6 +73,8 @@ class TraceScan:
     """(range label, operator name, device) -> totals; the label ``""`` holds operators outside every range."""
     steps: dict[int, float] = field(default_factory=dict)
     """ProfilerStep number -> its duration in µs."""
+    memory_events: int = 0
+    """``[memory]`` events seen (allocations and frees recorded with ``profile_memory``)."""
     problems: list[str] = field(default_factory=list)
     """What could not be read (a truncated file, re-sorted threads): one line each."""
 
@@ -174,9 +180,18 @@ def scan_trace(path: str | Path) -> TraceScan:
     launches: dict[Any, tuple[str, ...]] = {}
     kernels: list[tuple[Any, str, float]] = []
     buffered: dict[Any, list[tuple[float, float, str, str, Any]]] = {}
+    intervals: dict[Any, list[tuple[float, float, str]]] = {}
+    memory: dict[Any, list[tuple[float, int, int]]] = {}
     for batch in iter_event_batches(path, scan):
         for event in batch:
-            if event.get("ph") != "X":
+            phase = event.get("ph")
+            if phase == "i" and event.get("name") == "[memory]":
+                args = event.get("args") or {}
+                memory.setdefault((event.get("pid"), event.get("tid")), []).append(
+                    (float(event.get("ts", 0.0)), int(args.get("Bytes", 0)), int(args.get("Total Allocated", 0)))
+                )
+                continue
+            if phase != "X":
                 continue
             scan.events += 1
             category = event.get("cat", "")
@@ -186,21 +201,16 @@ def scan_trace(path: str | Path) -> TraceScan:
                 continue
             thread = (event.get("pid"), event.get("tid"))
             start = float(event.get("ts", 0.0))
+            duration = float(event.get("dur", 0.0))
+            name = event.get("name", "")
+            if category == "user_annotation" and is_range(name):
+                intervals.setdefault(thread, []).append((start, start + duration, name))
             if thread in unordered or start < last_start.get(thread, start):
                 unordered.add(thread)
-                buffered.setdefault(thread, []).append(_flat(event, start))
+                buffered.setdefault(thread, []).append((start, duration, name, category, event.get("args")))
                 continue
             last_start[thread] = start
-            _push(
-                scan,
-                stacks.setdefault(thread, []),
-                start,
-                float(event.get("dur", 0.0)),
-                event.get("name", ""),
-                category,
-                event.get("args"),
-                launches,
-            )
+            _push(scan, stacks.setdefault(thread, []), start, duration, name, category, event.get("args"), launches)
     for thread in unordered:
         scan.problems.append(f"thread {thread[1]} of {path.name} was not in start order; its events were re-sorted")
         stack = stacks.setdefault(thread, [])
@@ -212,11 +222,8 @@ def scan_trace(path: str | Path) -> TraceScan:
         while stack:
             _finish(scan, stack.pop())
     _attribute_kernels(scan, kernels, launches)
+    _attribute_memory(scan, intervals, memory)
     return scan
-
-
-def _flat(event: dict[str, Any], start: float) -> tuple[float, float, str, str, Any]:
-    return start, float(event.get("dur", 0.0)), event.get("name", ""), event.get("cat", ""), event.get("args")
 
 
 # A frame: [end, duration, children's total, name, kind, ranges around it (and itself, for a range)]
@@ -291,3 +298,28 @@ def _attribute_kernels(
                 totals = scan.ops[key] = OpTotals(name, "cuda")
             totals.count += 1
             totals.self_us += duration
+
+
+def _attribute_memory(
+    scan: TraceScan,
+    intervals: dict[Any, list[tuple[float, float, str]]],
+    memory: dict[Any, list[tuple[float, int, int]]],
+) -> None:
+    """Each ``[memory]`` event counts for every rlprof range open on its thread at its time (a sweep per thread)."""
+    for thread, events in memory.items():
+        scan.memory_events += len(events)
+        spans = sorted(intervals.get(thread, []))
+        open_ranges: list[tuple[float, str]] = []
+        next_span = 0
+        for time, size, total in sorted(events):
+            while next_span < len(spans) and spans[next_span][0] <= time:
+                open_ranges.append((spans[next_span][1], spans[next_span][2]))
+                next_span += 1
+            open_ranges = [(end, label) for end, label in open_ranges if end >= time]
+            for _, label in open_ranges:
+                totals = scan.ranges.get(label)
+                if totals is None:
+                    continue
+                if size > 0:
+                    totals.allocated_bytes += size
+                totals.peak_allocated = max(totals.peak_allocated, total)

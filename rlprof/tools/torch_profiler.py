@@ -108,10 +108,13 @@ class TorchProfilerTool(Tool):
         import torch
         from torch.profiler import _ExperimentalConfig  # type: ignore[attr-defined]  # public in torch.profiler
 
+        # Every thread's ranges (rollout and reward threads too), except with "memory": torch records no allocation
+        # events when it follows all threads, so then it follows the threads that start profiled work.
+        all_threads = not self.options["profile_memory"]
         profiler = torch.profiler.profile(
             activities=self.activities,
             schedule=_record_every_step,
-            experimental_config=_ExperimentalConfig(profile_all_threads=True),  # rollout/reward threads too
+            experimental_config=_ExperimentalConfig(profile_all_threads=all_threads),
             **self.options,
         )
         profiler.step_num = window.first

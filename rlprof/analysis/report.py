@@ -1,0 +1,384 @@
+"""``rlprof report``: a run's metrics, traces and memory files turned into one immutable :class:`Report`: where the
+step goes, what happens inside the profiled windows, memory per role, throughput, and a diagnosis
+(:mod:`rlprof.analysis.diagnose`). Renderers (:mod:`rlprof.analysis.render`) only format it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from rlprof.analysis.memory import HostRss, MemoryFileError, MemorySummary, read_history, read_host_rss, summarize
+from rlprof.analysis.metrics import STEP_KEY, growth, quantile, read_metrics, series, training_records, warmup_steps
+from rlprof.analysis.run import Run
+from rlprof.analysis.traces import TraceError, TraceScan, scan_trace
+from rlprof.metrics.timing import phase_group
+
+SCHEMA = "rlprof-report/1"
+GROWTH_FLAG = 0.2
+"""A phase whose last-quarter median exceeds its first-quarter median by this much is flagged as growing."""
+
+
+@dataclass(frozen=True)
+class PhaseStat:
+    phase: str
+    group: str
+    """rollout, training or other (see ``rlprof.metrics.timing.PHASE_GROUPS``)."""
+    median_s: float
+    p90_s: float
+    share: float
+    """Median phase time / median step time."""
+    growth: Optional[float]
+    """Relative change first quarter -> last quarter of the steps; None with fewer than 8 steps."""
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    steps: list[int]
+    """Training steps used (warm-up excluded unless asked)."""
+    warmup: list[int]
+    step_median_s: float
+    step_p90_s: float
+    phases: list[PhaseStat]
+    split: dict[str, float]
+    """Median share of the step per group: rollout, training, other, unaccounted."""
+    idle_share: Optional[float]
+    """Median share of wall time between logged steps spent outside the step (validation, checkpoints, logging)."""
+    stragglers: dict[str, float]
+    """Median over steps of max/mean time across ranks, per phase (several ranks only)."""
+    per_step: dict[str, list[tuple[int, float]]]
+    """Every logged training step's seconds per phase (``step`` included, warm-up too), for plots."""
+
+
+@dataclass(frozen=True)
+class Throughput:
+    metric: str
+    median: float
+    growth: Optional[float]
+
+
+@dataclass(frozen=True)
+class OpStat:
+    name: str
+    device: str
+    count: int
+    self_ms: float
+
+
+@dataclass(frozen=True)
+class RangeStat:
+    label: str
+    role: str
+    count: int
+    total_ms: float
+    self_ms: float
+    cuda_ms: float
+    allocated_bytes: int
+    """Bytes allocated inside the range (the torch tool with ``contents: [memory]``); 0 without."""
+    peak_allocated: int
+    """Highest total allocated memory seen inside the range (same source)."""
+    top_ops: list[OpStat]
+
+
+@dataclass(frozen=True)
+class WindowTrace:
+    path: str
+    window: str
+    rank: int
+    host: Optional[str]
+    step_ms: dict[int, float]
+    ranges: list[RangeStat]
+    problems: list[str]
+
+
+@dataclass(frozen=True)
+class RankStraggler:
+    window: str
+    label: str
+    slowest_rank: int
+    ratio: float
+    """Slowest rank's time / median over ranks."""
+    per_rank_ms: dict[int, float]
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    host_rss: Optional[HostRss]
+    timelines: list[MemorySummary]
+    oom: list[MemorySummary]
+    peak_from_metrics_gb: Optional[float]
+    """Highest ``perf/max_memory_reserved_gb`` (CUDA) or ``perf/process_rss_gb`` over the steps."""
+    capacity_gb: Optional[float]
+    """The device's (CUDA) or host's total memory, from the metrics."""
+    device: str
+    """cuda or cpu."""
+    traced_by_role: dict[str, int]
+    """Highest total allocated memory inside each role's ranges, from the torch traces' ``[memory]`` events."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    title: str
+    message: str
+    evidence: dict[str, float]
+    overrides: list[str]
+
+
+@dataclass(frozen=True)
+class Report:
+    schema: str
+    run: str
+    run_id: Optional[str]
+    sources: dict[str, Any]
+    missing: list[str]
+    notes: list[str]
+    breakdown: Optional[Breakdown]
+    throughput: list[Throughput]
+    traces: list[WindowTrace]
+    stragglers: list[RankStraggler]
+    memory: Optional[MemoryReport]
+    findings: list[Finding] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    include_warmup: bool = False
+    memory_limit_gb: Optional[float] = None
+    top_ops: int = 5
+
+
+def build_report(run: Run, options: ReportOptions = ReportOptions()) -> Report:
+    """Read everything ``run`` holds (one streaming pass per trace) and diagnose it."""
+    from rlprof.analysis.diagnose import diagnose
+
+    notes, missing = list(run.notes), []
+    records: list[dict[str, Any]] = []
+    if run.metrics_path is not None:
+        records, metric_notes = read_metrics(run.metrics_path)
+        notes += metric_notes
+    training = training_records(records)
+    if not training:
+        missing.append(
+            "no step metrics: run the trainer with trainer.logger including 'file' (metrics.jsonl), or "
+            "log timing_s/* with rlprof.tracking.Tracker(..., ['file'])"
+        )
+    breakdown = _breakdown(training, options) if training else None
+    throughput = _throughput(training, breakdown)
+    traces, stragglers = _traces(run, options, notes)
+    if not run.traces:
+        missing.append(
+            "no torch traces: record some with global_profiler.tool=torch global_profiler.steps=[5] "
+            "(a few steps after warm-up)"
+        )
+    memory = _memory(run, training, traces, notes)
+    if memory is None:
+        missing.append("no memory files: record them with global_profiler.tool=torch_memory global_profiler.steps=[5]")
+    sources = {
+        "metrics": str(run.metrics_path) if run.metrics_path else None,
+        "save_paths": [str(p) for p in run.save_paths],
+        "traces": len(run.traces),
+        "memory_files": len(run.host_memory) + len(run.snapshots) + len(run.host_allocations),
+    }
+    report = Report(
+        SCHEMA, run.name, run.run_id, sources, missing, notes, breakdown, throughput, traces, stragglers, memory
+    )
+    return Report(**{**report.__dict__, "findings": diagnose(report, run, options)})
+
+
+# --------------------------------------------------------------------------------------------- from metrics
+
+
+def _breakdown(records: list[dict[str, Any]], options: ReportOptions) -> Breakdown:
+    warm = warmup_steps(records)
+    used = records if options.include_warmup else [r for r in records if r["step"] not in warm] or records
+    steps = [v for _, v in series(used, STEP_KEY)]
+    step_median = statistics.median(steps)
+    phases = []
+    names = sorted({k[len("timing_s/") :] for r in used for k in r if k.startswith("timing_s/")} - {"step"})
+    for name in names:
+        values = [v for _, v in series(used, f"timing_s/{name}")]
+        if not values:
+            continue
+        median = statistics.median(values)
+        phases.append(
+            PhaseStat(
+                name,
+                phase_group(name),
+                median,
+                quantile(values, 0.9),
+                median / step_median if step_median > 0 else 0.0,
+                growth(values),
+            )
+        )
+    phases.sort(key=lambda p: -p.median_s)
+    split = {}
+    for group in ("rollout", "training", "other", "unaccounted"):
+        values = [v for _, v in series(used, f"timing_share/{group}")]
+        if values:
+            split[group] = statistics.median(values)
+    if not split:  # older logs: from the phases
+        for group in ("rollout", "training", "other"):
+            split[group] = sum(p.share for p in phases if p.group == group)
+        split["unaccounted"] = max(0.0, 1.0 - sum(split.values()))
+    stragglers = {}
+    for key in {k for r in used for k in r if k.startswith("timing_ranks/") and k.endswith("/straggler")}:
+        values = [v for _, v in series(used, key)]
+        stragglers[key.split("/")[1]] = statistics.median(values)
+    per_step = {name: series(records, f"timing_s/{name}") for name in ["step", *names]}
+    return Breakdown(
+        [int(r["step"]) for r in used],
+        warm,
+        step_median,
+        quantile(steps, 0.9),
+        phases,
+        split,
+        _idle_share(used),
+        dict(sorted(stragglers.items(), key=lambda item: -item[1])),
+        per_step,
+    )
+
+
+def _idle_share(records: list[dict[str, Any]]) -> Optional[float]:
+    """Median over consecutive logged steps of (wall time between their records - step time) / wall time."""
+    shares = []
+    for previous, current in itertools.pairwise(records):
+        if current["step"] != previous["step"] + 1 or "time" not in current or "time" not in previous:
+            continue
+        wall = current["time"] - previous["time"]
+        if wall > 0:
+            shares.append(max(0.0, wall - current[STEP_KEY]) / wall)
+    return statistics.median(shares) if len(shares) >= 3 else None
+
+
+THROUGHPUT_KEYS = (
+    "throughput/tokens_per_sec",
+    "throughput/samples_per_sec",
+    "perf/throughput",
+    "perf/rollout_samples_per_s",
+)
+
+
+def _throughput(records: list[dict[str, Any]], breakdown: Optional[Breakdown]) -> list[Throughput]:
+    used = [r for r in records if breakdown is None or r["step"] in set(breakdown.steps)]
+    keys = list(THROUGHPUT_KEYS) + sorted({k for r in used for k in r if k.startswith("perf/mfu/")})
+    out = []
+    for key in keys:
+        values = [v for _, v in series(used, key)]
+        if values:
+            out.append(Throughput(key, statistics.median(values), growth(values)))
+    return out
+
+
+# --------------------------------------------------------------------------------------------- from traces
+
+
+def _traces(run: Run, options: ReportOptions, notes: list[str]) -> tuple[list[WindowTrace], list[RankStraggler]]:
+    windows = []
+    for output in sorted(run.traces, key=lambda o: (o.steps, o.rank)):
+        try:
+            scan = scan_trace(output.path)
+        except TraceError as exc:
+            notes.append(str(exc))
+            continue
+        rank = scan.rank if scan.rank is not None else output.rank
+        windows.append(
+            WindowTrace(
+                str(output.path),
+                output.window_name if output.steps else _window_of(scan),
+                rank,
+                output.host,
+                {s: d / 1000 for s, d in sorted(scan.steps.items())},
+                _ranges(scan, options.top_ops),
+                scan.problems,
+            )
+        )
+    return windows, _rank_stragglers(windows)
+
+
+def _window_of(scan: TraceScan) -> str:
+    steps = sorted(scan.steps)
+    return f"step{steps[0]}" if len(steps) == 1 else f"step{steps[0]}-{steps[-1]}" if steps else "?"
+
+
+def _ranges(scan: TraceScan, top: int) -> list[RangeStat]:
+    ops: dict[str, list[OpStat]] = defaultdict(list)
+    for (label, name, device), op in scan.ops.items():
+        ops[label].append(OpStat(name, device, op.count, op.self_us / 1000))
+    stats = [
+        RangeStat(
+            label,
+            label.split("/", 1)[0],
+            r.count,
+            r.total_us / 1000,
+            r.self_us / 1000,
+            r.cuda_us / 1000,
+            r.allocated_bytes,
+            r.peak_allocated,
+            sorted(ops.get(label, []), key=lambda o: -o.self_ms)[:top],
+        )
+        for label, r in scan.ranges.items()
+    ]
+    return sorted(stats, key=lambda r: -r.total_ms)
+
+
+def _rank_stragglers(windows: list[WindowTrace]) -> list[RankStraggler]:
+    by_window: dict[str, dict[int, WindowTrace]] = defaultdict(dict)
+    for window in windows:
+        by_window[window.window][window.rank] = window
+    found = []
+    for name, ranks in by_window.items():
+        if len(ranks) < 2:
+            continue
+        labels = {r.label for w in ranks.values() for r in w.ranges}
+        for label in labels:
+            per_rank = {
+                rank: next((r.total_ms for r in w.ranges if r.label == label), 0.0) for rank, w in ranks.items()
+            }
+            median = statistics.median(per_rank.values())
+            slowest = max(per_rank, key=lambda rank: per_rank[rank])
+            if median > 0:
+                found.append(RankStraggler(name, label, slowest, per_rank[slowest] / median, per_rank))
+    return sorted(found, key=lambda s: -s.ratio)
+
+
+# --------------------------------------------------------------------------------------------- memory
+
+
+def _memory(
+    run: Run, records: list[dict[str, Any]], traces: list[WindowTrace], notes: list[str]
+) -> Optional[MemoryReport]:
+    rss = read_host_rss([o.path for o in run.host_memory]) if run.host_memory else None
+    timelines: list[MemorySummary] = []
+    oom: list[MemorySummary] = []
+    for output in run.snapshots + run.host_allocations:
+        try:
+            summary = summarize(read_history(output.path))
+        except MemoryFileError as exc:
+            notes.append(str(exc))
+            continue
+        (oom if output.oom else timelines).append(summary)
+    cuda = any(k == "perf/max_memory_reserved_gb" for r in records for k in r)
+    key = "perf/max_memory_reserved_gb" if cuda else "perf/process_rss_gb"
+    peaks = [v for _, v in series(records, key)]
+    capacity_key = "perf/device_memory_total_gb" if cuda else "perf/cpu_memory_total_gb"
+    capacities = [v for _, v in series(records, capacity_key)]
+    traced: dict[str, int] = defaultdict(int)
+    for window in traces:
+        for r in window.ranges:
+            if r.peak_allocated:
+                traced[r.role] = max(traced[r.role], r.peak_allocated)
+    if rss is None and not timelines and not oom and not peaks and not traced:
+        return None
+    return MemoryReport(
+        rss,
+        timelines,
+        oom,
+        max(peaks) if peaks else None,
+        max(capacities) if capacities else None,
+        "cuda" if cuda or run.snapshots else "cpu",
+        dict(sorted(traced.items(), key=lambda item: -item[1])),
+    )
