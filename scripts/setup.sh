@@ -20,9 +20,10 @@ case "$DEVICE" in
 esac
 # Pinned so that nsys 2022.4 (the one Debian ships) records our ranges, see rlprof/tools/nsys.py.
 REQUEST=("${STACK[@]}" "nvtx==0.2.17" "omegaconf==2.4.0" -e ".[all]")
+HTA=("holistictraceanalysis==0.5.0" "pandas>=2.2,<3" "networkx>=3" "pydot>=1.3" "pyparsing>=3" "pytz")
 
 stamp="$VENV/.rlprof-setup"
-want="$(printf '%s\n' "$DEVICE" "${REQUEST[@]}"; sha256sum pyproject.toml scripts/setup.sh | cut -d' ' -f1)"
+want="$(printf '%s\n' "$DEVICE" "${REQUEST[@]}" "${HTA[@]}"; sha256sum pyproject.toml scripts/setup.sh | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import rlprof, torch" 2>/dev/null; then
   echo "setup.sh: $VENV is up to date ($DEVICE stack)"; exit 0
 fi
@@ -36,5 +37,8 @@ if [ "$DEVICE" = cpu ]; then
   # and break `import transformers` model classes. Text-only work does not need them.
   "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+# Holistic Trace Analysis, for the tests and benchmarks that compare rlprof report with it, in a side folder: it needs
+# pandas<3 (the main environment has pandas 3) and would pull jupyterlab, which it does not use for this.
+"$VENV/bin/python" -m pip install -q --upgrade --target "$VENV/hta" --no-deps "${HTA[@]}"
 printf '%s\n' "$want" > "$stamp"
 echo "setup.sh: done ($DEVICE stack in $VENV)"

@@ -151,6 +151,7 @@ def test_timing_spread_pure():
     assert spread["timing_ranks/gen/min"] == 1.0 and spread["timing_ranks/gen/max"] == 3.0
     assert spread["timing_ranks/gen/mean"] == 2.0 and spread["timing_ranks/gen/straggler"] == 1.5
     assert spread["timing_ranks/update_actor/straggler"] == 1.0
+    assert spread["timing_ranks/gen/slowest_rank"] == 1.0
 
 
 @pytest.mark.slow

@@ -43,6 +43,11 @@ def _int(run: Run, key: str, default: int) -> int:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
+def _dominant(share: float, other: float, rule: Rule) -> bool:
+    """A group dominates the step: at least ``share`` of it and ``over`` times the other group's share."""
+    return share >= rule.thresholds["share"] and share >= rule.thresholds["over"] * other
+
+
 def _pct(share: float) -> str:
     return f"{100 * share:.0f}%"
 
@@ -53,7 +58,7 @@ def _pct(share: float) -> str:
 def rollout_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
     b = report.breakdown
     share = b.split.get("rollout", 0.0) if b else 0.0
-    if b is None or share < rule.thresholds["share"]:
+    if b is None or not _dominant(share, b.split.get("training", 0.0), rule):
         return None
     gen = next((p for p in b.phases if p.phase == "gen"), None)
     evidence = {"rollout_share": share, **({"gen_median_s": gen.median_s} if gen else {})}
@@ -77,7 +82,7 @@ def rollout_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) 
 def training_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
     b = report.breakdown
     share = b.split.get("training", 0.0) if b else 0.0
-    if b is None or share < rule.thresholds["share"]:
+    if b is None or not _dominant(share, b.split.get("rollout", 0.0), rule):
         return None
     heaviest = max((p for p in b.phases if p.group == "training"), key=lambda p: p.median_s)
     evidence = {"training_share": share, f"{heaviest.phase}_share": heaviest.share}
@@ -152,7 +157,7 @@ def straggler_bound(rule: Rule, report: Report, run: Run, options: ReportOptions
     b = report.breakdown
     if b is None or not b.stragglers:
         return None
-    shares = {p.phase: p.share for p in b.phases}
+    shares = {p.phase: b.slowest_rank_share.get(p.phase, p.share) for p in b.phases}
     limits = rule.thresholds
     candidates = [
         (phase, ratio)
@@ -161,16 +166,21 @@ def straggler_bound(rule: Rule, report: Report, run: Run, options: ReportOptions
     ]
     if not candidates:
         return None
-    phase, ratio = max(candidates, key=lambda item: item[1] * shares.get(item[0], 0))
-    slow = next((s for s in report.stragglers if s.label.endswith(f"/{phase}")), None)
-    who = f"rank {slow.slowest_rank}" if slow else "one rank"
+    # The phase where one rank lags has the largest spread; the others then show it as waiting in the next phase
+    # with a collective (there the lagging rank is the fast one), which is named as the consequence.
+    phase, ratio = max(candidates, key=lambda item: item[1])
+    traced = next((s for s in report.stragglers if s.label.endswith(f"/{phase}")), None)
+    rank = b.slowest_rank.get(phase, traced.slowest_rank if traced else None)
+    who = f"rank {rank}" if rank is not None else "one rank"
     evidence = {"straggler_ratio": ratio, f"{phase}_share": shares.get(phase, 0.0)}
-    if slow:
-        evidence["slowest_rank"] = float(slow.slowest_rank)
+    if rank is not None:
+        evidence["slowest_rank"] = float(rank)
+    waits = [p for p, r in candidates if p != phase and rank is not None and b.slowest_rank.get(p, rank) != rank]
     message = (
-        f"straggler-bound: in {phase} ({_pct(shares.get(phase, 0.0))} of the step) {who} takes {ratio:.2f}x "
-        "the mean of the ranks, and every rank waits for it at the next collective; check that host for other "
-        "load, and balance the work per rank"
+        f"straggler-bound: in {phase} {who} takes {ratio:.2f}x the mean of the ranks "
+        f"({_pct(shares.get(phase, 0.0))} of the step)"
+        + (f"; the others wait for it in {', '.join(waits)}" if waits else ", and the others wait for it")
+        + "; check that host for other load, and balance the work per rank"
     )
     overrides = [f"{ACTOR}.use_dynamic_bsz=true", f"{MODEL}.use_remove_padding=true"]
     return rule.finding(message, evidence, overrides)
@@ -203,8 +213,8 @@ def overhead_bound(rule: Rule, report: Report, run: Run, options: ReportOptions)
 
 
 RULES: list[Rule] = [
-    Rule("rollout-bound", "Generation dominates the step", {"share": 0.5}, rollout_bound),
-    Rule("training-bound", "Training passes dominate the step", {"share": 0.5}, training_bound),
+    Rule("rollout-bound", "Generation dominates the step", {"share": 0.6, "over": 1.75}, rollout_bound),
+    Rule("training-bound", "Training passes dominate the step", {"share": 0.6, "over": 1.75}, training_bound),
     Rule("memory-bound", "Memory is near its limit (or ran out)", {"fraction": 0.9}, memory_bound),
     Rule("straggler-bound", "One rank holds the others back", {"ratio": 1.25, "share": 0.05}, straggler_bound),
     Rule("overhead-bound", "Time outside the training work", {"idle": 0.25, "unaccounted": 0.2}, overhead_bound),

@@ -49,6 +49,10 @@ class Breakdown:
     """Median share of wall time between logged steps spent outside the step (validation, checkpoints, logging)."""
     stragglers: dict[str, float]
     """Median over steps of max/mean time across ranks, per phase (several ranks only)."""
+    slowest_rank_share: dict[str, float]
+    """Median over steps of the slowest rank's time in the phase / the step time, per phase (several ranks)."""
+    slowest_rank: dict[str, int]
+    """The rank most often slowest in each phase (``timing_ranks/{phase}/slowest_rank``)."""
     per_step: dict[str, list[tuple[int, float]]]
     """Every logged training step's seconds per phase (``step`` included, warm-up too), for plots."""
 
@@ -224,21 +228,29 @@ def _breakdown(records: list[dict[str, Any]], options: ReportOptions) -> Breakdo
         for group in ("rollout", "training", "other"):
             split[group] = sum(p.share for p in phases if p.group == group)
         split["unaccounted"] = max(0.0, 1.0 - sum(split.values()))
-    stragglers = {}
+    stragglers, slowest, slowest_rank = {}, {}, {}
     for key in {k for r in used for k in r if k.startswith("timing_ranks/") and k.endswith("/straggler")}:
-        values = [v for _, v in series(used, key)]
-        stragglers[key.split("/")[1]] = statistics.median(values)
+        phase = key.split("/")[1]
+        stragglers[phase] = statistics.median(v for _, v in series(used, key))
+        maxima = [v for _, v in series(used, f"timing_ranks/{phase}/max")]
+        if maxima and step_median > 0:
+            slowest[phase] = statistics.median(maxima) / step_median
+        ranks = [int(v) for _, v in series(used, f"timing_ranks/{phase}/slowest_rank")]
+        if ranks:
+            slowest_rank[phase] = statistics.mode(ranks)
     per_step = {name: series(records, f"timing_s/{name}") for name in ["step", *names]}
     return Breakdown(
-        [int(r["step"]) for r in used],
-        warm,
-        step_median,
-        quantile(steps, 0.9),
-        phases,
-        split,
-        _idle_share(used),
-        dict(sorted(stragglers.items(), key=lambda item: -item[1])),
-        per_step,
+        steps=[int(r["step"]) for r in used],
+        warmup=warm,
+        step_median_s=step_median,
+        step_p90_s=quantile(steps, 0.9),
+        phases=phases,
+        split=split,
+        idle_share=_idle_share(used),
+        stragglers=dict(sorted(stragglers.items(), key=lambda item: -item[1])),
+        slowest_rank_share=slowest,
+        slowest_rank=slowest_rank,
+        per_step=per_step,
     )
 
 

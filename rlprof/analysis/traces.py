@@ -22,7 +22,7 @@ from typing import IO, Any, Optional
 
 import orjson
 
-CHUNK = 8 << 20
+CHUNK = 4 << 20
 MAX_EVENT_BYTES = 256 << 20
 STEP_PREFIX = "ProfilerStep#"
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -103,44 +103,85 @@ def _header_info(header: bytes, scan: TraceScan) -> None:
                 scan.world_size = info.get("world_size")
 
 
+class _Inflated:
+    """A ``.json`` or ``.json.gz`` file read in decompressed blocks. A gzip stream cut short yields what it holds and
+    then sets ``truncated`` (``gzip.GzipFile`` would drop the last block with an error)."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("rb")
+        gzipped = self.file.read(2) == b"\x1f\x8b"
+        self.file.seek(0)
+        self.inflater = zlib.decompressobj(zlib.MAX_WBITS | 16) if gzipped else None
+        self.truncated = False
+
+    def read(self, size: int) -> bytes:
+        if self.inflater is None:
+            return self.file.read(size)
+        parts: list[bytes] = []
+        produced = 0
+        while produced < size:
+            pending = self.inflater.unconsumed_tail or self.file.read(1 << 18)
+            if not pending:
+                self.truncated = not self.inflater.eof
+                break
+            block = self.inflater.decompress(pending, size - produced)
+            if self.inflater.eof and self.inflater.unused_data:  # a file of several gzip members
+                rest = self.inflater.unused_data
+                self.inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+                block += self.inflater.decompress(rest, max(1, size - produced - len(block)))
+            parts.append(block)
+            produced += len(block)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self.file.close()
+
+
 def iter_event_batches(path: Path, scan: TraceScan) -> Iterator[list[Any]]:
     """The trace's events, a batch (a few MB of the file) at a time; header facts go into ``scan``."""
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file")
+    stream = _Inflated(path)
     try:
-        with _open(path) as stream:
-            head = stream.read(1 << 16)
-            start = head.find(b'"traceEvents"')
-            if start < 0 or not head.lstrip().startswith(b"{"):
-                raise TraceError(f"{path} is not a Chrome trace (no traceEvents in its first 64 KiB)")
-            _header_info(head[:start], scan)
-            bracket = head.find(b"[", start)
-            if bracket < 0 or head.find(b"\n  {", bracket) < 0 or head.find(b"\n  },", bracket) < 0:
-                yield from _ijson_batches(path, scan)
-                return
-            buffer = head[bracket + 1 :]
-            while True:
-                block = stream.read(CHUNK)
-                buffer += block
-                cut = buffer.rfind(b"\n  },")
-                if block and cut >= 0:
-                    yield orjson.loads(b"[" + buffer[: cut + 4] + b"]")
-                    buffer = buffer[cut + 5 :]
-                    continue
-                if block and len(buffer) > MAX_EVENT_BYTES:
-                    raise TraceError(f"{path}: no event boundary in {len(buffer) >> 20} MiB; not a torch trace layout")
-                if not block:
-                    end = buffer.rfind(b"\n  ]")
-                    if end < 0:
-                        raise EOFError("the trace ends before its event list is closed")
-                    tail = buffer[:end].strip()
-                    if tail:
-                        yield orjson.loads(b"[" + tail + b"]")
-                    return
-    except (EOFError, zlib.error, OSError) as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise TraceError(f"{path}: no such file") from None
-        scan.problems.append(f"{path.name} is truncated or damaged ({exc}); what came before the damage is reported")
+        head = stream.read(1 << 16)
+        start = head.find(b'"traceEvents"')
+        if start < 0 or not head.lstrip().startswith(b"{"):
+            raise TraceError(f"{path} is not a Chrome trace (no traceEvents in its first 64 KiB)")
+        _header_info(head[:start], scan)
+        bracket = head.find(b"[", start)
+        if bracket < 0 or head.find(b"\n  {", bracket) < 0 or head.find(b"\n  },", bracket) < 0:
+            yield from _ijson_batches(path, scan)
+            return
+        buffer = head[bracket + 1 :]
+        while True:
+            block = stream.read(CHUNK)
+            buffer += block
+            cut = buffer.rfind(b"\n  },")
+            if block and cut >= 0:
+                yield orjson.loads(b"[" + buffer[: cut + 4] + b"]")
+                buffer = buffer[cut + 5 :]
+            elif block and len(buffer) > MAX_EVENT_BYTES:
+                raise TraceError(f"{path}: no event boundary in {len(buffer) >> 20} MiB; not a torch trace layout")
+            elif not block:
+                break
+        end = buffer.rfind(b"\n  ]")
+        if end >= 0 and not stream.truncated:
+            tail = buffer[:end].strip()
+        else:  # cut short: the complete events before the cut
+            reason = "the gzip stream ends early" if stream.truncated else "the event list is never closed"
+            scan.problems.append(
+                f"{path.name} is truncated or damaged ({reason}); what came before the damage is reported"
+            )
+            last = buffer.rfind(b"\n  }")
+            tail = buffer[: last + 4].strip().rstrip(b",") if last >= 0 else b""
+        if tail:
+            yield orjson.loads(b"[" + tail + b"]")
+    except zlib.error as exc:
+        scan.problems.append(f"{path.name} is damaged ({exc}); what came before the damage is reported")
     except orjson.JSONDecodeError as exc:
         scan.problems.append(f"{path.name}: events after byte {exc.pos} of a batch are not valid JSON ({exc.msg})")
+    finally:
+        stream.close()
 
 
 def _ijson_batches(path: Path, scan: TraceScan) -> Iterator[list[Any]]:
@@ -174,55 +215,10 @@ def scan_trace(path: str | Path) -> TraceScan:
     """Read ``path`` once and return its :class:`TraceScan`."""
     path = Path(path)
     scan = TraceScan(str(path))
-    stacks: dict[Any, list[list[Any]]] = {}
-    last_start: dict[Any, float] = {}
-    unordered: set[Any] = set()
-    launches: dict[Any, tuple[str, ...]] = {}
-    kernels: list[tuple[Any, str, float]] = []
-    buffered: dict[Any, list[tuple[float, float, str, str, Any]]] = {}
-    intervals: dict[Any, list[tuple[float, float, str]]] = {}
-    memory: dict[Any, list[tuple[float, int, int]]] = {}
+    walk = _Walk()
     for batch in iter_event_batches(path, scan):
-        for event in batch:
-            phase = event.get("ph")
-            if phase == "i" and event.get("name") == "[memory]":
-                args = event.get("args") or {}
-                memory.setdefault((event.get("pid"), event.get("tid")), []).append(
-                    (float(event.get("ts", 0.0)), int(args.get("Bytes", 0)), int(args.get("Total Allocated", 0)))
-                )
-                continue
-            if phase != "X":
-                continue
-            scan.events += 1
-            category = event.get("cat", "")
-            if category in GPU_CATEGORIES:
-                args = event.get("args") or {}
-                kernels.append((args.get("correlation"), event.get("name", ""), float(event.get("dur", 0.0))))
-                continue
-            thread = (event.get("pid"), event.get("tid"))
-            start = float(event.get("ts", 0.0))
-            duration = float(event.get("dur", 0.0))
-            name = event.get("name", "")
-            if category == "user_annotation" and is_range(name):
-                intervals.setdefault(thread, []).append((start, start + duration, name))
-            if thread in unordered or start < last_start.get(thread, start):
-                unordered.add(thread)
-                buffered.setdefault(thread, []).append((start, duration, name, category, event.get("args")))
-                continue
-            last_start[thread] = start
-            _push(scan, stacks.setdefault(thread, []), start, duration, name, category, event.get("args"), launches)
-    for thread in unordered:
-        scan.problems.append(f"thread {thread[1]} of {path.name} was not in start order; its events were re-sorted")
-        stack = stacks.setdefault(thread, [])
-        while stack:
-            _finish(scan, stack.pop())
-        for start, duration, name, category, args in sorted(buffered[thread], key=lambda row: (row[0], -row[1])):
-            _push(scan, stack, start, duration, name, category, args, launches)
-    for stack in stacks.values():
-        while stack:
-            _finish(scan, stack.pop())
-    _attribute_kernels(scan, kernels, launches)
-    _attribute_memory(scan, intervals, memory)
+        walk.consume(batch)
+    walk.finish(scan, path.name)
     return scan
 
 
@@ -230,59 +226,125 @@ def scan_trace(path: str | Path) -> TraceScan:
 RANGE, STEP, OP, OTHER = 0, 1, 2, 3
 
 
-def _push(
-    scan: TraceScan,
-    stack: list[list[Any]],
-    start: float,
-    duration: float,
-    name: str,
-    category: str,
-    args: Any,
-    launches: dict[Any, tuple[str, ...]],
-) -> None:
-    while stack and stack[-1][0] <= start:
-        _finish(scan, stack.pop())
-    parent = stack[-1] if stack else None
-    enclosing: tuple[str, ...] = parent[5] if parent is not None else ()
-    if parent is not None:
-        parent[2] += duration
-    if category == "user_annotation" and name.startswith(STEP_PREFIX):
-        kind = STEP
-    elif category == "user_annotation" and is_range(name):
-        kind, enclosing = RANGE, (*enclosing, name)
-    elif category in ("cpu_op", "user_annotation"):
-        kind = OP
-    else:
-        kind = OTHER
-        if category == "cuda_runtime" and args:
-            correlation = args.get("correlation")
-            if correlation is not None:
-                launches[correlation] = enclosing
-    stack.append([start + duration, duration, 0.0, name, kind, enclosing])
+class _Walk:
+    """The per-thread nesting walk (the hot loop of ``rlprof report``: plain lists and local names on purpose)."""
 
+    def __init__(self) -> None:
+        self.stacks: dict[Any, list[list[Any]]] = {}
+        self.last_start: dict[Any, float] = {}
+        self.unordered: dict[Any, list[dict[str, Any]]] = {}
+        self.launches: dict[Any, tuple[str, ...]] = {}
+        self.kernels: list[tuple[Any, str, float]] = []
+        self.intervals: dict[Any, list[tuple[float, float, str]]] = {}
+        self.memory: dict[Any, list[tuple[float, int, int]]] = {}
+        self.op_self: dict[tuple[tuple[str, ...], str], list[float]] = {}
+        """(enclosing ranges, operator) -> [count, self µs]; spread over each range at the end."""
+        self.range_totals: dict[str, list[float]] = {}
+        self.steps: dict[int, float] = {}
+        self.events = 0
 
-def _finish(scan: TraceScan, frame: list[Any]) -> None:
-    _, duration, children, name, kind, enclosing = frame
-    own = max(0.0, duration - children)
-    if kind == OP:
-        for label in enclosing or ("",):
-            key = (label, name, "cpu")
-            totals = scan.ops.get(key)
+    def consume(self, events: list[Any], check_order: bool = True) -> None:
+        stacks, last_start, unordered = self.stacks, self.last_start, self.unordered
+        for event in events:
+            phase = event.get("ph")
+            if phase != "X":
+                if phase == "i" and event.get("name") == "[memory]":
+                    self._memory_event(event)
+                continue
+            self.events += 1
+            category = event.get("cat", "")
+            if category in GPU_CATEGORIES:
+                args = event.get("args") or {}
+                self.kernels.append((args.get("correlation"), event.get("name", ""), float(event.get("dur", 0.0))))
+                continue
+            thread = (event.get("pid"), event.get("tid"))
+            start = float(event.get("ts", 0.0))
+            if check_order:
+                if thread in unordered or start < last_start.get(thread, start):
+                    unordered.setdefault(thread, []).append(event)
+                    continue
+                last_start[thread] = start
+            duration = float(event.get("dur", 0.0))
+            name = event.get("name", "")
+            stack = stacks.get(thread)
+            if stack is None:
+                stack = stacks[thread] = []
+            while stack and stack[-1][0] <= start:
+                self._finish(stack.pop())
+            enclosing: tuple[str, ...] = ()
+            if stack:
+                parent = stack[-1]
+                parent[2] += duration
+                enclosing = parent[5]
+            if category == "user_annotation":
+                if name.startswith(STEP_PREFIX):
+                    kind = STEP
+                elif "/" in name:
+                    kind, enclosing = RANGE, (*enclosing, name)
+                    self.intervals.setdefault(thread, []).append((start, start + duration, name))
+                else:
+                    kind = OP
+            elif category == "cpu_op":
+                kind = OP
+            else:
+                kind = OTHER
+                if category == "cuda_runtime":
+                    correlation = (event.get("args") or {}).get("correlation")
+                    if correlation is not None:
+                        self.launches[correlation] = enclosing
+            stack.append([start + duration, duration, 0.0, name, kind, enclosing])
+
+    def _finish(self, frame: list[Any]) -> None:
+        _, duration, children, name, kind, enclosing = frame
+        own = duration - children if duration > children else 0.0
+        if kind == OP:
+            totals = self.op_self.get((enclosing, name))
             if totals is None:
-                totals = scan.ops[key] = OpTotals(name, "cpu")
-            totals.count += 1
-            totals.self_us += own
-    elif kind == RANGE:
-        totals_range = scan.ranges.get(name)
-        if totals_range is None:
-            totals_range = scan.ranges[name] = RangeTotals(name)
-        totals_range.count += 1
-        totals_range.total_us += duration
-        totals_range.self_us += own
-    elif kind == STEP:
-        number = name[len(STEP_PREFIX) :]
-        if number.isdigit():
-            scan.steps[int(number)] = duration
+                self.op_self[(enclosing, name)] = [1, own]
+            else:
+                totals[0] += 1
+                totals[1] += own
+        elif kind == RANGE:
+            row = self.range_totals.get(name)
+            if row is None:
+                row = self.range_totals[name] = [0, 0.0, 0.0]
+            row[0] += 1
+            row[1] += duration
+            row[2] += own
+        elif kind == STEP:
+            number = name[len(STEP_PREFIX) :]
+            if number.isdigit():
+                self.steps[int(number)] = duration
+
+    def _memory_event(self, event: dict[str, Any]) -> None:
+        args = event.get("args") or {}
+        self.memory.setdefault((event.get("pid"), event.get("tid")), []).append(
+            (float(event.get("ts", 0.0)), int(args.get("Bytes", 0)), int(args.get("Total Allocated", 0)))
+        )
+
+    def finish(self, scan: TraceScan, name: str) -> None:
+        """Re-sort the threads that were out of order, close every frame and fill ``scan``."""
+        for thread, events in self.unordered.items():
+            scan.problems.append(f"thread {thread[1]} of {name} was not in start order; its events were re-sorted")
+            self.consume(
+                sorted(events, key=lambda e: (float(e.get("ts", 0.0)), -float(e.get("dur", 0.0)))), check_order=False
+            )
+        for stack in self.stacks.values():
+            while stack:
+                self._finish(stack.pop())
+        scan.events = self.events
+        scan.steps = dict(self.steps)
+        for label, (count, total, own) in self.range_totals.items():
+            scan.ranges[label] = RangeTotals(label, int(count), total, own)
+        for (enclosing, op), (count, own) in self.op_self.items():
+            for label in enclosing or ("",):
+                totals = scan.ops.get((label, op, "cpu"))
+                if totals is None:
+                    totals = scan.ops[(label, op, "cpu")] = OpTotals(op, "cpu")
+                totals.count += int(count)
+                totals.self_us += own
+        _attribute_kernels(scan, self.kernels, self.launches)
+        _attribute_memory(scan, self.intervals, self.memory)
 
 
 def _attribute_kernels(

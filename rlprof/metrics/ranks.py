@@ -7,13 +7,16 @@ from typing import Any, Optional
 
 
 def timing_spread(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """For each phase timed on any rank: ``timing_ranks/{phase}/{min,max,mean}`` (seconds over the ranks that
-    timed it) and ``timing_ranks/{phase}/straggler`` = max / mean (1.0 = perfectly balanced)."""
+    """For each phase timed on any rank (``per_rank`` in rank order): ``timing_ranks/{phase}/{min,max,mean}``
+    (seconds over the ranks that timed it), ``timing_ranks/{phase}/straggler`` = max / mean (1.0 = perfectly
+    balanced) and ``timing_ranks/{phase}/slowest_rank``."""
     phases = sorted({name for timings in per_rank for name in timings})
     metrics: dict[str, float] = {}
     for phase in phases:
-        seconds = [timings[phase] for timings in per_rank if phase in timings]
+        timed = [(rank, timings[phase]) for rank, timings in enumerate(per_rank) if phase in timings]
+        seconds = [s for _, s in timed]
         mean = sum(seconds) / len(seconds)
+        metrics[f"timing_ranks/{phase}/slowest_rank"] = float(max(timed, key=lambda item: item[1])[0])
         metrics[f"timing_ranks/{phase}/min"] = min(seconds)
         metrics[f"timing_ranks/{phase}/max"] = max(seconds)
         metrics[f"timing_ranks/{phase}/mean"] = mean

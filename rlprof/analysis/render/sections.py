@@ -111,8 +111,8 @@ def _breakdown(report: Report) -> Section:
     if b.stragglers:
         section.tables.append(
             Table(
-                ["phase", "max / mean over ranks"],
-                [[phase, f"{ratio:.2f}"] for phase, ratio in b.stragglers.items()],
+                ["phase", "max / mean over ranks", "slowest rank"],
+                [[phase, f"{ratio:.2f}", str(b.slowest_rank.get(phase, ""))] for phase, ratio in b.stragglers.items()],
                 "Ranks (timing_ranks/*/straggler, median over steps)",
             )
         )
