@@ -58,3 +58,56 @@ def run_example(
 def torchrun(nproc: int) -> tuple[str, ...]:
     """A prefix that launches the example on ``nproc`` local processes (gloo)."""
     return (sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}")
+
+
+def screenshot(page: Path, png: Path, height: int = 2400) -> Path:
+    """Open ``page`` in Debian's headless Chromium with no network at all (``unshare -n``) and save a screenshot."""
+    import shutil
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        installed = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "install_chromium.sh")], capture_output=True, text=True
+        )
+        if installed.returncode != 0:
+            pytest.skip(f"Chromium is not installed and cannot be here: {installed.stderr.strip()}")
+        chromium = installed.stdout.strip().splitlines()[-1]
+    command = [
+        "unshare",
+        "-n",
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--screenshot={png}",
+        f"--window-size=1280,{height}",
+        f"file://{page}",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert png.exists() and png.stat().st_size > 0, result.stderr[-2000:]
+    return png
+
+
+def plotly_pixels(png: Path) -> int:
+    """Pixels of plotly's first default trace colour (#636EFA): zero when no chart was drawn."""
+    from PIL import Image
+
+    image = Image.open(png).convert("RGB")
+    return sum(1 for r, g, b in image.getdata() if abs(r - 0x63) < 12 and abs(g - 0x6E) < 12 and abs(b - 0xFA) < 12)
+
+
+def external_references(page: str) -> list[str]:
+    """URLs an HTML page would load by itself (script/img/link/iframe sources), from its real tags."""
+    from html.parser import HTMLParser
+
+    found: list[str] = []
+
+    class Parser(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            for name, value in attrs:
+                if name in ("src", "href") and value and tag in ("script", "img", "link", "iframe", "source"):
+                    found.append(value)
+
+    Parser().feed(page)
+    return found

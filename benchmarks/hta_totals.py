@@ -1,0 +1,30 @@
+"""Per-annotation totals of a trace folder computed by Holistic Trace Analysis (run with HTA on PYTHONPATH):
+prints one JSON line {"seconds": load + totals, "peak_mb": its peak RSS, "totals": {name: [count, total µs]}}.
+
+    PYTHONPATH=.venv/hta HTA_DISABLE_NS_ROUNDING=1 python benchmarks/hta_totals.py TRACE_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+
+
+def main(trace_dir: str) -> None:
+    start = time.perf_counter()
+    from hta.trace_analysis import TraceAnalysis
+
+    analyzer = TraceAnalysis(trace_dir=trace_dir, include_last_profiler_step=True)
+    trace = analyzer.t.get_trace(0)
+    symbols = analyzer.t.symbol_table.get_sym_table()
+    annotation = [i for i, s in enumerate(symbols) if s == "user_annotation"]
+    totals = trace[trace["cat"].isin(annotation)].groupby("name")["dur"].agg(["count", "sum"])
+    result = {symbols[int(name)]: [int(row["count"]), float(row["sum"])] for name, row in totals.iterrows()}
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"seconds": time.perf_counter() - start, "peak_mb": peak_mb, "totals": result}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

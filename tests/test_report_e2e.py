@@ -1,0 +1,94 @@
+"""rlprof report on the README demo's run (the real trainer, torch tool on steps 2-3 with memory): every section,
+the HTML page opened offline in Chromium, and the per-annotation totals against Holistic Trace Analysis."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlprof.analysis.traces import scan_trace
+from rlprof.cli import main
+
+from conftest import ROOT, external_references, plotly_pixels, run_example, screenshot, subprocess_env
+
+pytestmark = pytest.mark.slow
+
+HTA = ROOT / ".venv" / "hta"
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    command = [
+        sys.executable,
+        "-m",
+        "rlprof_train.main_ppo",
+        "trainer.experiment_name=demo",
+        f"trainer.log_dir={root}/logs",
+        f"trainer.default_local_dir={root}/checkpoints",
+        'trainer.logger=["file"]',
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[2,3]",
+        "global_profiler.global_tool_config.torch.contents=[cpu,memory]",
+        f"global_profiler.save_path={root}/profile",
+        "trainer.total_training_steps=40",
+        "trainer.test_freq=20",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=subprocess_env(), cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
+def test_the_demo_runs_report_has_every_section(demo_run, capsys):
+    assert main(["report", str(demo_run), "--format", "md"]) == 0
+    out = capsys.readouterr().out
+    for fragment in (
+        "## Diagnosis",
+        "[training-bound]",
+        "try: actor_rollout_ref.",
+        "## Step breakdown",
+        "| update_actor | training |",
+        "split of the step: rollout",
+        "## Throughput",
+        "perf/mfu/actor",
+        "steps #2",
+        "#3",
+        "| rollout/gen |",
+        "| actor/update_actor | aten::mm | cpu |",
+        "Memory per role",
+        "| actor |",
+    ):
+        assert fragment in out, fragment
+
+
+def test_the_html_page_renders_its_charts_with_no_network(demo_run, tmp_path):
+    page = tmp_path / "report.html"
+    assert main(["report", str(demo_run), "--html", str(page), "--format", "md"]) == 0
+    assert external_references(page.read_text()) == []  # nothing to fetch: scripts inline, no links, no images
+    png = screenshot(page, tmp_path / "report.png")
+    assert plotly_pixels(png) > 2000, "the step-time chart was not drawn"
+
+
+def test_per_annotation_totals_equal_holistic_trace_analysis(tmp_path):
+    if not (HTA / "hta").is_dir():
+        pytest.skip("Holistic Trace Analysis is not installed in .venv/hta (scripts/setup.sh installs it)")
+    run_example("global_profiler.tool=torch", "global_profiler.steps=[2,3]", save_path=tmp_path / "profile")
+    (trace,) = (tmp_path / "profile" / "torch").rglob("*.pt.trace.json.gz")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "hta_totals.py"), str(trace.parent)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**subprocess_env(), "PYTHONPATH": f"{HTA}{os.pathsep}{ROOT}", "HTA_DISABLE_NS_ROUNDING": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    theirs = json.loads(result.stdout.strip().splitlines()[-1])["totals"]
+    ours = scan_trace(trace).ranges
+    assert set(ours) <= set(theirs)
+    for label, totals in ours.items():
+        count, total_us = theirs[label]
+        assert count == totals.count and total_us == pytest.approx(totals.total_us, rel=0.01), label
