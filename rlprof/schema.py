@@ -96,10 +96,13 @@ def describe(hint: Any) -> str:
     if origin is Literal:
         return "one of: " + ", ".join(map(str, args))
     if origin is list:
-        return f"a list of {describe(args[0])}s" if args else "a list"
+        return f"a list of {PLURALS.get(args[0], describe(args[0]))}" if args else "a list"
     if origin is dict:
         return "a mapping"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(hint, str(hint))
+
+
+PLURALS = {int: "integers", float: "numbers", bool: "booleans", str: "strings"}
 
 
 def coerce(hint: Any, value: Any, path: str) -> Any:

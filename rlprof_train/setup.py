@@ -16,7 +16,8 @@ from typing import Any, Optional
 import torch
 
 from rlprof.schema import ConfigError
-from rlprof.tracking import Tracker
+from rlprof.tracking import Tracker, parse_backends
+from rlprof.tracking.tensorboard import tensorboard_dir
 from rlprof_train import checkpoint
 from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.run_dir import RunLock, stale_note, write_run_record
@@ -88,6 +89,9 @@ def record_run(cfg: TrainerConfig, env: DistEnv, run_id: str, start_step: int, r
         profile_save_path=str(Path(profiler.get("save_path") or "outputs/profile").resolve()),
         profile_tool=profiler.get("tool"),
         checkpoint_dir=str(Path(cfg.trainer.default_local_dir).resolve()),
+        tensorboard_dir=str(tensorboard_dir(cfg.trainer.project_name, cfg.trainer.experiment_name).resolve())
+        if "tensorboard" in parse_backends(cfg.trainer.logger)
+        else None,
         start_step=start_step,
         resumed_from=str(resumed_from) if resumed_from else None,
     )

@@ -89,12 +89,18 @@ def screenshot(page: Path, png: Path, height: int = 2400) -> Path:
     return png
 
 
-def plotly_pixels(png: Path) -> int:
-    """Pixels of plotly's first default trace colour (#636EFA): zero when no chart was drawn."""
+PLOTLY_BLUE, PLOTLY_RED, PLOTLY_GREEN = (0x63, 0x6E, 0xFA), (0xEF, 0x55, 0x3B), (0x00, 0xCC, 0x96)
+"""Plotly's first three default trace colours."""
+
+
+def plotly_pixels(png: Path, colour: tuple[int, int, int] = PLOTLY_BLUE) -> int:
+    """Pixels of a plotly trace colour (default: the first trace's, #636EFA): zero when no chart was drawn."""
     from PIL import Image
 
     image = Image.open(png).convert("RGB")
-    return sum(1 for r, g, b in image.getdata() if abs(r - 0x63) < 12 and abs(g - 0x6E) < 12 and abs(b - 0xFA) < 12)
+    pixels = image.get_flattened_data() if hasattr(image, "get_flattened_data") else image.getdata()
+    red, green, blue = colour
+    return sum(1 for r, g, b in pixels if abs(r - red) < 12 and abs(g - green) < 12 and abs(b - blue) < 12)
 
 
 def external_references(page: str) -> list[str]:
@@ -111,3 +117,15 @@ def external_references(page: str) -> list[str]:
 
     Parser().feed(page)
     return found
+
+
+@pytest.fixture(scope="session")
+def nsys() -> str:
+    """The nsys binary: found, or Debian's installed into .nsys/ by scripts/install_nsys.sh (skips where neither)."""
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install_nsys.sh")], capture_output=True, text=True, timeout=600
+    )
+    if result.returncode == 3:
+        pytest.skip(f"Nsight Systems cannot be installed here: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-1]

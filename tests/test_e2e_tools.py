@@ -83,16 +83,6 @@ def test_torch_traces_for_steps_2_and_3_are_listed_and_served_by_tensorboard(tmp
         server.wait(timeout=30)
 
 
-@pytest.fixture(scope="module")
-def nsys():
-    script = ROOT / "scripts" / "install_nsys.sh"
-    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=600)
-    if result.returncode == 3:
-        pytest.skip(f"Nsight Systems cannot be installed here: {result.stderr.strip()}")
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip().splitlines()[-1]
-
-
 def nsys_profile(nsys: str, report: Path) -> tuple[str, ...]:
     # --sample/--cpuctxsw=none: without them the CPU-only run can hang (PLATFORM.md)
     return (

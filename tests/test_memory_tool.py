@@ -104,7 +104,7 @@ def test_trim_stacks_cuts_frames_of_blocks_and_trace_entries():
 
 @pytest.mark.gpu
 @needs_cuda
-def test_cuda_snapshot_per_window_with_role_metadata_and_oom_snapshot(tmp_path):
+def test_cuda_snapshot_per_window_with_role_metadata_and_oom_snapshot(tmp_path, capsys):
     @rlprof.profiled(role="actor", name="alloc")
     def alloc():
         return torch.empty(32 * 1024 * 1024, device="cuda")
@@ -131,3 +131,14 @@ def test_cuda_snapshot_per_window_with_role_metadata_and_oom_snapshot(tmp_path):
     allocs = [e for trace in snapshot["device_traces"] for e in trace if e["action"] == "alloc"]
     assert any(e.get("user_metadata") == "actor/alloc" for e in allocs)
     assert all(len(e.get("frames", [])) <= 4 for e in allocs)
+    # rlprof memory reads both: the window's snapshot (the 128 MiB blocks tagged actor/alloc) and the OOM one
+    from rlprof.cli import main
+
+    window = tmp_path / next(p for p in paths if "step1-2" in p)
+    assert main(["memory", str(window), "--format", "json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["by_tag"]["actor/alloc"] >= 128 * 2**20 and summary["peak_bytes"] >= 128 * 2**20
+    oom = tmp_path / next(p for p in paths if p.startswith("torch_memory/oom_"))
+    assert main(["memory", str(oom), "--format", "md", "--html", str(tmp_path / "oom.html")]) == 0
+    text = capsys.readouterr().out
+    assert "OOM snapshot" in text and "actor/alloc" in text and (tmp_path / "oom.html").stat().st_size > 0

@@ -210,6 +210,7 @@ def snapshot_in_torchs_format():
             "frames": frames["params"],
         },
         {"address": 0x4000, "size": 100, "requested_size": 100, "state": "active_allocated", "frames": []},
+        {"address": 0x1464, "size": 2096, "state": "inactive", "frames": []},
         {"address": 0x5000, "size": 900, "state": "inactive", "frames": []},
     ]
     segments = [

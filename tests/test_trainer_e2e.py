@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rlprof.analysis.nsys_report import count_by_role, export_sqlite, read_nvtx_ranges
+from rlprof.analysis.nsys_report import count_by_role, read_nvtx_ranges
 from rlprof.manifest import read_manifest
 from rlprof.tracking.jsonl import read_jsonl
 
@@ -121,45 +122,23 @@ def test_torch_profile_of_step_2_holds_every_phase(tmp_path):
     assert names["ProfilerStep#2"] == 1 and names["actor/micro_batch_forward_backward"] >= 1
 
 
-def test_nsys_profile_holds_every_phase(tmp_path):
-    installed = subprocess.run(["bash", str(ROOT / "scripts" / "install_nsys.sh")], capture_output=True, text=True)
-    if installed.returncode == 3:
-        pytest.skip(f"Nsight Systems cannot be installed here: {installed.stderr.strip()}")
-    nsys = installed.stdout.strip().splitlines()[-1]
-    report = tmp_path / "trainer"
-    run_trainer(
-        tmp_path,
-        *ALL_PHASES_RUN,
-        "global_profiler.tool=nsys",
-        "global_profiler.steps=[2]",
-        prefix=(
-            "timeout",
-            "900",
-            nsys,
-            "profile",
-            "-t",
-            "nvtx,osrt",
-            "--sample=none",
-            "--cpuctxsw=none",
-            "--force-overwrite=true",
-            "-o",
-            str(report),
-            sys.executable,
-            "-m",
-        ),
-    )
-    stats = subprocess.run(
-        [nsys, "stats", "--report", "nvtxsum", "--format", "csv", f"{report}.nsys-rep"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    ).stdout
-    for _, phase in PHASES:
-        assert f"rlprof:{phase}\n" in stats.replace("\r", "") or f",rlprof:{phase}" in stats, phase
-    by_role = count_by_role(read_nvtx_ranges(export_sqlite(nsys, f"{report}.nsys-rep")))
+def test_the_nsys_launcher_profiles_a_trainer_run_with_every_phase(tmp_path, nsys, capfd):
+    """``rlprof nsys profile`` on a 3-step run asked for steps 2 and 5: a warning about step 5 before nsys starts,
+    then one report whose role table holds every phase of step 2 once, and a warning that step 5 is missing."""
+    from rlprof.cli import main
+
+    command = [sys.executable, "-m", "rlprof_train.main_ppo", *trainer_command(tmp_path, *ALL_PHASES_RUN)]
+    command += ["global_profiler.tool=nsys", "global_profiler.steps=[2,5]", f"global_profiler.save_path={tmp_path}/p"]
+    assert main(["nsys", "profile", "--nsys", nsys, "--timeout", "900", "--", *command]) == 0
+    out = capfd.readouterr().out
+    before, _, after = out.partition("nsys profile -o")  # the command line nsys is started with
+    assert "warning: window(s) 5 start after trainer.total_training_steps=3: they will never be captured" in before
+    assert f"reports: {tmp_path}/p/nsys/report.nsys-rep" in after
+    assert "steps captured: 2 (configured: 2, 5)" in after and "steps [5] are not in the report(s)" in after
+    by_role = count_by_role(read_nvtx_ranges(tmp_path / "p" / "nsys" / "report.sqlite"))
     for role, phase in PHASES:
         assert by_role[(role, phase)] == 1, (role, phase, by_role)
+        assert re.search(rf"│ {role} +│ {phase} +│ +1 │", after), (role, phase)  # the launcher's role table
 
 
 def test_killed_run_resumes_with_the_same_steps_and_data_order(tmp_path):

@@ -84,6 +84,8 @@ class MemorySummary:
     top_sites: list[SiteBytes]
     timeline: list[tuple[float, int]]
     """(time in µs, live bytes), at most ``points`` samples over the whole history, the peak included."""
+    timeline_by_tag: dict[str, list[int]]
+    """Live bytes per rlprof range at each ``timeline`` sample (they add up to its live bytes)."""
     around_peak: list[tuple[float, int, str, int, str]]
     """(time, live bytes after, action, size, tag) of the events around the peak."""
     events: int
@@ -120,7 +122,7 @@ def _site(frames: Any) -> str:
         shown.append(f"{filename.rsplit('/', 1)[-1]}:{frame.get('line', '?')} {frame.get('name', '?')}")
         if len(shown) == STACK_FRAMES:
             break
-    return " < ".join(shown) or "(torch internals)"
+    return " < ".join(shown) or ("(torch internals)" if frames else "(no stack recorded)")
 
 
 def cuda_history(snapshot: dict[str, Any], source: str, device: int = 0) -> AllocationHistory:
@@ -138,19 +140,22 @@ def cuda_history(snapshot: dict[str, Any], source: str, device: int = 0) -> Allo
     traces = snapshot.get("device_traces") or []
     raw = traces[device] if device < len(traces) else []
     events = []
+    allocated: dict[int, Allocation] = {}
     for index, entry in enumerate(raw):
         action = entry.get("action")
         if action not in ("alloc", "free_completed"):
             continue
+        address = int(entry["addr"])
         allocation = Allocation(
             int(entry.get("size", 0)), _site(entry.get("frames")), str(entry.get("user_metadata") or "")
         )
+        if action == "alloc":
+            allocated[address] = allocation
+        elif address in allocated:  # a free belongs to the allocation it ends: its site and range
+            allocation = allocated.pop(address)
         events.append(
             AllocEvent(
-                float(entry.get("time_us", index)),
-                "alloc" if action == "alloc" else "free",
-                int(entry["addr"]),
-                allocation,
+                float(entry.get("time_us", index)), "alloc" if action == "alloc" else "free", address, allocation
             )
         )
     return AllocationHistory(source, f"cuda:{device}", _alive_at_start(alive, events), events, reserved)
@@ -210,26 +215,35 @@ def read_history(path: Path) -> AllocationHistory:
 
 def summarize(history: AllocationHistory, top: int = 10, points: int = 600, around: int = 10) -> MemorySummary:
     """The peak of live bytes and what made it (see the module doc)."""
-    alive = dict(history.alive_at_start)
-    live = start = sum(a.size for a in alive.values())
+    start = sum(a.size for a in history.alive_at_start.values())
+    live, curve = start, []
     peak, peak_index, peak_time = live, -1, history.events[0].time_us if history.events else 0.0
-    curve = []
     for index, event in enumerate(history.events):
-        if event.action == "alloc":
-            live += event.allocation.size
-        else:
-            live -= event.allocation.size
+        live += event.allocation.size if event.action == "alloc" else -event.allocation.size
         curve.append((event.time_us, live))
         if live > peak:
             peak, peak_index, peak_time = live, index, event.time_us
-    for event in history.events[: peak_index + 1]:
+    samples = _sample_indices(curve, points, peak_index)
+    alive = dict(history.alive_at_start)
+    by_tag_now: dict[str, int] = defaultdict(int)
+    for allocation in alive.values():
+        by_tag_now[allocation.tag] += allocation.size
+    tag_samples: list[dict[str, int]] = []
+    at_peak = dict(alive)
+    for index, event in enumerate(history.events):
         if event.action == "alloc":
             alive[event.address] = event.allocation
+            by_tag_now[event.allocation.tag] += event.allocation.size
         else:
-            alive.pop(event.address, None)
+            ended = alive.pop(event.address, event.allocation)
+            by_tag_now[ended.tag] -= event.allocation.size
+        if index == peak_index:
+            at_peak = dict(alive)
+        if len(tag_samples) < len(samples) and index == samples[len(tag_samples)]:
+            tag_samples.append(dict(by_tag_now))
     by_tag: dict[str, int] = defaultdict(int)
     by_site: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-    for allocation in alive.values():
+    for allocation in at_peak.values():
         by_tag[allocation.tag] += allocation.size
         totals = by_site[(allocation.site, allocation.tag)]
         totals[0] += allocation.size
@@ -248,6 +262,7 @@ def summarize(history: AllocationHistory, top: int = 10, points: int = 600, arou
         )
         for i in range(low, high)
     ]
+    tags = sorted({tag for sample in tag_samples for tag, size in sample.items() if size})
     return MemorySummary(
         source=history.source,
         device=history.device,
@@ -260,26 +275,27 @@ def summarize(history: AllocationHistory, top: int = 10, points: int = 600, arou
         fragmentation=fragmentation,
         by_tag=dict(sorted(by_tag.items(), key=lambda item: -item[1])),
         top_sites=sites[:top],
-        timeline=_downsample(curve, points, peak_index),
+        timeline=[curve[i] for i in samples],
+        timeline_by_tag={tag: [sample.get(tag, 0) for sample in tag_samples] for tag in tags},
         around_peak=nearby,
         events=len(history.events),
         dropped=history.dropped,
     )
 
 
-def _downsample(curve: list[tuple[float, int]], points: int, keep: int) -> list[tuple[float, int]]:
-    """At most ``points`` samples: the max of each bucket (so peaks survive), and the event ``keep`` itself."""
+def _sample_indices(curve: list[tuple[float, int]], points: int, keep: int) -> list[int]:
+    """At most ``points`` event indices (ascending): the maximum of each bucket, so peaks survive, and ``keep``."""
     if len(curve) <= points:
-        return curve
+        return list(range(len(curve)))
     size = len(curve) / points
-    sampled = []
+    chosen = set()
     for bucket in range(points):
-        part = curve[int(bucket * size) : int((bucket + 1) * size)]
-        if part:
-            sampled.append(max(part, key=lambda point: point[1]))
-    if 0 <= keep < len(curve) and curve[keep] not in sampled:
-        sampled.append(curve[keep])
-    return sorted(sampled)
+        low, high = int(bucket * size), int((bucket + 1) * size)
+        if high > low:
+            chosen.add(max(range(low, high), key=lambda i: curve[i][1]))
+    if 0 <= keep < len(curve):
+        chosen.add(keep)
+    return sorted(chosen)
 
 
 # --------------------------------------------------------------------------------------------- RSS per range

@@ -127,13 +127,23 @@ def memory_charts(report: Report) -> list[str]:
 
 
 def timeline_charts(summary: MemorySummary) -> list[str]:
-    """The allocation timeline (live bytes over time, the peak marked) and live bytes per range at the peak."""
+    """The allocation timeline (live bytes over time, stacked by rlprof range, the peak marked) and live bytes per
+    range at the peak."""
     import plotly.graph_objects as go
 
     times = [(t - summary.timeline[0][0]) / 1000 for t, _ in summary.timeline] if summary.timeline else []
     figure = go.Figure(
         go.Scatter(x=times, y=[v / 2**20 for _, v in summary.timeline], mode="lines", name="live", line={"shape": "hv"})
     )
+    for tag, sizes in summary.timeline_by_tag.items():  # stacked under the total: which range holds the memory
+        figure.add_scatter(
+            x=times,
+            y=[v / 2**20 for v in sizes],
+            mode="lines",
+            name=tag or "(outside ranges)",
+            stackgroup="ranges",
+            line={"shape": "hv", "width": 0.5},
+        )
     if summary.timeline:
         figure.add_scatter(
             x=[(summary.peak_time_us - summary.timeline[0][0]) / 1000],

@@ -1,5 +1,5 @@
-"""The report as JSON, in the schema ``rlprof-report/1`` documented by ``rlprof/analysis/report.schema.json``
-(non-finite numbers are written as null, so the output is strict JSON)."""
+"""Reports and comparisons as JSON, in the schemas ``rlprof-report/1`` and ``rlprof-compare/1`` documented by
+``rlprof/analysis/{report,compare}.schema.json`` (non-finite numbers are written as null: the output is strict JSON)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 
 from rlprof.analysis.report import Report
 
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "report.schema.json"
+SCHEMAS = Path(__file__).resolve().parents[1]
+"""Where ``report.schema.json`` and ``compare.schema.json`` live."""
 
 
 def _clean(value: Any) -> Any:
@@ -24,9 +25,11 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def to_data(report: Report) -> dict[str, Any]:
-    """Plain JSON data (tuples become lists, integer keys strings, NaN null)."""
-    cleaned: dict[str, Any] = _clean(dataclasses.asdict(report))
+def to_data(result: Any) -> dict[str, Any]:
+    """Plain JSON data of a report, a comparison or any dataclass (tuples become lists, integer keys strings, NaN
+    null)."""
+    plain = dataclasses.asdict(result) if dataclasses.is_dataclass(result) and not isinstance(result, type) else result
+    cleaned: dict[str, Any] = _clean(plain)
     return cleaned
 
 
@@ -34,6 +37,7 @@ def render(report: Report) -> str:
     return json.dumps(to_data(report), indent=1, allow_nan=False)
 
 
-def schema() -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+def schema(name: str = "report") -> dict[str, Any]:
+    """The JSON schema of ``rlprof {name} --format json``."""
+    loaded: dict[str, Any] = json.loads((SCHEMAS / f"{name}.schema.json").read_text(encoding="utf-8"))
     return loaded

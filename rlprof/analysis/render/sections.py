@@ -41,8 +41,14 @@ def _growth(value: Optional[float]) -> str:
     return f"{100 * value:+.0f}%" + (" (grows)" if value >= 0.2 else "")
 
 
-def _gib(value: float) -> str:
-    return f"{value / 2**30:.3f} GiB" if value >= 2**30 else f"{value / 2**20:.1f} MiB"
+def human_bytes(value: float) -> str:
+    """``512 B``, ``1.5 KiB``, ``12.0 MiB``, ``1.234 GiB``."""
+    size = abs(value)
+    if size >= 2**30:
+        return f"{value / 2**30:.3f} GiB"
+    if size >= 2**20:
+        return f"{value / 2**20:.1f} MiB"
+    return f"{value / 2**10:.1f} KiB" if size >= 2**10 else f"{value:.0f} B"
 
 
 def sections(report: Report) -> list[Section]:
@@ -172,52 +178,53 @@ def _memory(report: Report) -> Section:
         section.tables.append(
             Table(
                 ["role", "peak allocated"],
-                [[role, _gib(peak)] for role, peak in memory.traced_by_role.items()],
+                [[role, human_bytes(peak)] for role, peak in memory.traced_by_role.items()],
                 "Memory per role (allocator total inside its ranges, torch traces)",
             )
         )
     if memory.host_rss is not None:
         rss = memory.host_rss
-        section.lines.append(f"host RSS peak inside a range: {_gib(rss.peak_rss)}")
+        section.lines.append(f"host RSS peak inside a range: {human_bytes(rss.peak_rss)}")
         section.tables.append(
             Table(
                 ["role", "peak RSS"],
-                [[role, _gib(peak)] for role, peak in rss.by_role.items()],
+                [[role, human_bytes(peak)] for role, peak in rss.by_role.items()],
                 "Host memory per role (RSS peak inside its ranges)",
             )
         )
         section.tables.append(
             Table(
                 ["range", "count", "peak RSS", "largest growth in one range"],
-                [[r.label, str(r.count), _gib(r.peak_rss), _gib(r.max_growth)] for r in rss.ranges[:10]],
+                [[r.label, str(r.count), human_bytes(r.peak_rss), human_bytes(r.max_growth)] for r in rss.ranges[:10]],
                 "Ranges that grow memory most",
             )
         )
     for summary in memory.timelines + memory.oom:
-        section.lines.append(_timeline_line(summary, oom=summary in memory.oom))
+        section.lines.append(timeline_line(summary, oom=summary in memory.oom))
         section.tables.append(
             Table(
                 ["allocation site", "range", "live at peak", "count"],
-                [[s.site, s.tag or "-", _gib(s.bytes), str(s.count)] for s in summary.top_sites],
+                [[s.site, s.tag or "-", human_bytes(s.bytes), str(s.count)] for s in summary.top_sites],
                 f"Alive at the peak of {summary.source.rsplit('/', 1)[-1]}",
             )
         )
         section.tables.append(
             Table(
                 ["range", "live at peak"],
-                [[tag or "(outside ranges)", _gib(size)] for tag, size in summary.by_tag.items()],
+                [[tag or "(outside ranges)", human_bytes(size)] for tag, size in summary.by_tag.items()],
                 "Live bytes at the peak per rlprof range",
             )
         )
     return section
 
 
-def _timeline_line(summary: MemorySummary, oom: bool) -> str:
+def timeline_line(summary: MemorySummary, oom: bool) -> str:
     head = "OOM snapshot" if oom else f"{summary.device} allocations"
-    extra = f", reserved {_gib(summary.reserved_bytes)}" if summary.reserved_bytes else ""
+    extra = f", reserved {human_bytes(summary.reserved_bytes)}" if summary.reserved_bytes else ""
     frag = f", fragmentation {_pct(summary.fragmentation)}" if summary.fragmentation is not None else ""
     dropped = f", {summary.dropped} oldest events dropped" if summary.dropped else ""
     return (
-        f"{head} {summary.source}: peak {_gib(summary.peak_bytes)} (start {_gib(summary.start_bytes)}, end "
-        f"{_gib(summary.end_bytes)}){extra}{frag}; {summary.events} events{dropped}"
+        f"{head} {summary.source}: peak {human_bytes(summary.peak_bytes)} (start "
+        f"{human_bytes(summary.start_bytes)}, end {human_bytes(summary.end_bytes)}){extra}{frag}; "
+        f"{summary.events} events{dropped}"
     )

@@ -1,0 +1,114 @@
+"""A :class:`~rlprof.analysis.compare.Comparison` as sections for the text renderers, and its charts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlprof.analysis.compare import NOT_SIGNIFICANT, Comparison, verdict
+from rlprof.analysis.render.sections import Section, Table
+
+LEARNING_TITLE = "Learning (final: mean of the last tenth of the steps, at least 5; best: smoothed)"
+NOT_SIGNIFICANT_NOTE = (
+    f"vs A: 95% bootstrap interval; {NOT_SIGNIFICANT} = no significant difference (it holds no change)"
+)
+SPEED_TITLE = "Speed (median over steps, warm-up excluded; vs A: ratio of medians)"
+
+
+def _value(value: object) -> str:
+    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _reached(step: object) -> str:
+    return "never" if step is None else str(step)
+
+
+def sections(comparison: Comparison) -> list[Section]:
+    labels = [f"{chr(ord('A') + i)}" for i in range(len(comparison.runs))]
+    out = [
+        Section(
+            "Runs",
+            [
+                f"{label}: {run} ({count} steps)"
+                for label, run, count in zip(labels, comparison.runs, comparison.step_counts, strict=True)
+            ]
+            + [f"missing: {line}" for line in comparison.missing],
+        )
+    ]
+    diff = Section("Config diff")
+    if comparison.config_diff:
+        diff.tables.append(Table(["key", *labels], [[d.key, *map(_value, d.values)] for d in comparison.config_diff]))
+    else:
+        diff.lines.append(
+            "no setting differs"
+            if not any("no saved config" in m for m in comparison.missing)
+            else "not available (a run has no saved config)"
+        )
+    if comparison.identity_diff:
+        diff.lines.append("also differ (names and folders): " + ", ".join(d.key for d in comparison.identity_diff))
+    out.append(diff)
+    learning = Section(LEARNING_TITLE)
+    targeted = any(curve.target is not None for curve in comparison.curves)
+    rows = [
+        [
+            curve.metric if i == 0 else "",
+            label,
+            _value(curve.final[i]),
+            _value(curve.best[i]),
+            *([_reached(curve.reached[i]) if curve.target is not None else ""] if targeted else []),
+            verdict(curve.versus_first[i], ratio=False) if i else "",
+        ]
+        for curve in comparison.curves
+        for i, label in enumerate(labels)
+    ]
+    header = ["metric", "run", "final", "best", *(["target reached at step"] if targeted else []), "vs A"]
+    learning.tables.append(Table(header, rows))
+    learning.lines.append(NOT_SIGNIFICANT_NOTE)
+    if not comparison.curves:
+        learning.lines.append("no learning metrics (critic/score/mean, actor/kl_loss, ...) in these runs")
+    out.append(learning)
+    speed = Section(SPEED_TITLE)
+    speed.tables.append(
+        Table(
+            ["metric", *labels, *[f"{label} vs A" for label in labels[1:]]],
+            [[v.metric, *map(_value, v.medians), *[verdict(i) for i in v.versus_first[1:]]] for v in comparison.speed],
+        )
+    )
+    if comparison.memory:
+        speed.tables.append(
+            Table(
+                ["memory (GB)", *labels, *[f"{label} vs A" for label in labels[1:]]],
+                [
+                    [v.metric, *map(_value, v.medians), *[verdict(i) for i in v.versus_first[1:]]]
+                    for v in comparison.memory
+                ],
+                "Memory",
+            )
+        )
+    speed.lines.append(NOT_SIGNIFICANT_NOTE)
+    out.append(speed)
+    return out
+
+
+def charts(comparison: Comparison) -> dict[str, list[str]]:
+    """Overlaid learning curves (one chart per metric) and the phase medians side by side."""
+    import plotly.graph_objects as go
+
+    from rlprof.analysis.render.html import figure_html
+
+    labels = [f"{chr(ord('A') + i)}" for i in range(len(comparison.runs))]
+    names = [f"{label}: {Path(run.split(',')[0]).name}" for label, run in zip(labels, comparison.runs, strict=True)]
+    learning = []
+    for curve in comparison.curves:
+        figure = go.Figure()
+        for label, points in zip(names, curve.points, strict=True):
+            figure.add_scatter(x=curve.steps, y=points, mode="lines", name=label, connectgaps=False)
+        figure.update_layout(title=curve.metric, xaxis_title="training step", height=320)
+        learning.append(figure_html(figure))
+    phases = [v for v in comparison.speed if v.metric.startswith("timing_s/")]
+    figure = go.Figure()
+    for i, label in enumerate(names):
+        figure.add_bar(
+            x=[v.metric.removeprefix("timing_s/") for v in phases], y=[v.medians[i] for v in phases], name=label
+        )
+    figure.update_layout(barmode="group", title="Median seconds per phase", height=360)
+    return {LEARNING_TITLE: learning, SPEED_TITLE: [figure_html(figure)]}

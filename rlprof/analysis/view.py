@@ -1,0 +1,143 @@
+"""``rlprof view``: TensorBoard over runs' scalars and torch traces, from one generated log folder of symbolic links
+(never copies: traces can be gigabytes), served on the loopback unless a host is asked for explicitly."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Optional
+
+from rlprof.analysis.run import Run
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def link_logdir(runs: list[Run], root: Path) -> dict[str, int]:
+    """Fill ``root`` with one folder per run: ``{run}/scalars`` (its TensorBoard event files) and
+    ``{run}/torch/{window}`` (its traces, for the PyTorch Profiler tab), all as symlinks. Returns counts."""
+    counts = {"event_files": 0, "traces": 0}
+    used: set[str] = set()
+    for run in runs:
+        name = _unique(_run_name(run), used)
+        for events in _event_files(run):
+            folder = root / name / "scalars"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / events.name).symlink_to(events.resolve())
+            counts["event_files"] += 1
+        for trace in run.traces:
+            folder = root / name / "torch" / (trace.window_name if trace.steps else "trace")
+            folder.mkdir(parents=True, exist_ok=True)
+            link = folder / trace.path.name
+            if link.exists():
+                link = folder / f"{trace.path.name.split('.')[0]}-{trace.host or 'h'}.pt.trace.json.gz"
+            link.symlink_to(trace.path.resolve())
+            counts["traces"] += 1
+    return counts
+
+
+def _run_name(run: Run) -> str:
+    record = run.record or {}
+    return str(record.get("experiment") or Path(run.name.split(",")[0]).name or "run")
+
+
+def _unique(name: str, used: set[str]) -> str:
+    candidate, n = name, 1
+    while candidate in used:
+        n += 1
+        candidate = f"{name}-{n}"
+    used.add(candidate)
+    return candidate
+
+
+def _event_files(run: Run) -> list[Path]:
+    """TensorBoard event files of the run: where its record says, else the TensorBoard folder of its experiment."""
+    record = run.record or {}
+    folders = [Path(record["tensorboard_dir"])] if record.get("tensorboard_dir") else []
+    if run.metrics_path is not None:
+        folders.append(run.metrics_path.parent)
+    files: list[Path] = []
+    for folder in folders:
+        if folder.is_dir():
+            files += sorted(folder.glob("events.out.tfevents.*"))
+    return files
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def tensorboard_binary() -> str:
+    found = shutil.which("tensorboard", path=os.path.dirname(sys.executable)) or shutil.which("tensorboard")
+    if found is None:
+        raise FileNotFoundError("tensorboard is not installed (pip install 'rlprof[viewer]')")
+    return found
+
+
+def wait_until_serving(url: str, process: subprocess.Popen[Any], timeout_s: float = 120) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{url}/data/runs", timeout=5):
+                return True
+        except OSError:
+            time.sleep(0.5)
+    return False
+
+
+def serve(runs: list[Run], host: str, port: Optional[int], announce: Any) -> int:
+    """Run TensorBoard until Ctrl-C or SIGTERM; returns its exit status. ``announce(line)`` prints progress."""
+    root = Path(tempfile.mkdtemp(prefix="rlprof-view-"))
+    logdir, log = root / "logdir", root / "tensorboard.log"
+    process: Optional[subprocess.Popen[Any]] = None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        counts = link_logdir(runs, logdir)
+        port = port or free_port(host)
+        with log.open("w") as output:  # a file, not a pipe: TensorBoard must never block on a full pipe
+            process = subprocess.Popen(
+                [tensorboard_binary(), "--logdir", str(logdir), "--host", host, "--port", str(port)],
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        for sig in previous:
+            signal.signal(sig, stop)
+        url = f"http://{host}:{port}"
+        if not wait_until_serving(url, process):
+            lines = log.read_text(errors="replace").strip().splitlines()
+            announce(f"TensorBoard did not start on {url}: {lines[-1] if lines else 'no answer'}")
+            return 1
+        announce(
+            f"TensorBoard at {url}  ({counts['event_files']} event files, {counts['traces']} traces; "
+            "PyTorch Profiler tab for the traces; Ctrl-C to stop)"
+        )
+        return process.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for sig in previous:  # a second Ctrl-C must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        shutil.rmtree(root, ignore_errors=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
