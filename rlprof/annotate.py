@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import weakref
 from collections.abc import Callable, Generator
 from typing import Any, Optional, TypeVar, overload
 
@@ -25,6 +26,13 @@ DEFAULT_ROLE = "default"
 
 _entries: dict[tuple[str, str, Any], tuple[RoleGate, RangeSite]] = {}
 _entries_lock = threading.Lock()
+_DECORATED: weakref.WeakKeyDictionary[Callable[..., Any], RangeSite] = weakref.WeakKeyDictionary()
+"""Each function decorated by :func:`profiled`, with its site (for tools that attribute memory to roles)."""
+
+
+def decorated_sites() -> list[tuple[Callable[..., Any], RangeSite]]:
+    """``(function, site)`` of every live function decorated by :func:`profiled`."""
+    return list(_DECORATED.items())
 
 
 def _check_role(role: Any, caller: str) -> str:
@@ -79,6 +87,7 @@ def profiled(
                 "use `with rlprof.profile_range(...)` inside it"
             )
         gate, site = _entry(role, name or func.__qualname__, color)
+        _DECORATED[func] = site
         if inspect.iscoroutinefunction(func):
             wrapper = _async_wrapper(func, gate, site)
         elif inspect.isgeneratorfunction(func):

@@ -43,8 +43,10 @@ def test_cpu_fallback_warns_once_and_records_rss_per_range(tmp_path):
         rlprof.shutdown()
     notes = [w for w in caught if "torch_memory" in str(w.message)]
     assert len(notes) == 1 and "CUDA is not available" in str(notes[0].message)
-    (entry,) = read_manifest(tmp_path)
-    assert entry["path"].startswith("torch_memory/step1-2/rank0_pid") and entry["path"].endswith(".host_memory.jsonl")
+    entries = read_manifest(tmp_path)
+    assert sorted(e["path"].split(".", 1)[1] for e in entries) == ["host_alloc.json.gz", "host_memory.jsonl"]
+    (entry,) = [e for e in entries if e["path"].endswith(".host_memory.jsonl")]
+    assert entry["path"].startswith("torch_memory/step1-2/rank0_pid")
     lines = [json.loads(line) for line in (tmp_path / entry["path"]).read_text().splitlines()]
     ranges = [r for r in lines if r["kind"] == "range"]
     assert [(r["role"], r["name"], r["step"]) for r in ranges] == [
@@ -73,8 +75,9 @@ def test_memory_gating_by_step_and_rank(tmp_path):
             assert (rank1.window is not None) == (n == 3)
             grow(1)
     rlprof.shutdown()
-    (entry,) = read_manifest(tmp_path)
-    assert entry["rank"] == 1 and entry["steps"] == [3] and "rank1_pid" in entry["path"]
+    entries = read_manifest(tmp_path)
+    assert len(entries) == 2  # RSS per range and the allocation timeline
+    assert all(e["rank"] == 1 and e["steps"] == [3] and "rank1_pid" in e["path"] for e in entries)
 
 
 def test_summaries_and_rss_reader():

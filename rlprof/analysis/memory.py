@@ -177,8 +177,7 @@ def _alive_at_start(alive_at_end: dict[int, Allocation], events: Sequence[AllocE
 
 
 def host_history(path: Path) -> AllocationHistory:
-    """A ``*.host_alloc.json.gz`` file of the torch_memory tool without CUDA (format in
-    :mod:`rlprof.tools.host_alloc`)."""
+    """A ``*.host_alloc.json.gz`` file of the torch_memory tool (format in :mod:`rlprof.tools.host_alloc`)."""
     try:
         with gzip.open(path, "rt", encoding="utf-8") as handle:
             data = json.load(handle)
@@ -186,17 +185,22 @@ def host_history(path: Path) -> AllocationHistory:
         raise MemoryFileError(f"{path} is not a readable host allocation file ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != "rlprof-host-alloc/1":
         raise MemoryFileError(f"{path} is not an rlprof host allocation file (format rlprof-host-alloc/1)")
+    stacks = [" < ".join(frames[:STACK_FRAMES]) for frames in data.get("stacks", [])]
+
+    def site(entry: dict[str, Any]) -> str:
+        if entry.get("site"):
+            return str(entry["site"])
+        index = entry.get("stack")
+        return stacks[index] if isinstance(index, int) and 0 <= index < len(stacks) else "(no stack recorded)"
+
     events = [
         AllocEvent(
-            float(e["t_us"]),
-            e["action"],
-            int(e["addr"]),
-            Allocation(int(e["bytes"]), e.get("site") or "(unknown)", e.get("range") or ""),
+            float(e["t_us"]), e["action"], int(e["addr"]), Allocation(int(e["bytes"]), site(e), e.get("range") or "")
         )
         for e in data.get("events", [])
     ]
     alive = {
-        int(a["addr"]): Allocation(int(a["bytes"]), a.get("site") or "(unknown)", a.get("range") or "")
+        int(a["addr"]): Allocation(int(a["bytes"]), site(a), a.get("range") or "")
         for a in data.get("alive_at_start", [])
     }
     return AllocationHistory(str(path), "cpu", alive, events, dropped=int(data.get("dropped", 0)))

@@ -1,4 +1,5 @@
-"""The torch_memory tool where CUDA is absent: host memory (RSS) per range instead of allocator snapshots.
+"""The torch_memory tool where CUDA is absent: host memory per range instead of allocator snapshots, and (unless
+``host_allocations: false``) the host allocation timeline of :mod:`rlprof.tools.host_alloc`.
 
 File: ``{save_path}/torch_memory/step{S}[-{E}]/rank{R}_pid{P}.host_memory.jsonl``, one line per closed range
 (``role``, ``name``, ``step``, ``rss_before``, ``rss_after``, ``peak_rss``, in bytes) and one summary line per role
@@ -17,6 +18,7 @@ import threading
 from typing import Any, Optional
 
 from rlprof.tools.base import RangeOps, RangeSite, Tool, ToolContext
+from rlprof.tools.host_alloc import HostAllocations
 from rlprof.window import StepWindow
 
 _STATUS = "/proc/self/status"
@@ -66,8 +68,9 @@ class _OpenRange:
 class HostMemoryTool(Tool):
     """Measures RSS before, after and at peak for every range of an enabled role inside the window."""
 
-    def __init__(self, context: ToolContext) -> None:
+    def __init__(self, context: ToolContext, host_allocations: bool = True) -> None:
         super().__init__(context)
+        self.host = HostAllocations(context) if host_allocations else None
         self._lock = threading.Lock()
         self._open: dict[int, _OpenRange] = {}  # by id(): every thread's open ranges, for nested peaks
         self._stacks = threading.local()
@@ -77,12 +80,26 @@ class HostMemoryTool(Tool):
 
     def start_window(self, window: StepWindow) -> None:
         self._step = window.first
+        if self.host is not None:
+            self.host.start_window(window)
 
     def advance(self, window: StepWindow) -> None:
         self._step = window.last
 
     def range_ops(self, site: RangeSite) -> RangeOps:
-        return functools.partial(self._enter, site), self._exit
+        if self.host is None:
+            return functools.partial(self._enter, site), self._exit
+        recorder, label = self.host.recorder, site.label
+
+        def enter() -> None:
+            self._enter(site)
+            recorder.enter(label)
+
+        def exit_() -> None:
+            recorder.exit()
+            self._exit()
+
+        return enter, exit_
 
     def _enter(self, site: RangeSite) -> None:
         with self._lock:
@@ -117,6 +134,17 @@ class HostMemoryTool(Tool):
             )
 
     def stop_window(self, window: StepWindow) -> None:
+        try:
+            self._write_rss(window)
+        finally:
+            if self.host is not None:
+                self.host.stop_window(window, self.name)
+
+    def close(self) -> None:
+        if self.host is not None:
+            self.host.recorder.abandon()
+
+    def _write_rss(self, window: StepWindow) -> None:
         with self._lock:
             records, self._records = self._records, []
         final = (

@@ -1,4 +1,5 @@
-"""CUDA memory snapshots: the caching allocator's alloc/free history over each step window.
+"""CUDA memory snapshots: the caching allocator's alloc/free history over each step window (and, without CUDA or
+when ``host_allocations`` is true, the host allocation timeline of :mod:`rlprof.tools.host_alloc`).
 
 Files: ``{save_path}/torch_memory/step{S}[-{E}]/rank{R}_pid{P}.pickle`` (open it at pytorch.org/memory_viz),
 plus ``oom_rank{R}_pid{P}_step{N}.pickle`` when CUDA runs out of memory while recording (once per window; the
@@ -18,6 +19,7 @@ from typing import Any, Optional
 
 from rlprof.schema import bounds
 from rlprof.tools.base import RangeOps, RangeSite, StepWindowSettings, Tool, ToolContext
+from rlprof.tools.host_alloc import HostAllocations
 from rlprof.tools.registry import register_tool
 from rlprof.window import StepWindow
 
@@ -40,9 +42,12 @@ class TorchMemorySettings(StepWindowSettings):
     """CUDA caching-allocator history over each step window, one snapshot pickle per window per rank."""
 
     trace_alloc_max_entries: int = field(default=100_000, metadata=bounds(ge=1))
-    """Most alloc/free events kept in the ring buffer (older ones are overwritten)."""
-    stack_depth: int = field(default=32, metadata=bounds(ge=1))
-    """Frames kept per recorded allocation stack in the written snapshot."""
+    """Most alloc/free events kept per window (the newest; older ones are dropped and counted)."""
+    stack_depth: int = field(default=32, metadata=bounds(ge=0))
+    """Frames kept per recorded allocation stack (0: record no stacks, which is cheaper)."""
+    host_allocations: Optional[bool] = None
+    """Record the host (CPU) allocation timeline of each window with torch.profiler (``profile_memory``):
+    null = where CUDA is absent, true = beside the CUDA snapshots too, false = never (RSS per range only)."""
     oom_snapshot: bool = True
     """Write ``oom_rank{R}_*.pickle`` when CUDA runs out of memory while recording (once per window)."""
 
@@ -51,27 +56,27 @@ class TorchMemorySettings(StepWindowSettings):
 def torch_memory_tool(context: ToolContext) -> Tool:
     """CUDA snapshots where CUDA memory history exists; host memory per range otherwise (said once)."""
     reason = cuda_memory_unavailable_reason()
+    host = context.settings.host_allocations
     if reason is None:
-        return CudaMemoryTool(context)
+        return CudaMemoryTool(context, host_allocations=bool(host))
     from rlprof.tools.host_memory import HostMemoryTool
 
+    recorded = "the host allocation timeline and RSS" if host is not False else "RSS"
     context.warn(
         "torch_memory:host",
-        (
-            f"rlprof: torch_memory: {reason}, so no CUDA memory snapshot is written; recording host memory (RSS "
-            "before, "
-            f"after and peak of each range) to {context.save_path}/torch_memory/step*/*.host_memory.jsonl instead"
-        ),
+        f"rlprof: torch_memory: {reason}, so no CUDA memory snapshot is written; recording {recorded} per range "
+        f"to {context.save_path}/torch_memory/step*/ instead",
     )
-    return HostMemoryTool(context)
+    return HostMemoryTool(context, host_allocations=host is not False)
 
 
 class CudaMemoryTool(Tool):
     """Records allocator history on the selected ranks, only inside step windows."""
 
-    def __init__(self, context: ToolContext) -> None:
+    def __init__(self, context: ToolContext, host_allocations: bool = False) -> None:
         super().__init__(context)
         self.settings = context.settings
+        self.host = HostAllocations(context) if host_allocations else None
         self.recording = False
         self.window: Optional[StepWindow] = None
         self._oom_written = False
@@ -81,9 +86,14 @@ class CudaMemoryTool(Tool):
         import torch
 
         torch.cuda.memory._record_memory_history(
-            "all", context="all", stacks="python", max_entries=self.settings.trace_alloc_max_entries
+            "all",
+            context="all" if self.settings.stack_depth else None,
+            stacks="python",
+            max_entries=self.settings.trace_alloc_max_entries,
         )
         self.recording = True
+        if self.host is not None:
+            self.host.start_window(window)
         self.window = window
         self._oom_written = False
         if self.settings.oom_snapshot:
@@ -93,6 +103,8 @@ class CudaMemoryTool(Tool):
         import torch
 
         try:
+            if self.host is not None:
+                self.host.stop_window(window, self.name)
             final = self.context.window_dir(self.name, window) / f"rank{self.context.rank}_pid{os.getpid()}.pickle"
             self._write_snapshot(final, window)
         finally:
@@ -117,7 +129,7 @@ class CudaMemoryTool(Tool):
     def range_ops(self, site: RangeSite) -> RangeOps:
         import torch
 
-        memory, label, local = torch.cuda.memory, site.label, self._previous
+        memory, label, local, host = torch.cuda.memory, site.label, self._previous, self.host
 
         def enter() -> None:
             stack = getattr(local, "stack", None)
@@ -125,13 +137,19 @@ class CudaMemoryTool(Tool):
                 stack = local.stack = []
             stack.append(memory._get_memory_metadata())
             memory._set_memory_metadata(label)
+            if host is not None:
+                host.recorder.enter(label)
 
         def exit_() -> None:
+            if host is not None:
+                host.recorder.exit()
             memory._set_memory_metadata(local.stack.pop())
 
         return enter, exit_
 
     def close(self) -> None:
+        if self.host is not None:
+            self.host.recorder.abandon()
         if self.recording:  # turned off mid-window: stop recording, write nothing
             import torch
 

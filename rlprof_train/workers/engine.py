@@ -78,11 +78,27 @@ _KEEP_ALIVE: list[Any] = []  # the single-process run's store lives as long as t
 
 
 def deepspeed_config(
-    zero_stage: int, offload_optimizer: bool, offload_param: bool, grad_clip: float, dtype: str, world_size: int
+    zero_stage: int,
+    offload_optimizer: bool,
+    offload_param: bool,
+    grad_clip: float,
+    dtype: str,
+    world_size: int,
+    hidden_size: Optional[int] = None,
 ) -> dict[str, Any]:
     """The engine config: the caller owns gradient accumulation (one ``step()`` per mini-batch, however many
-    micro-batches it had), so batch sizes here are nominal."""
+    micro-batches it had), so batch sizes here are nominal.
+
+    With ``hidden_size``, ZeRO's buckets are sized to the model as transformers' DeepSpeed integration sizes them for
+    ``"auto"`` (reduce bucket hidden², ZeRO-3 prefetch 0.9 hidden², persistence threshold 10 hidden). DeepSpeed's
+    own defaults (5e8 elements) allocate about 1.9 GB of gradient bucket for any model: measured with
+    ``rlprof memory`` on the host allocation timeline of a ZeRO-Offload run of the tiny model."""
     zero: dict[str, Any] = {"stage": zero_stage}
+    if hidden_size:
+        zero["reduce_bucket_size"] = hidden_size * hidden_size
+        if zero_stage == 3:
+            zero["stage3_prefetch_bucket_size"] = int(0.9 * hidden_size * hidden_size)
+            zero["stage3_param_persistence_threshold"] = 10 * hidden_size
     if offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
     if offload_param:
@@ -115,7 +131,10 @@ def make_engine(
     otherwise torch's AdamW, which needs no extension build)."""
     import deepspeed
 
-    config = deepspeed_config(zero_stage, offload_optimizer, offload_param, grad_clip, dtype, world_size)
+    hidden_size = getattr(getattr(module, "config", None), "hidden_size", None)
+    config = deepspeed_config(
+        zero_stage, offload_optimizer, offload_param, grad_clip, dtype, world_size, hidden_size=hidden_size
+    )
     params = dict(lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas))
     if offload_optimizer:
         config["optimizer"] = {"type": "AdamW", "params": {**params, "betas": list(params["betas"])}}
