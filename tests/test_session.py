@@ -441,6 +441,8 @@ def test_torch_memory_on_cpu_under_threads_keeps_every_range(tmp_path):
                 thread.join()
         rlprof.shutdown()
     assert not [w for w in caught if "failed" in str(w.message)]
-    (record,) = read_manifest(tmp_path)
-    lines = [json.loads(line) for line in (tmp_path / record["path"]).read_text().splitlines()]
+    records = read_manifest(tmp_path)
+    assert len(records) == 2  # RSS per range and the host allocation timeline
+    (rss,) = [r for r in records if r["path"].endswith(".host_memory.jsonl")]
+    lines = [json.loads(line) for line in (tmp_path / rss["path"]).read_text().splitlines()]
     assert sum(1 for r in lines if r.get("name") == "worker") == 200
