@@ -23,6 +23,10 @@ from rlprof_train.config import as_dict, load_trainer_config, validate
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["tune"]:  # rlprof-train tune ...
+        from rlprof_train.tune.cli import main as tune
+
+        return tune(argv[1:])
     for arg in [a for a in argv if a.startswith("--local_rank")]:  # added by the deepspeed launcher
         argv.remove(arg)
         os.environ.setdefault("LOCAL_RANK", arg.split("=", 1)[1])

@@ -159,7 +159,7 @@ def make_rollout(cfg: TrainerConfig, env: DistEnv, model_path: str, actor: Any, 
         lambda: actor.module,
         tokenizer,
         cfg.actor_rollout_ref.actor.zero_stage,
-        rollout.log_prob_micro_batch_size_per_gpu,
+        rollout.micro_batch_size,
     )
 
 

@@ -252,13 +252,11 @@ def test_scoped_environment_is_restored(monkeypatch):
     assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in os.environ and os.environ["VLLM_CPU_KVCACHE_SPACE"] == "7"
 
 
-def test_zero_buckets_are_sized_to_the_model_as_transformers_sizes_auto():
+def test_the_zero_gradient_bucket_is_sized_to_the_model_as_transformers_sizes_auto():
     from rlprof_train.workers.engine import deepspeed_config
 
     zero2 = deepspeed_config(2, True, False, 1.0, "float32", 1, hidden_size=64)["zero_optimization"]
     assert zero2 == {"stage": 2, "reduce_bucket_size": 4096, "offload_optimizer": {"device": "cpu"}}
     zero3 = deepspeed_config(3, False, False, 1.0, "float32", 1, hidden_size=64)["zero_optimization"]
-    assert (
-        zero3["stage3_prefetch_bucket_size"] == int(0.9 * 4096) and zero3["stage3_param_persistence_threshold"] == 640
-    )
+    assert zero3 == {"stage": 3, "reduce_bucket_size": 4096}  # prefetch left to DeepSpeed (see the docstring)
     assert deepspeed_config(1, False, False, 1.0, "float32", 1)["zero_optimization"] == {"stage": 1}  # no model size

@@ -200,6 +200,9 @@ class RolloutConfig:
     """Responses per prompt (GRPO/RLOO groups)."""
     response_length: int = field(default=4, metadata=bounds(ge=1))
     """New tokens per response (defaults to ``data.max_response_length``)."""
+    micro_batch_size: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """hf: prompts per ``generate`` call; null = the whole batch, as verl's hf rollout (the chunking changes which
+    random numbers each sample draws, so it changes the samples: not a pure speed knob)."""
     log_prob_micro_batch_size_per_gpu: int = field(default=64, metadata=bounds(ge=1))
     """Responses per old-log-prob forward on one rank."""
     log_prob_use_dynamic_bsz: bool = False

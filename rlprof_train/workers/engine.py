@@ -89,16 +89,15 @@ def deepspeed_config(
     """The engine config: the caller owns gradient accumulation (one ``step()`` per mini-batch, however many
     micro-batches it had), so batch sizes here are nominal.
 
-    With ``hidden_size``, ZeRO's buckets are sized to the model as transformers' DeepSpeed integration sizes them for
-    ``"auto"`` (reduce bucket hidden², ZeRO-3 prefetch 0.9 hidden², persistence threshold 10 hidden). DeepSpeed's
-    own defaults (5e8 elements) allocate about 1.9 GB of gradient bucket for any model: measured with
-    ``rlprof memory`` on the host allocation timeline of a ZeRO-Offload run of the tiny model."""
+    With ``hidden_size``, ZeRO's gradient bucket is sized to the model as transformers' DeepSpeed integration sizes
+    it for ``"auto"`` (hidden² elements): DeepSpeed's default (5e8 elements) allocates about 1.9 GB of bucket for any
+    model, measured with ``rlprof memory`` on the host allocation timeline of a ZeRO-Offload run of the tiny model.
+    ZeRO 3's other sizes stay DeepSpeed's: with transformers' "auto" prefetch bucket and persistence threshold,
+    DeepSpeed 0.19.8 fails with "Cannot partition a param in flight" in the two-rank ZeRO-3 run of
+    ``tests/test_trainer_e2e.py``."""
     zero: dict[str, Any] = {"stage": zero_stage}
     if hidden_size:
         zero["reduce_bucket_size"] = hidden_size * hidden_size
-        if zero_stage == 3:
-            zero["stage3_prefetch_bucket_size"] = int(0.9 * hidden_size * hidden_size)
-            zero["stage3_param_persistence_threshold"] = 10 * hidden_size
     if offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
     if offload_param:

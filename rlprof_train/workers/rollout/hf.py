@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -20,7 +20,9 @@ class HFRollout(Rollout):
 
     name = "hf"
 
-    def __init__(self, module: Callable[[], Any], tokenizer: Any, zero_stage: int, micro_batch_size: int) -> None:
+    def __init__(
+        self, module: Callable[[], Any], tokenizer: Any, zero_stage: int, micro_batch_size: Optional[int]
+    ) -> None:
         self.module = module
         self.tokenizer = tokenizer
         self.zero_stage = zero_stage
@@ -56,8 +58,9 @@ class HFRollout(Rollout):
         responses: list[list[int]] = []
         try:
             with self._gathered(model):
-                for start in range(0, len(prompts), self.micro_batch_size):
-                    chunk = prompts[start : start + self.micro_batch_size]
+                chunk_size = self.micro_batch_size or len(prompts)
+                for start in range(0, len(prompts), chunk_size):
+                    chunk = prompts[start : start + chunk_size]
                     ids, mask = left_pad([p.prompt_ids for p in chunk], self.tokenizer.pad_token_id)
                     out = model.generate(input_ids=ids, attention_mask=mask, **options)
                     responses.extend(out[:, ids.shape[1] :].tolist())

@@ -1,0 +1,191 @@
+"""The knobs ``tune`` may turn: each changes how the work is cut or where memory goes, never what is computed.
+
+Every knob here is covered by an equivalence test (``tests/test_knobs.py``: packed == padded, token-budget
+micro-batches == fixed ones, gradient and entropy checkpointing == plain, chunked entropy == whole; the loss is
+normalised by the mini-batch's global token counts, so any micro-batch split gives the same gradient), and the
+verification at the end of a search checks it again on the first steps of the real run. Keys that change the
+algorithm (batch sizes per optimizer step, learning rates, clipping, KL, ``n``, sampling) are not in the space, and
+asking for one is refused naming the allowed keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rlprof.schema import ConfigError
+from rlprof_train import algos
+from rlprof_train.config.schema import TrainerConfig
+
+ARR = "actor_rollout_ref"
+Applies = Callable[[TrainerConfig], bool]
+
+
+@dataclass(frozen=True)
+class Knob:
+    key: str
+    """The dotted trainer key (or keys joined by ``+`` for a coupled pair: use_dynamic_bsz + its budget)."""
+    group: str
+    """``micro_batching``, ``log_prob``, ``packing``, ``token_budget``, ``memory`` or ``rollout``."""
+    candidates: Callable[[TrainerConfig, int], list[dict[str, Any]]]
+    """The overrides to try, given the base config and the number of processes (the base's value left out)."""
+    applies: Applies
+    """Whether the knob does anything for this config (the critic's knobs only with a critic, ...)."""
+
+
+def _get(cfg: TrainerConfig, key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    values, value = [], 1
+    while value < limit:
+        values.append(value)
+        value *= 2
+    return [*values, limit]
+
+
+def _per_rank_responses(cfg: TrainerConfig, world: int, prompts: int) -> int:
+    return max(1, prompts * cfg.actor_rollout_ref.rollout.n // world)
+
+
+def micro_batch(key: str, group: str, prompts: Callable[[TrainerConfig], int], applies: Applies) -> Knob:
+    """Powers of two up to the responses one rank holds in the pass (more would change nothing)."""
+
+    def candidates(cfg: TrainerConfig, world: int) -> list[dict[str, Any]]:
+        limit = _per_rank_responses(cfg, world, prompts(cfg))
+        return [{key: v} for v in _powers_of_two(limit) if v != _get(cfg, key)]
+
+    return Knob(key, group, candidates, applies)
+
+
+def flag(key: str, applies: Applies) -> Knob:
+    """A memory switch, tried flipped."""
+    return Knob(key, "memory" if "checkpoint" in key or "chunking" in key else "packing", _flipped(key), applies)
+
+
+def _flipped(key: str) -> Callable[[TrainerConfig, int], list[dict[str, Any]]]:
+    return lambda cfg, world: [{key: not _get(cfg, key)}]
+
+
+def token_budget(switch: str, budget: str, prompts: Callable[[TrainerConfig], int], applies: Applies) -> Knob:
+    """use_dynamic_bsz on, with budgets of 4x, 16x, ... one longest sequence, up to the rank's whole pass."""
+
+    def candidates(cfg: TrainerConfig, world: int) -> list[dict[str, Any]]:
+        longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+        limit = _per_rank_responses(cfg, world, prompts(cfg)) * longest
+        budgets, value = [], 4 * longest
+        while value < limit:
+            budgets.append(value)
+            value *= 4
+        budgets.append(limit)
+        current = (_get(cfg, switch), _get(cfg, budget))
+        return [{switch: True, budget: b} for b in budgets if current != (True, b)]
+
+    return Knob(f"{switch}+{budget}", "token_budget", candidates, applies)
+
+
+def choices(key: str, values: Sequence[Any], applies: Applies) -> Knob:
+    """A rollout engine setting, tried at each of ``values``."""
+    return Knob(key, "rollout", lambda cfg, world: [{key: v} for v in values if v != _get(cfg, key)], applies)
+
+
+def _always(cfg: TrainerConfig) -> bool:
+    return True
+
+
+def _has_critic(cfg: TrainerConfig) -> bool:
+    if cfg.critic.enable is not None:
+        return bool(cfg.critic.enable)
+    return algos.adv_estimator(cfg.algorithm.adv_estimator).needs_critic
+
+
+def _has_ref(cfg: TrainerConfig) -> bool:
+    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+def _vllm(cfg: TrainerConfig) -> bool:
+    return cfg.actor_rollout_ref.rollout.name == "vllm"
+
+
+def _vllm_on_gpu(cfg: TrainerConfig) -> bool:
+    import torch
+
+    return _vllm(cfg) and torch.cuda.is_available()
+
+
+def _vllm_on_cpu(cfg: TrainerConfig) -> bool:
+    import torch
+
+    return _vllm(cfg) and not torch.cuda.is_available()
+
+
+def _mini(cfg: TrainerConfig) -> int:
+    return cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+
+
+def _critic_mini(cfg: TrainerConfig) -> int:
+    return cfg.critic.ppo_mini_batch_size
+
+
+def _batch(cfg: TrainerConfig) -> int:
+    return cfg.data.train_batch_size
+
+
+KNOBS = (
+    micro_batch(f"{ARR}.actor.ppo_micro_batch_size_per_gpu", "micro_batching", _mini, _always),
+    micro_batch("critic.ppo_micro_batch_size_per_gpu", "micro_batching", _critic_mini, _has_critic),
+    micro_batch("critic.forward_micro_batch_size_per_gpu", "micro_batching", _batch, _has_critic),
+    micro_batch(f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu", "log_prob", _batch, _always),
+    micro_batch(f"{ARR}.ref.log_prob_micro_batch_size_per_gpu", "log_prob", _batch, _has_ref),
+    flag(f"{ARR}.model.use_remove_padding", _always),
+    token_budget(f"{ARR}.actor.use_dynamic_bsz", f"{ARR}.actor.ppo_max_token_len_per_gpu", _mini, _always),
+    token_budget("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu", _critic_mini, _has_critic),
+    flag(f"{ARR}.model.enable_gradient_checkpointing", _always),
+    flag(f"{ARR}.actor.entropy_checkpointing", _always),
+    flag(f"{ARR}.actor.entropy_from_logits_with_chunking", _always),
+    flag(f"{ARR}.ref.entropy_from_logits_with_chunking", _has_ref),
+    choices(f"{ARR}.rollout.max_num_batched_tokens", (2048, 4096, 8192, 16384, 32768), _vllm),
+    choices(f"{ARR}.rollout.gpu_memory_utilization", (0.3, 0.5, 0.7, 0.9), _vllm_on_gpu),
+    choices(f"{ARR}.rollout.kv_cache_space_gb", (1, 2, 4), _vllm_on_cpu),
+)
+TUNABLE = tuple(part for knob in KNOBS for part in knob.key.split("+"))
+"""Every key a trial may change."""
+GROUP_ORDER = {
+    "rollout-bound": ("rollout", "log_prob", "micro_batching", "packing", "token_budget", "memory"),
+    "training-bound": ("micro_batching", "log_prob", "packing", "token_budget", "rollout", "memory"),
+    "memory-bound": ("memory", "token_budget", "packing", "micro_batching", "log_prob", "rollout"),
+}
+"""Which knob groups are searched first, by what ``rlprof report`` diagnosed on the base trial."""
+DEFAULT_ORDER = GROUP_ORDER["training-bound"]
+
+
+def knobs_for(cfg: TrainerConfig, space: Sequence[str] | None) -> list[Knob]:
+    """The knobs to search: those in ``space`` (every tunable one by default) that apply to this config. A key of
+    ``space`` that is not tunable is refused, naming the allowed keys."""
+    if space:
+        refused = [key for key in space if key not in TUNABLE]
+        if refused:
+            raise ConfigError(
+                f"tune.space: {', '.join(refused)} would change what is computed (the algorithm, not its cost), so "
+                f"tune does not search it; allowed keys: {', '.join(TUNABLE)}"
+            )
+    chosen = [k for k in KNOBS if not space or any(part in space for part in k.key.split("+"))]
+    return [k for k in chosen if k.applies(cfg)]
+
+
+def ordered_groups(findings: Sequence[str]) -> tuple[str, ...]:
+    """The group order for the first of ``findings`` (rule names of ``rlprof report``) that has one."""
+    for finding in findings:
+        if finding in GROUP_ORDER:
+            return GROUP_ORDER[finding]
+    return DEFAULT_ORDER
+
+
+def as_overrides(changes: dict[str, Any]) -> list[str]:
+    """``key=value`` overrides (booleans lower-case, as OmegaConf reads them)."""
+    return [f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, value in changes.items()]

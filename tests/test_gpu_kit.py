@@ -1,0 +1,45 @@
+"""scripts/gpu_kit.sh on this CPU machine: prepare gathers the wheels the GPU machine lacks under 64 MiB, run stops at
+once with one line (no CUDA device, exit 2), and run --dry-run lists what it would execute."""
+
+from __future__ import annotations
+
+import subprocess
+import zipfile
+
+import pytest
+
+from conftest import ROOT
+
+KIT = ROOT / "scripts" / "gpu_kit.sh"
+
+
+def kit(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(KIT), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_run_without_cuda_is_one_line_and_exit_2():
+    result = kit("run", "--out", "/tmp/rlprof-gpu-kit-unused")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "no CUDA device here" in result.stderr
+
+
+def test_dry_run_lists_the_gpu_tests_the_trainer_and_the_summaries():
+    result = kit("run", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    for fragment in ("pip install --no-index --no-deps --target", "pytest -m gpu tests", "trainer.device=cuda",
+                     "rlprof.cli report", "rlprof.cli memory", "summary.txt"):  # fmt: skip
+        assert fragment in result.stdout, fragment
+
+
+@pytest.mark.slow
+def test_prepare_gathers_cp312_wheels_under_64_mib():
+    result = kit("prepare", timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    wheels = sorted((ROOT / ".gpu_kit" / "wheels").glob("*.whl"))
+    names = {w.name.split("-")[0].lower() for w in wheels}
+    assert {"omegaconf", "nvtx", "deepspeed", "orjson", "ijson", "plotly", "pydantic_core"} <= names
+    assert all("cp312" in w.name or "py3-none" in w.name for w in wheels)
+    for wheel in wheels:
+        assert zipfile.ZipFile(wheel).testzip() is None
+    size_mib = sum(w.stat().st_size for w in wheels) / 2**20
+    assert size_mib < 64 and "MiB (limit 64 MiB)" in result.stdout

@@ -1,0 +1,147 @@
+"""``rlprof_train.tune``: the search space refuses algorithm keys and offers only what applies; on the real trainer
+it finds a verified faster configuration with the same math from a poor base, reports a memory limit nothing fits
+under with the closest trial, records a crashing trial and goes on (two processes per trial), and searches vLLM's
+knobs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from rlprof_train.config import load_trainer_config
+from rlprof_train.tune.cli import main
+from rlprof_train.tune.space import KNOBS, TUNABLE, knobs_for
+
+from conftest import ROOT, subprocess_env
+
+ARR = "actor_rollout_ref"
+POOR_BASE = (
+    f"{ARR}.actor.ppo_micro_batch_size_per_gpu=2",
+    f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=2",
+    f"{ARR}.ref.log_prob_micro_batch_size_per_gpu=2",
+)
+
+
+def test_an_algorithm_key_is_refused_naming_the_allowed_keys(capsys):
+    assert main([f"tune.space=[{ARR}.actor.optim.lr]"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"tune.space: {ARR}.actor.optim.lr would change what is computed" in err
+    assert f"allowed keys: {ARR}.actor.ppo_micro_batch_size_per_gpu" in err and "use_remove_padding" in err
+
+
+def test_bad_tune_keys_and_trainer_overrides_are_one_line_before_any_trial(capsys, tmp_path):
+    assert main(["tune.budget=3", f"tune.dir={tmp_path}"]) == 2
+    assert "tune.budget: unknown key (did you mean 'budget_minutes'?)" in capsys.readouterr().err
+    assert main(["tune.budget_minutes=0"]) == 2
+    assert "tune.budget_minutes: 0.0 is out of range; allowed: a number > 0" in capsys.readouterr().err
+    assert main([f"{ARR}.actor.ppo_micro_batch_size=7"]) == 2
+    assert "config error" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing ran
+
+
+def test_every_tunable_key_is_a_trainer_key_and_only_applicable_knobs_are_searched():
+    for knob in KNOBS:  # each candidate loads as a valid override of the defaults
+        cfg = load_trainer_config(["algorithm.adv_estimator=gae", f"{ARR}.rollout.name=vllm"])
+        for change in knob.candidates(cfg, 1):
+            load_trainer_config([f"{k}={v}" for k, v in change.items()])
+    grpo = {k.key for k in knobs_for(load_trainer_config([]), None)}
+    assert f"{ARR}.ref.log_prob_micro_batch_size_per_gpu" in grpo and not any(k.startswith("critic.") for k in grpo)
+    assert not any("rollout.max_num_batched_tokens" in k for k in grpo)  # hf rollout: vLLM's knobs do nothing
+    gae = {k.key for k in knobs_for(load_trainer_config(["algorithm.adv_estimator=gae"]), None)}
+    assert "critic.ppo_micro_batch_size_per_gpu" in gae
+    (micro,) = [k for k in KNOBS if k.key == f"{ARR}.actor.ppo_micro_batch_size_per_gpu"]
+    values = [c[micro.key] for c in micro.candidates(load_trainer_config([]), 2)]
+    assert values == [1, 2, 4, 8, 16, 64, 128]  # up to the 128 responses a rank holds; 32 is the base's
+    assert len(TUNABLE) == len(set(TUNABLE))
+
+
+def tune(tmp_path, *args, timeout=1200):
+    command = [sys.executable, "-m", "rlprof_train.tune", *args, f"tune.dir={tmp_path / 'tune'}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=subprocess_env())
+    assert result.returncode == 0, result.stderr[-4000:]
+    results = json.loads((tmp_path / "tune" / "results.json").read_text())
+    return result, results
+
+
+@pytest.mark.slow
+def test_from_a_poor_base_tune_returns_a_verified_faster_configuration_with_the_same_math(tmp_path):
+    result, results = tune(tmp_path, *POOR_BASE, "tune.budget_minutes=5")
+    print(result.stdout)
+    verification = results["verification"]
+    assert verification["speedup"]["value"] >= 1.5, verification  # side by side, interleaved
+    assert verification["same_math"] and verification["compared"] >= 12 and verification["mismatches"] == []
+    assert results["findings"][0] == "training-bound"
+    best = results["best_overrides"]
+    assert best and all(override.split("=")[0] in TUNABLE for override in best)
+    assert (tmp_path / "tune" / "best.yaml").read_text().startswith("actor_rollout_ref:")
+    command = (tmp_path / "tune" / "best_command.txt").read_text()
+    assert command.startswith("python -m rlprof_train.main_ppo " + " ".join(POOR_BASE)) and best[-1] in command
+    assert "| 1 |" in result.stdout and "**Verified** side by side" in result.stdout
+    assert (tmp_path / "tune" / "verify" / "base-1" / "logs" / "metrics.jsonl").exists()  # for rlprof compare
+
+
+@pytest.mark.slow
+def test_a_memory_limit_nothing_fits_under_is_reported_with_the_closest_trial(tmp_path):
+    result, results = tune(tmp_path, "tune.memory_limit_gb=0.2", "tune.budget_minutes=1.5")
+    trials = [t for t in results["trials"] if t["runs"]]
+    assert trials and all(t["status"] == "over memory limit" for t in trials)
+    closest = min(trials, key=lambda t: t["peak_memory_gb"])
+    assert f"**No configuration fits under 0.20 GB**; closest: {closest['name']}" in result.stdout
+    assert f"at {closest['peak_memory_gb']:.2f} GB" in result.stdout and "verification" not in results
+
+
+CRASH_WHEN_PACKED = textwrap.dedent(
+    """
+    import os
+
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        if "use_remove_padding=true" in os.environ.get("RLPROF_TUNE_OVERRIDES", ""):
+            raise RuntimeError("this trial is forced to fail")
+        return 1.0 if solution_str.strip() == str(ground_truth) else 0.0
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_crashing_trial_is_recorded_and_the_search_goes_on_with_two_processes_per_trial(tmp_path):
+    reward = tmp_path / "reward.py"
+    reward.write_text(CRASH_WHEN_PACKED)
+    space = f"[{ARR}.model.use_remove_padding,{ARR}.actor.entropy_from_logits_with_chunking]"
+    result, results = tune(
+        tmp_path,
+        f"custom_reward_function.path={reward}",
+        "tune.nproc_per_node=2",
+        f"tune.space={space}",
+        "tune.budget_minutes=4",
+        "tune.verify_repeats=1",
+    )
+    by_change = {tuple(t["changes"]): t for t in results["trials"]}
+    packed = by_change[(f"{ARR}.model.use_remove_padding",)]
+    assert packed["status"] == "failed" and "this trial is forced to fail" in packed["reason"]
+    chunked = by_change[(f"{ARR}.actor.entropy_from_logits_with_chunking",)]
+    assert chunked["status"] == "ok" and chunked["runs"], "the search stopped at the failed trial"
+    assert "forced to fail" in result.stdout  # the table says why it failed
+    log = next((tmp_path / "tune" / "trials").glob("base-run1")) / "logs" / "run.json"
+    assert json.loads(log.read_text())["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_vllms_knobs_are_searched_with_the_vllm_rollout(tmp_path):
+    pytest.importorskip("vllm")
+    _, results = tune(
+        tmp_path,
+        f"{ARR}.rollout.name=vllm",
+        f"tune.space=[{ARR}.rollout.max_num_batched_tokens]",
+        "tune.budget_minutes=4",
+        "tune.trial_steps=2",
+        "tune.verify_steps=2",
+        "tune.verify_repeats=1",
+    )
+    searched = [t for t in results["trials"] if t["changes"] and t["runs"]]
+    assert searched and all(list(t["changes"]) == [f"{ARR}.rollout.max_num_batched_tokens"] for t in searched)
+    assert all(t["status"] == "ok" for t in searched), searched
