@@ -67,9 +67,9 @@ def open_run_directory(cfg: TrainerConfig, env: DistEnv, log: Log) -> RunDirecto
     uses_checkpoints = trainer.save_freq > 0 or trainer.resume_mode != "disable"
     if env.world_size > 1 and uses_checkpoints:
         token = env.gather(f"{os.getpid()}-{time.time()}")[0]
-        env.agree(
+        env.agree(  # a configuration problem: one line and exit code 2 on every rank
             checkpoint.shared_directory_problem(Path(trainer.default_local_dir), token, env.is_main, env.barrier),
-            checkpoint.CheckpointError,
+            ConfigError,
         )
     return RunDirectory(locks)
 

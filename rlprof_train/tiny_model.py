@@ -12,6 +12,8 @@ import argparse
 import os
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
@@ -127,14 +129,25 @@ def create_tiny_model(
     return out
 
 
+DISTRIBUTED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def ensure_tiny_model(cache_dir: Path, max_operand: int) -> Path:
-    """The embedded model for ``max_operand``, built once into ``cache_dir`` (built aside, then moved in place)."""
+    """The embedded model for ``max_operand``, built once into ``cache_dir`` (built aside, then moved in place).
+
+    The build runs in a process of its own: inside a distributed job, transformers' ``save_pretrained`` writes only
+    on global rank 0, so the other nodes' local rank 0 would move in a folder with a tokenizer and no weights."""
     out = Path(cache_dir) / f"tiny-arithmetic-op{max_operand}"
     if (out / "config.json").exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    create_tiny_model(tmp, max_operand=max_operand)
+    command = [sys.executable, "-m", "rlprof_train.tiny_model", "--out", str(tmp), "--max-operand", str(max_operand)]
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    built = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if built.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(f"building the embedded model failed:\n{built.stderr[-3000:]}")
     try:
         os.replace(tmp, out)
     except OSError:  # another process finished first
