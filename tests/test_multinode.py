@@ -49,7 +49,7 @@ def two_nodes(tmp_path: Path, *overrides: str, timeout: float = 600) -> list[tup
             "--nproc_per_node=1",
             "--rdzv_backend=c10d",
             f"--rdzv_endpoint=127.0.0.1:{port}",
-            "--rdzv_id=rlprof-two-nodes",
+            "--rdzv_id=my-run",
             "-m",
             "rlprof_train.main_ppo",
             *overrides,
@@ -84,7 +84,7 @@ def test_two_nodes_without_a_shared_disk_train_and_profile_both_ranks(tmp_path, 
         assert (folder / "outputs" / "models" / "tiny-arithmetic-op4" / "model.safetensors").exists()  # its own copy
         save_path = folder / "outputs" / "profile"
         (entry,) = [e for e in read_manifest(save_path) if e.get("kind") != "session"]
-        assert entry["host"] == os.uname().nodename and entry["steps"] == [2] and entry["run"] == "rlprof-two-nodes"
+        assert entry["host"] == os.uname().nodename and entry["steps"] == [2] and entry["run"] == "my-run"
         with gzip.open(save_path / entry["path"], "rt") as handle:
             trace = json.load(handle)
         assert trace["distributedInfo"]["rank"] == entry["rank"] and trace["distributedInfo"]["world_size"] == 2
