@@ -13,7 +13,7 @@ import pytest
 from rlprof.analysis.nsys_launch import plan
 from rlprof.cli import main
 
-from conftest import EXAMPLE
+from conftest import EXAMPLE, LAUNCHER_VARIABLES
 
 EXAMPLE_COMMAND = [sys.executable, str(EXAMPLE)]
 TRAINER_COMMAND = [sys.executable, "-m", "rlprof_train.main_ppo"]
@@ -86,7 +86,9 @@ def test_with_no_plan_errors_a_missing_nsys_binary_is_named(capsys, monkeypatch)
 
 
 @pytest.mark.slow
-def test_the_example_loop_under_the_launcher(tmp_path, nsys, capfd):
+def test_the_example_loop_under_the_launcher(tmp_path, nsys, capfd, monkeypatch):
+    for variable in LAUNCHER_VARIABLES:  # left by tests that ran DeepSpeed in this process
+        monkeypatch.delenv(variable, raising=False)
     config = tmp_path / "profile.yaml"
     config.write_text(f"global_profiler:\n  tool: nsys\n  steps: [2, 3]\n  save_path: {tmp_path / 'out'}\n")
     assert main(["nsys", "profile", "--nsys", nsys, "--", *EXAMPLE_COMMAND, "--config", str(config)]) == 0

@@ -42,6 +42,7 @@ MEMORY = (
     "actor_rollout_ref.actor.use_dynamic_bsz=true",
     "global_profiler.tool=torch_memory",
     "global_profiler.steps=[4]",
+    "global_profiler.global_tool_config.torch_memory.host_allocations=false",  # RSS per range: the rule's evidence
 )
 
 

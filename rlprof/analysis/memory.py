@@ -228,23 +228,7 @@ def summarize(history: AllocationHistory, top: int = 10, points: int = 600, arou
         if live > peak:
             peak, peak_index, peak_time = live, index, event.time_us
     samples = _sample_indices(curve, points, peak_index)
-    alive = dict(history.alive_at_start)
-    by_tag_now: dict[str, int] = defaultdict(int)
-    for allocation in alive.values():
-        by_tag_now[allocation.tag] += allocation.size
-    tag_samples: list[dict[str, int]] = []
-    at_peak = dict(alive)
-    for index, event in enumerate(history.events):
-        if event.action == "alloc":
-            alive[event.address] = event.allocation
-            by_tag_now[event.allocation.tag] += event.allocation.size
-        else:
-            ended = alive.pop(event.address, event.allocation)
-            by_tag_now[ended.tag] -= event.allocation.size
-        if index == peak_index:
-            at_peak = dict(alive)
-        if len(tag_samples) < len(samples) and index == samples[len(tag_samples)]:
-            tag_samples.append(dict(by_tag_now))
+    at_peak, tag_samples = _replay(history, peak_index, samples)
     by_tag: dict[str, int] = defaultdict(int)
     by_site: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     for allocation in at_peak.values():
@@ -285,6 +269,30 @@ def summarize(history: AllocationHistory, top: int = 10, points: int = 600, arou
         events=len(history.events),
         dropped=history.dropped,
     )
+
+
+def _replay(
+    history: AllocationHistory, peak_index: int, samples: list[int]
+) -> tuple[dict[int, Allocation], list[dict[str, int]]]:
+    """Replay the events: what was alive at the peak, and live bytes per tag at each sampled event."""
+    alive = dict(history.alive_at_start)
+    by_tag_now: dict[str, int] = defaultdict(int)
+    for allocation in alive.values():
+        by_tag_now[allocation.tag] += allocation.size
+    tag_samples: list[dict[str, int]] = []
+    at_peak = dict(alive)
+    for index, event in enumerate(history.events):
+        if event.action == "alloc":
+            alive[event.address] = event.allocation
+            by_tag_now[event.allocation.tag] += event.allocation.size
+        else:
+            ended = alive.pop(event.address, event.allocation)
+            by_tag_now[ended.tag] -= event.allocation.size
+        if index == peak_index:
+            at_peak = dict(alive)
+        if len(tag_samples) < len(samples) and index == samples[len(tag_samples)]:
+            tag_samples.append(dict(by_tag_now))
+    return at_peak, tag_samples
 
 
 def _sample_indices(curve: list[tuple[float, int]], points: int, keep: int) -> list[int]:

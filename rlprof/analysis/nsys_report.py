@@ -40,8 +40,12 @@ def export_sqlite(nsys: str, report: str | Path, timeout_s: float = 300) -> Path
 
 
 def read_nvtx_ranges(sqlite_path: str | Path) -> list[NvtxRange]:
-    """Every completed NVTX range in an exported report, resolving registered strings and category names."""
+    """Every completed NVTX range in an exported report, resolving registered strings and category names (none when
+    the report holds no NVTX events at all: nsys then exports no ``NVTX_EVENTS`` table)."""
     with sqlite3.connect(str(sqlite_path)) as db:
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "NVTX_EVENTS" not in tables:
+            return []
         strings = dict(db.execute("SELECT id, value FROM StringIds"))
         domains: dict[int, str] = {}
         categories: dict[tuple[int, int], str] = {}

@@ -375,6 +375,14 @@ def _memory(
         (oom if output.oom else timelines).append(summary)
     cuda = any(k == "perf/max_memory_reserved_gb" for r in records for k in r)
     key = "perf/max_memory_reserved_gb" if cuda else "perf/process_rss_gb"
+    first_recorded = min((step for output in run.host_allocations for step in output.steps), default=None)
+    before = [r for r in records if first_recorded is not None and r["step"] < first_recorded]
+    if before and not cuda:  # the profiler's buffers count in the process's RSS from the window on
+        notes.append(
+            f"the host memory peak over the steps is taken before step {first_recorded}: from there on the "
+            "process's memory holds torch_memory's recording buffers"
+        )
+        records = before
     peaks = [v for _, v in series(records, key)]
     capacity_key = "perf/device_memory_total_gb" if cuda else "perf/cpu_memory_total_gb"
     capacities = [v for _, v in series(records, capacity_key)]

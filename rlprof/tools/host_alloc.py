@@ -52,6 +52,10 @@ OTHER_TENSORS = "(other live tensors)"
 BEFORE_WINDOW = "(allocated before the window)"
 
 
+Allocated = tuple[int, int, int, int, Optional[tuple[str, ...]]]
+"""(time in ns, thread, address, bytes: negative for a free, stack)."""
+
+
 @dataclass
 class _Alive:
     bytes: int
@@ -121,14 +125,14 @@ class HostAllocationRecorder:
 
     # ----------------------------------------------------------------------------------------------- the tree
 
-    def _document(self, roots: list[Any], rank: int, pid: int, steps: list[int]) -> dict[str, Any]:
+    def _collect(self, roots: list[Any]) -> tuple[list[Allocated], list[tuple[int, int, int, str]]]:
+        """Every CPU allocation event (time ordered) and every rlprof range of the tree."""
         from torch._C._profiler import _EventType
 
-        allocations: list[tuple[int, int, int, int, Optional[tuple[str, ...]]]] = []  # (t_ns, tid, addr, bytes, stack)
+        allocations: list[Allocated] = []
         ranges: list[tuple[int, int, int, str]] = []  # (start_ns, end_ns, tid, label)
         known_stacks: dict[int, tuple[str, ...]] = {}
         pending = list(roots)
-        start_ns = min((root.start_time_ns for root in roots), default=None)
         while pending:
             node = pending.pop()
             kind = node.tag
@@ -143,6 +147,11 @@ class HostAllocationRecorder:
                 ranges.append((node.start_time_ns, node.end_time_ns, node.start_tid, node.name))
             pending.extend(node.children)
         allocations.sort(key=lambda a: a[0])
+        return allocations, ranges
+
+    def _document(self, roots: list[Any], rank: int, pid: int, steps: list[int]) -> dict[str, Any]:
+        allocations, ranges = self._collect(roots)
+        start_ns = min((root.start_time_ns for root in roots), default=None)
         labels = _innermost_ranges(allocations, ranges)
         stacks: dict[tuple[str, ...], int] = {}  # each distinct stack once; events refer to it by index
         stack_list: list[tuple[str, ...]] = []
@@ -214,9 +223,7 @@ class HostAllocationRecorder:
         return stack or None
 
 
-def _innermost_ranges(
-    allocations: list[tuple[int, int, int, int, Any]], ranges: list[tuple[int, int, int, str]]
-) -> list[str]:
+def _innermost_ranges(allocations: list[Allocated], ranges: list[tuple[int, int, int, str]]) -> list[str]:
     """The label of the innermost range open on the allocating thread at each allocation (``""``: none)."""
     by_thread: dict[int, list[tuple[int, int, int, str]]] = {}
     for r in sorted(ranges, key=lambda r: (r[0], -r[1])):

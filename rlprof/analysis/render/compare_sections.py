@@ -24,16 +24,23 @@ def _reached(step: object) -> str:
 
 def sections(comparison: Comparison) -> list[Section]:
     labels = [f"{chr(ord('A') + i)}" for i in range(len(comparison.runs))]
-    out = [
-        Section(
-            "Runs",
-            [
-                f"{label}: {run} ({count} steps)"
-                for label, run, count in zip(labels, comparison.runs, comparison.step_counts, strict=True)
-            ]
-            + [f"missing: {line}" for line in comparison.missing],
-        )
+    runs = Section(
+        "Runs",
+        [
+            f"{label}: {run} ({count} steps)"
+            for label, run, count in zip(labels, comparison.runs, comparison.step_counts, strict=True)
+        ]
+        + [f"missing: {line}" for line in comparison.missing],
+    )
+    return [
+        runs,
+        _config_section(comparison, labels),
+        _learning_section(comparison, labels),
+        _speed_section(comparison, labels),
     ]
+
+
+def _config_section(comparison: Comparison, labels: list[str]) -> Section:
     diff = Section("Config diff")
     if comparison.config_diff:
         diff.tables.append(Table(["key", *labels], [[d.key, *map(_value, d.values)] for d in comparison.config_diff]))
@@ -45,7 +52,10 @@ def sections(comparison: Comparison) -> list[Section]:
         )
     if comparison.identity_diff:
         diff.lines.append("also differ (names and folders): " + ", ".join(d.key for d in comparison.identity_diff))
-    out.append(diff)
+    return diff
+
+
+def _learning_section(comparison: Comparison, labels: list[str]) -> Section:
     learning = Section(LEARNING_TITLE)
     targeted = any(curve.target is not None for curve in comparison.curves)
     rows = [
@@ -65,28 +75,18 @@ def sections(comparison: Comparison) -> list[Section]:
     learning.lines.append(NOT_SIGNIFICANT_NOTE)
     if not comparison.curves:
         learning.lines.append("no learning metrics (critic/score/mean, actor/kl_loss, ...) in these runs")
-    out.append(learning)
+    return learning
+
+
+def _speed_section(comparison: Comparison, labels: list[str]) -> Section:
     speed = Section(SPEED_TITLE)
-    speed.tables.append(
-        Table(
-            ["metric", *labels, *[f"{label} vs A" for label in labels[1:]]],
-            [[v.metric, *map(_value, v.medians), *[verdict(i) for i in v.versus_first[1:]]] for v in comparison.speed],
-        )
-    )
-    if comparison.memory:
-        speed.tables.append(
-            Table(
-                ["memory (GB)", *labels, *[f"{label} vs A" for label in labels[1:]]],
-                [
-                    [v.metric, *map(_value, v.medians), *[verdict(i) for i in v.versus_first[1:]]]
-                    for v in comparison.memory
-                ],
-                "Memory",
-            )
-        )
+    header = [*labels, *[f"{label} vs A" for label in labels[1:]]]
+    for title, first, verdicts in (("", "metric", comparison.speed), ("Memory", "memory (GB)", comparison.memory)):
+        if verdicts or not title:
+            rows = [[v.metric, *map(_value, v.medians), *[verdict(i) for i in v.versus_first[1:]]] for v in verdicts]
+            speed.tables.append(Table([first, *header], rows, title))
     speed.lines.append(NOT_SIGNIFICANT_NOTE)
-    out.append(speed)
-    return out
+    return speed
 
 
 def charts(comparison: Comparison) -> dict[str, list[str]]:
