@@ -2,6 +2,7 @@
 
     rlprof report RUN [RUN ...]       where the step goes, what limits it, which knob to turn
     rlprof compare RUN_A RUN_B ...    config diff, learning curves and speed with noise-aware verdicts
+    rlprof compare OLD.json NEW.json  two pytest-benchmark files: regressions, and which rlprof role slowed
     rlprof view RUN [RUN ...]         TensorBoard over the runs' scalars and traces (loopback)
     rlprof memory FILE                a CUDA snapshot, OOM snapshot, host timeline or RSS file, offline
     rlprof nsys profile [opts] -- CMD run CMD under nsys with the capture settings its config implies
@@ -35,7 +36,8 @@ EXAMPLES = {
     "report": "rlprof report outputs/demo                       # a trainer run: its log folder and profile\n"
     "  rlprof report outputs/demo --html report.html     # a self-contained page (no network needed)\n"
     "  rlprof report node0/profile node1/profile --format json",
-    "compare": "rlprof compare outputs/run_a outputs/run_b --target critic/score/mean=0.8 --html compare.html",
+    "compare": "rlprof compare outputs/run_a outputs/run_b --target critic/score/mean=0.8 --html compare.html\n"
+    "  rlprof compare .benchmarks/*/0001_base.json .benchmarks/*/0002_new.json --fail-above 1.2",
     "view": "rlprof view outputs/run_a outputs/run_b          # prints the URL; Ctrl-C stops it",
     "memory": "rlprof memory outputs/profile/torch_memory/step3/rank0_pid123.pickle --html memory.html",
     "nsys": "rlprof nsys profile -- python -m rlprof_train.main_ppo global_profiler.tool=nsys "
@@ -117,6 +119,7 @@ def report(args: argparse.Namespace, console: Console) -> int:
 
 def compare_runs(args: argparse.Namespace, console: Console) -> int:
     from rlprof.analysis import compare as comparison
+    from rlprof.analysis.bench_compare import is_benchmark_file
     from rlprof.analysis.render import console as console_renderer
     from rlprof.analysis.render import html, markdown
     from rlprof.analysis.render.compare_sections import charts, sections
@@ -124,6 +127,10 @@ def compare_runs(args: argparse.Namespace, console: Console) -> int:
 
     if len(args.runs) < 2:
         raise UsageError("give at least two runs to compare")
+    if any(is_benchmark_file(path) for path in args.runs):
+        return compare_benchmark_files(args, console)
+    if args.fail_above is not None:
+        raise UsageError("--fail-above applies to pytest-benchmark JSON files (OLD.json NEW.json)")
     targets = {}
     for target in args.target or []:
         key, _, value = target.partition("=")
@@ -145,6 +152,31 @@ def compare_runs(args: argparse.Namespace, console: Console) -> int:
         if args.format == "rich":
             say(console, f"wrote {args.html}")
     return 0
+
+
+def compare_benchmark_files(args: argparse.Namespace, console: Console) -> int:
+    """``rlprof compare OLD.json NEW.json [--fail-above R]``: exit 1 when a benchmark regressed beyond R."""
+    from rlprof.analysis import bench_compare
+    from rlprof.analysis.render import console as console_renderer
+    from rlprof.analysis.render import markdown
+    from rlprof.analysis.render.bench_sections import sections
+    from rlprof.analysis.render.jsonout import to_data
+
+    if len(args.runs) != 2 or not all(bench_compare.is_benchmark_file(path) for path in args.runs):
+        raise UsageError(f"pytest-benchmark files compare in pairs: OLD.json NEW.json (got {len(args.runs)} paths)")
+    if args.target or args.html is not None:
+        raise UsageError("--target and --html apply to runs, not to pytest-benchmark files")
+    try:
+        result = bench_compare.compare_benchmarks(args.runs[0], args.runs[1], args.fail_above)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if args.format == "json":
+        print(json.dumps(to_data(result), indent=1, allow_nan=False))
+    elif args.format == "md":
+        print(markdown.render(sections(result)), end="")
+    else:
+        console_renderer.render(sections(result), console)
+    return 1 if result.regressed else 0
 
 
 def view(args: argparse.Namespace, console: Console) -> int:
@@ -233,6 +265,8 @@ def nsys_profile(args: argparse.Namespace, console: Console) -> int:
     if not written:
         raise UsageError(f"nsys wrote no report at {capture.output}.nsys-rep (exit status {status})")
     say(console, "reports: " + ", ".join(map(str, written)))
+    if status != 0:
+        say(console, f"warning: nsys (and the command under it) ended with exit status {status}")
     captured: set[int] = set()
     for report in written:
         sqlite = export_sqlite(nsys, report)
@@ -286,6 +320,8 @@ def _find_run(paths: list[Path], run_id: Optional[str]) -> Run:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser: declarations only, one block per subcommand read top to bottom (its length is the CLI's
+    surface; splitting it would scatter that)."""
     parser = argparse.ArgumentParser(
         prog="rlprof",
         description="Read what an rlprof-profiled run wrote.",
@@ -332,6 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
     p_compare.add_argument("--smooth", type=int, default=10, help="moving-average window for targets and bests")
     p_compare.add_argument("--format", choices=("rich", "md", "json"), default="rich")
     p_compare.add_argument("--html", type=Path, help="also write a self-contained page with overlaid curves")
+    p_compare.add_argument(
+        "--fail-above",
+        type=float,
+        metavar="RATIO",
+        help="with two pytest-benchmark files (OLD.json NEW.json): exit 1 when a benchmark's median, or a ratio it "
+        "stored in extra_info, grew more than RATIO times (e.g. 1.2)",
+    )
     p_view = command("view", "TensorBoard over the runs' scalars and torch traces", view)
     p_view.add_argument("runs", type=Path, nargs="+", metavar="RUN")
     p_view.add_argument("--port", type=int, help="default: a free port")

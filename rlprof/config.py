@@ -83,7 +83,7 @@ class GlobalProfilerConfig:
     """The run-wide choice of tool, steps and output folder."""
 
     tool: Optional[str] = None
-    """Which tool records: null (none) or a registered tool (nsys, torch, torch_memory, or your own)."""
+    """Which tool records: null (none) or a registered tool (nsys, torch, torch_memory, range_times, or your own)."""
     steps: Optional[list[int]] = None
     """Training steps to record; contiguous runs form one window each. null: the tool's step window, or all steps."""
     save_path: str = "outputs/profile"

@@ -138,7 +138,9 @@ def test_unknown_key_in_a_role_block():
 
 
 def test_unknown_tool_lists_the_tools():
-    expect_error({"global_profiler": {"tool": "npu"}}, "global_profiler.tool", "'npu'", "nsys, torch, torch_memory")
+    expect_error(
+        {"global_profiler": {"tool": "npu"}}, "global_profiler.tool", "'npu'", "nsys, range_times, torch, torch_memory"
+    )
 
 
 def test_negative_step():

@@ -123,7 +123,7 @@ def test_wrong_types_and_ranges_are_named_before_work_starts(override, fragments
         ("actor_rollout_ref.model.path=/no/such/model", ["model.path='/no/such/model'", "no such directory"]),
         ("custom_reward_function.path=/no/such/reward.py", ["custom_reward_function.path", "no such file"]),
         ("actor_rollout_ref.rollout.name=sglang", ["rollout.name: 'sglang'", "hf, vllm"]),
-        ("global_profiler.tool=npu", ["global_profiler.tool", "'npu'", "nsys, torch, torch_memory"]),
+        ("global_profiler.tool=npu", ["global_profiler.tool", "'npu'", "nsys, range_times, torch, torch_memory"]),
     ],
 )
 def test_bad_settings_are_rejected_before_any_work(override, fragments, capsys):
