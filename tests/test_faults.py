@@ -80,13 +80,15 @@ def test_a_forked_child_writes_nothing(tmp_path):
     assert len(list((tmp_path / "torch").rglob("*"))) == 2  # the window folder and its one trace
 
 
-def test_a_full_disk_publishes_no_truncated_trace_and_leaves_no_temporary_file(tmp_path):
-    setup = """
-    import resource
+@pytest.mark.parametrize("limit", [4096, 65536])  # the trace stops part-way: kineto's own NAME.tmp must go too
+def test_a_full_disk_publishes_no_truncated_trace_and_leaves_no_temporary_file(tmp_path, limit):
+    setup = f"""
+    import resource, torch
+    update = lambda: [torch.ones(1) + 1 for _ in range(2000)]  # a trace of about 1 MB
     import rlprof.tools.torch_profiler as tp
     export = tp.TorchProfilerTool.stop_window
-    def limited(self, window):  # from here on every write stops at 4 KiB, like a full disk
-        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+    def limited(self, window):  # from here on every write stops at the limit, like a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, resource.RLIM_INFINITY))
         export(self, window)
     tp.TorchProfilerTool.stop_window = limited
     """

@@ -147,7 +147,8 @@ class TorchProfilerTool(Tool):
             gzip_trace(exported, packed, final)
             self.context.publish(self.name, packed, final, window)
         finally:
-            for leftover in (exported, packed):
+            kineto_partial = exported.with_name(exported.name + ".tmp")  # kineto writes here, then renames
+            for leftover in (exported, kineto_partial, packed):
                 if leftover.exists():
                     leftover.unlink()
 
