@@ -94,6 +94,7 @@ def response_log_probs(
     with_entropy: bool = False,
     chunked_entropy: bool = False,
     checkpoint_entropy: bool = False,
+    entropy_grad: bool = True,
     packed: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-probs ``[B, R]`` of the last ``response_length`` tokens of ``input_ids`` under ``model`` at
@@ -102,7 +103,8 @@ def response_log_probs(
     ``packed`` (``use_remove_padding``) runs the model on the real tokens only, all rows in one packed sequence,
     and computes the head only where a response token is predicted; the padded path runs on ``[B, P+R]``.
     ``chunked_entropy`` computes entropies a chunk of positions at a time; ``checkpoint_entropy`` recomputes the
-    entropy's softmax in backward instead of keeping it. Padding positions are 0 in both outputs.
+    entropy's softmax in backward instead of keeping it; ``entropy_grad=False`` computes it outside autograd (for a
+    metric only). Padding positions are 0 in both outputs.
     """
     if packed:
         layout = pack(input_ids, attention_mask, response_length)
@@ -122,12 +124,13 @@ def response_log_probs(
     entropy = None
     if with_entropy:
         entropy_fn = algos.entropy_from_logits_chunked if chunked_entropy else algos.entropy_from_logits
-        if checkpoint_entropy and logits.requires_grad:
+        if checkpoint_entropy and entropy_grad and logits.requires_grad:
             from torch.utils.checkpoint import checkpoint
 
             entropy = checkpoint(entropy_fn, logits, use_reentrant=False)
         else:
-            entropy = entropy_fn(logits)
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropy = entropy_fn(logits)
     if packed:
         batch = input_ids.shape[0]
         log_probs = layout.unpack(log_probs, batch, response_length)

@@ -163,6 +163,31 @@ def make_rollout(cfg: TrainerConfig, env: DistEnv, model_path: str, actor: Any, 
     )
 
 
+def reuses_on_policy_log_probs(cfg: TrainerConfig, log: Log) -> bool:
+    """Whether the actor takes the old log-probs from its update's forward (``actor.reuse_on_policy_log_probs``,
+    applied only where that is the same math: one epoch over one mini-batch, nothing reading them before the
+    update)."""
+    actor, key = cfg.actor_rollout_ref.actor, "actor_rollout_ref.actor.reuse_on_policy_log_probs"
+    if not actor.reuse_on_policy_log_probs:
+        return False
+    reasons = []
+    if actor.ppo_epochs != 1 or actor.ppo_mini_batch_size < cfg.data.train_batch_size:
+        reasons.append(
+            f"the update is off-policy after its first optimizer step (ppo_epochs={actor.ppo_epochs}, "
+            f"ppo_mini_batch_size={actor.ppo_mini_batch_size} < data.train_batch_size={cfg.data.train_batch_size})"
+            if actor.ppo_epochs == 1
+            else f"the update is off-policy after its first optimizer step (ppo_epochs={actor.ppo_epochs})"
+        )
+    if cfg.algorithm.use_kl_in_reward:
+        reasons.append("algorithm.use_kl_in_reward needs the old log-probs before the update")
+    if cfg.actor_rollout_ref.rollout.name == "vllm":
+        reasons.append("the vllm rollout's log-probs are compared with them (rollout/log_prob_abs_diff)")
+    if reasons:
+        log(f"[INFO] {key}=true is not applied: " + "; ".join(reasons))
+        return False
+    return True
+
+
 def resume_point(cfg: TrainerConfig, env: DistEnv, log: Log) -> Optional[Path]:
     """The checkpoint to resume from (the same on every rank), or None for a fresh start, in which case an earlier
     run's checkpoints are moved aside (kept, never mixed with this run's)."""

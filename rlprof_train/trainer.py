@@ -71,6 +71,7 @@ class PPOTrainer:
         else:
             self.critic = None
         self.rollout = setup.make_rollout(cfg, env, model_path, self.actor, self.tokenizer, log)
+        self.reuse_log_probs = setup.reuses_on_policy_log_probs(cfg, log)
         self.kl_ctrl = algos.KLController(
             algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.type, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon
         )
@@ -125,10 +126,11 @@ class PPOTrainer:
             with rlprof.marked_timer("reward", timing, role="reward"):
                 batch.token_level_scores, reward_metrics = self.reward.score(batch)
                 workers.merge(reward_metrics)
-            with rlprof.marked_timer("old_log_prob", timing, role="actor"):
-                batch.old_log_probs, actor_metrics = self.actor.compute_log_prob(batch, self.log_prob_batching)
-                workers.merge(actor_metrics)
-            if "rollout_log_probs" in batch.extras:  # the engine's own log-probs: how far off-policy the samples are
+            if not self.reuse_log_probs:  # else the update's own forward gives them (on-policy)
+                with rlprof.marked_timer("old_log_prob", timing, role="actor"):
+                    batch.old_log_probs, actor_metrics = self.actor.compute_log_prob(batch, self.log_prob_batching)
+                    workers.merge(actor_metrics)
+            if "rollout_log_probs" in batch.extras and batch.old_log_probs is not None:  # how off-policy samples are
                 gap = (batch.old_log_probs - batch.extras["rollout_log_probs"]).abs()
                 workers.add(
                     "rollout/log_prob_abs_diff",
@@ -157,9 +159,10 @@ class PPOTrainer:
     def compute_advantages(self, batch: RolloutBatch) -> MetricAggregator:
         """Token rewards (scores, minus the KL penalty when ``use_kl_in_reward``), then advantages and returns."""
         algorithm, metrics = self.cfg.algorithm, MetricAggregator()
-        assert batch.token_level_scores is not None and batch.old_log_probs is not None, "run the earlier phases first"
+        assert batch.token_level_scores is not None, "run the earlier phases first"
         if algorithm.use_kl_in_reward:
             assert batch.ref_log_probs is not None, "use_kl_in_reward needs the reference's log-probs"
+            assert batch.old_log_probs is not None, "use_kl_in_reward needs the old log-probs"
             batch.token_level_rewards, current_kl = algos.apply_kl_in_reward(
                 batch.token_level_scores,
                 batch.old_log_probs,

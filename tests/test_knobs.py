@@ -182,3 +182,43 @@ def test_gradient_checkpointing_gives_the_plain_gradient(model_dir, dist_env):
     assert len(calls_checkpointed) == 2 * len(calls_plain) > 0  # checkpointing really recomputed every layer
     torch.testing.assert_close(checkpointed, entropy_plain, atol=1e-6, rtol=1e-4)
     assert not torch.allclose(plain, entropy_plain)  # the entropy term is really in the checkpointed run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entropy_coeff", ["0", "0.01"])
+def test_reusing_on_policy_log_probs_gives_the_recomputed_loss_gradient_and_entropy(model_dir, dist_env, entropy_coeff):
+    """``reuse_on_policy_log_probs`` skips the old-log-prob pass; on-policy the update is the same math: the same
+    loss, gradient, entropy metric and clip fraction (0) as with the old log-probs recomputed beforehand."""
+    from dataclasses import replace
+
+    from rlprof_train.batch import MicroBatching
+    from rlprof_train.workers.actor import ActorWorker
+
+    batch = ragged_batch(seed=4, rows=8)
+    outcomes = []
+    for reuse in (False, True):
+        cfg = load_trainer_config(
+            [
+                f"actor_rollout_ref.model.path={model_dir}",
+                "actor_rollout_ref.actor.zero_stage=0",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+                f"actor_rollout_ref.actor.entropy_coeff={entropy_coeff}",
+            ]
+        )
+        worker = ActorWorker(cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model, str(model_dir), dist_env)
+        metrics = MetricAggregator()
+        if reuse:
+            mini = replace(batch, old_log_probs=None)
+        else:
+            old_log_probs, entropy_metrics = worker.compute_log_prob(batch, MicroBatching(5))
+            metrics.merge(entropy_metrics)
+            mini = replace(batch, old_log_probs=old_log_probs)
+        loss = worker.accumulate_gradients(mini, metrics)
+        grads = torch.cat([p.grad.flatten() for p in worker.module.parameters()])
+        outcomes.append((loss, grads, metrics.compute()))
+    (loss, grads, recomputed), (reused_loss, reused_grads, reused) = outcomes
+    assert reused_loss == pytest.approx(loss, rel=1e-5, abs=1e-7)
+    torch.testing.assert_close(reused_grads, grads, atol=1e-6, rtol=1e-4)
+    assert reused["actor/entropy"] == pytest.approx(recomputed["actor/entropy"], rel=1e-5)
+    assert reused["actor/pg_clipfrac"] == recomputed["actor/pg_clipfrac"] == 0.0
+    assert reused["actor/ppo_kl"] == 0.0 and abs(recomputed["actor/ppo_kl"]) < 1e-6

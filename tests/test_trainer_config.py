@@ -151,3 +151,23 @@ def test_dataset_without_prompt_column(tmp_path, capsys):
 def test_missing_model_directory_without_config_json(tmp_path, capsys):
     assert main([f"actor_rollout_ref.model.path={tmp_path}"]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "overrides, reason",
+    [
+        ([], None),
+        (["actor_rollout_ref.actor.ppo_epochs=2"], "ppo_epochs=2"),
+        (["actor_rollout_ref.actor.ppo_mini_batch_size=16"], "ppo_mini_batch_size=16 < data.train_batch_size=32"),
+        (["algorithm.use_kl_in_reward=true"], "use_kl_in_reward needs the old log-probs"),
+        (["actor_rollout_ref.rollout.name=vllm"], "rollout/log_prob_abs_diff"),
+    ],
+)
+def test_reusing_on_policy_log_probs_applies_only_where_the_update_is_on_policy(overrides, reason):
+    from rlprof_train.setup import reuses_on_policy_log_probs
+
+    lines: list[str] = []
+    cfg = load_trainer_config(["actor_rollout_ref.actor.reuse_on_policy_log_probs=true", *overrides])
+    assert reuses_on_policy_log_probs(cfg, lines.append) is (reason is None)
+    assert (reason is None and not lines) or (len(lines) == 1 and reason in lines[0]), lines
+    assert not reuses_on_policy_log_probs(load_trainer_config(overrides), lines.append)  # off by default

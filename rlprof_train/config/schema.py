@@ -126,6 +126,12 @@ class ActorConfig:
     """Passes over each batch."""
     shuffle: bool = False
     """Shuffle responses before splitting into mini-batches."""
+    reuse_on_policy_log_probs: bool = False
+    """Skip the old-log-prob pass when the update is on-policy (``ppo_epochs=1`` and one mini-batch per step): the
+    old log-probs are the detached log-probs of the update's own forward (the ratio is exactly 1, as TRL's
+    GRPOTrainer and verl's dp_actor take them on-policy) and ``actor/entropy`` comes from that forward. Not applied
+    (a startup line says why) with ``algorithm.use_kl_in_reward`` (it needs them before the update) or the vLLM
+    rollout (``rollout/log_prob_abs_diff`` compares them with the engine's)."""
     clip_ratio: float = field(default=0.2, metadata=bounds(gt=0))
     """PPO ratio clip epsilon (both sides unless the two below are set)."""
     clip_ratio_low: Optional[float] = field(default=None, metadata=bounds(gt=0))

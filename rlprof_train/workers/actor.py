@@ -87,7 +87,9 @@ class ActorWorker:
     def _micro_step(self, micro: RolloutBatch, counts: dict[str, float], metrics: MetricAggregator) -> float:
         cfg = self.cfg
         mask = micro.response_mask
-        assert micro.old_log_probs is not None and micro.advantages is not None, "run the earlier phases first"
+        tokens = float(mask.sum())
+        assert micro.advantages is not None, "run the earlier phases first"
+        on_policy = micro.old_log_probs is None  # reuse_on_policy_log_probs: old = this forward's, detached
         with activation_offload(self.model_cfg.enable_activation_offload):
             log_probs, entropy = response_log_probs(
                 self.engine,
@@ -95,13 +97,20 @@ class ActorWorker:
                 micro.attention_mask,
                 micro.response_length,
                 micro.temperature,
-                with_entropy=cfg.entropy_coeff != 0,
+                with_entropy=cfg.entropy_coeff != 0 or on_policy,
                 chunked_entropy=cfg.entropy_from_logits_with_chunking,
                 checkpoint_entropy=cfg.entropy_checkpointing,
+                entropy_grad=cfg.entropy_coeff != 0,
                 packed=self.update_batching.packed,
             )
+            if on_policy:
+                assert entropy is not None
+                metrics.add(
+                    "actor/entropy", algos.masked_mean(entropy.detach(), mask).item(), Reduce.WEIGHTED_MEAN, tokens
+                )
+            old_log_probs = log_probs.detach() if micro.old_log_probs is None else micro.old_log_probs
             result = algos.policy_loss(
-                micro.old_log_probs,
+                old_log_probs,
                 log_probs,
                 micro.advantages,
                 mask,
@@ -113,7 +122,8 @@ class ActorWorker:
                 **counts,
             )
             loss = result.pg_loss
-            if entropy is not None:
+            if cfg.entropy_coeff != 0:
+                assert entropy is not None
                 loss = loss - cfg.entropy_coeff * algos.agg_loss(entropy, mask, cfg.loss_agg_mode, **counts)
             if cfg.use_kl_loss:
                 assert micro.ref_log_probs is not None, "use_kl_loss needs the reference's log-probs"
@@ -126,7 +136,6 @@ class ActorWorker:
                 metrics.add("actor/kl_loss", kl_mean.item(), Reduce.WEIGHTED_MEAN, float(mask.sum()))
             # DeepSpeed averages gradients over ranks; the loss is already normalised by the global counts.
             self.engine.backward(loss * self.env.world_size, scale_wrt_gas=False)
-        tokens = float(mask.sum())
         for key, value in (
             ("actor/pg_clipfrac", result.pg_clipfrac),
             ("actor/pg_clipfrac_lower", result.pg_clipfrac_lower),
