@@ -34,7 +34,11 @@ KNOBS = {  # name -> (model shape, overrides); each group is compared with its o
     "entropy_checkpointing": ("head", (*ENTROPY, "actor_rollout_ref.actor.entropy_checkpointing=true")),
     "entropy_from_logits_with_chunking": (
         "head",
-        (*ENTROPY, "actor_rollout_ref.ref.entropy_from_logits_with_chunking=true"),
+        (  # the probe's log-prob pass is the actor's (old log-probs): its own key, as verl's
+            *ENTROPY,
+            "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",
+            "actor_rollout_ref.ref.entropy_from_logits_with_chunking=true",
+        ),
     ),
     DEEP_BASELINE: ("deep", ()),
     "deep model: enable_gradient_checkpointing": (

@@ -211,12 +211,51 @@ def is_range(name: str) -> bool:
     return "/" in name and not name.startswith(STEP_PREFIX)
 
 
+REORDER_WINDOW = 4096
+"""Events carried from one batch into the next, so that events a little out of start order on a thread (kineto on
+a loaded machine) are put back in order in passing; only a thread disordered by more than this is held whole and
+re-sorted at the end (see ``_Walk.finish``)."""
+
+
+def _start_key(event: Any) -> tuple[float, float]:
+    return float(event.get("ts", 0.0)), -float(event.get("dur", 0.0))
+
+
+def _in_start_order(events: list[Any]) -> bool:
+    """Whether each thread's complete CPU-side events start in order (what the nesting walk needs)."""
+    last: dict[Any, float] = {}
+    for event in events:
+        if event.get("ph") != "X" or event.get("cat", "") in GPU_CATEGORIES:
+            continue
+        thread = (event.get("pid"), event.get("tid"))
+        start = float(event.get("ts", 0.0))
+        if start < last.get(thread, start):
+            return False
+        last[thread] = start
+    return True
+
+
+def in_start_order(batches: Iterator[list[Any]]) -> Iterator[list[Any]]:
+    """The same events, with disorder of up to :data:`REORDER_WINDOW` events repaired: each batch and the last
+    events of the one before are sorted by start (longest first on ties, file order after) when out of order."""
+    carry: list[Any] = []
+    for batch in batches:
+        window = carry + batch
+        if not _in_start_order(window):
+            window.sort(key=_start_key)
+        carry = window[-REORDER_WINDOW:]
+        if len(window) > REORDER_WINDOW:
+            yield window[:-REORDER_WINDOW]
+    if carry:
+        yield carry
+
+
 def scan_trace(path: str | Path) -> TraceScan:
     """Read ``path`` once and return its :class:`TraceScan`."""
     path = Path(path)
     scan = TraceScan(str(path))
     walk = _Walk()
-    for batch in iter_event_batches(path, scan):
+    for batch in in_start_order(iter_event_batches(path, scan)):
         walk.consume(batch)
     walk.finish(scan, path.name)
     return scan
