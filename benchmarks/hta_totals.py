@@ -7,9 +7,15 @@ prints one JSON line {"seconds": load + totals, "peak_mb": its peak RSS, "totals
 from __future__ import annotations
 
 import json
-import resource
 import sys
 import time
+
+
+def own_peak_mb() -> float:
+    """This process's own peak RSS (VmHWM). Not ``ru_maxrss``: a child started by a process of large RSS inherits
+    that high-water mark (Linux records the parent's at exec), so it would report the parent's peak."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
 
 
 def main(trace_dir: str) -> None:
@@ -22,7 +28,7 @@ def main(trace_dir: str) -> None:
     annotation = [i for i, s in enumerate(symbols) if s == "user_annotation"]
     totals = trace[trace["cat"].isin(annotation)].groupby("name")["dur"].agg(["count", "sum"])
     result = {symbols[int(name)]: [int(row["count"]), float(row["sum"])] for name, row in totals.iterrows()}
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mb = own_peak_mb()
     print(json.dumps({"seconds": time.perf_counter() - start, "peak_mb": peak_mb, "totals": result}))
 
 
