@@ -20,9 +20,8 @@ from typing import Any
 import pytest
 
 import rlprof
+from rlprof.analysis.bench_compare import ROLE_KEY
 from rlprof.tools.range_times import RangeTimesTool
-
-EXTRA_KEY = "rlprof"
 
 
 class RlprofBenchmark:
@@ -63,7 +62,7 @@ class RlprofBenchmark:
             totals = tool.take() if isinstance(tool, RangeTimesTool) else {"ranges": {}, "roles": {}}
         finally:
             rlprof.shutdown()
-        self.benchmark.extra_info[EXTRA_KEY] = breakdown(totals, calls)
+        self.benchmark.extra_info[ROLE_KEY] = breakdown(totals, calls)
         return result
 
     @property

@@ -55,6 +55,19 @@ def run_example(
     return result
 
 
+def trainer_command(folder: Path, *overrides: str, prefix: tuple[str, ...] = (sys.executable, "-m")) -> list[str]:
+    """``python -m rlprof_train.main_ppo`` logging JSONL to ``folder/logs`` and checkpointing to ``folder/ckpt``,
+    then ``overrides`` (a later ``key=value`` wins over these)."""
+    return [
+        *prefix,
+        "rlprof_train.main_ppo",
+        f"trainer.log_dir={folder / 'logs'}",
+        f"trainer.default_local_dir={folder / 'ckpt'}",
+        'trainer.logger=["file"]',
+        *overrides,
+    ]
+
+
 def torchrun(nproc: int) -> tuple[str, ...]:
     """A prefix that launches the example on ``nproc`` local processes (gloo)."""
     return (sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}")

@@ -9,7 +9,6 @@ import json
 import random
 import re
 import subprocess
-import sys
 
 import jsonschema
 import pytest
@@ -29,6 +28,7 @@ from conftest import (
     plotly_pixels,
     screenshot,
     subprocess_env,
+    trainer_command,
 )
 
 # ------------------------------------------------------------------------------------------------- statistics
@@ -165,18 +165,13 @@ def trainer_runs(tmp_path_factory):
     """Three 40-step GRPO runs of the bundled trainer: the defaults, packed sequences, a 10x KL coefficient."""
     root = tmp_path_factory.mktemp("knobs")
     for name, overrides in KNOB_RUNS.items():
-        command = [
-            sys.executable,
-            "-m",
-            "rlprof_train.main_ppo",
-            f"trainer.log_dir={root / name}",
-            f"trainer.default_local_dir={root / name / 'ckpt'}",
-            'trainer.logger=["file"]',
+        command = trainer_command(
+            root / name,
             "trainer.total_training_steps=40",
             "trainer.test_freq=-1",
             "trainer.val_before_train=false",
             *overrides,
-        ]
+        )
         env = subprocess_env(OMP_NUM_THREADS="1")
         result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
         assert result.returncode == 0, result.stderr[-3000:]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ import rlprof
 from rlprof.cli import main
 from rlprof.metrics.flops import peak_flops
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, subprocess_env, trainer_command
 
 pytestmark = [
     pytest.mark.gpu,
@@ -69,20 +68,15 @@ def test_discrete_mode_captures_each_outermost_range(tmp_path, capture_calls):
 
 
 def trainer(tmp_path, *overrides):
-    command = [
-        sys.executable,
-        "-m",
-        "rlprof_train.main_ppo",
+    command = trainer_command(
+        tmp_path,
         "trainer.device=cuda",
         "trainer.total_training_steps=3",
         "trainer.test_freq=-1",
         "trainer.val_before_train=false",
-        'trainer.logger=["file"]',
-        f"trainer.log_dir={tmp_path / 'logs'}",
-        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
         f"global_profiler.save_path={tmp_path / 'profile'}",
         *overrides,
-    ]
+    )
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT, env=subprocess_env())
     assert result.returncode == 0, result.stderr[-4000:]
     return [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 import textwrap
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from rlprof.analysis.memory import read_history, summarize
 from rlprof.cli import main
 from rlprof.manifest import read_manifest
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, subprocess_env, trainer_command
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the host timeline is the default without CUDA")
 
@@ -129,13 +128,8 @@ def test_the_trainers_peak_holds_the_reward_buffer_and_zero_offload_states_lead_
     reward = tmp_path / "reward_fn.py"
     reward.write_text(REWARD)
     table_line = next(n for n, line in enumerate(REWARD.splitlines(), start=1) if "# TABLE_LINE" in line)
-    command = [
-        sys.executable,
-        "-m",
-        "rlprof_train.main_ppo",
-        f"trainer.log_dir={tmp_path / 'logs'}",
-        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-        'trainer.logger=["file"]',
+    command = trainer_command(
+        tmp_path,
         "trainer.total_training_steps=3",
         "trainer.test_freq=-1",
         "trainer.val_before_train=false",
@@ -144,7 +138,7 @@ def test_the_trainers_peak_holds_the_reward_buffer_and_zero_offload_states_lead_
         "global_profiler.tool=torch_memory",
         "global_profiler.steps=[2]",
         f"global_profiler.save_path={tmp_path / 'profile'}",
-    ]
+    )
     result = subprocess_run(command)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = summarize(read_history(timeline(tmp_path / "profile")))

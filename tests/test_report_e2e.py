@@ -13,7 +13,7 @@ import pytest
 from rlprof.analysis.traces import scan_trace
 from rlprof.cli import main
 
-from conftest import ROOT, external_references, plotly_pixels, run_example, screenshot, subprocess_env
+from conftest import ROOT, external_references, plotly_pixels, run_example, screenshot, subprocess_env, trainer_command
 
 pytestmark = pytest.mark.slow
 
@@ -23,21 +23,16 @@ HTA = ROOT / ".venv" / "hta"
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo")
-    command = [
-        sys.executable,
-        "-m",
-        "rlprof_train.main_ppo",
+    command = trainer_command(
+        root,
         "trainer.experiment_name=demo",
-        f"trainer.log_dir={root}/logs",
-        f"trainer.default_local_dir={root}/checkpoints",
-        'trainer.logger=["file"]',
         "global_profiler.tool=torch",
         "global_profiler.steps=[2,3]",
         "global_profiler.global_tool_config.torch.contents=[cpu,memory]",
         f"global_profiler.save_path={root}/profile",
         "trainer.total_training_steps=40",
         "trainer.test_freq=20",
-    ]
+    )
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=subprocess_env(), cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     return root

@@ -21,7 +21,7 @@ from rlprof.analysis.nsys_report import count_by_role, read_nvtx_ranges
 from rlprof.manifest import read_manifest
 from rlprof.tracking.jsonl import read_jsonl
 
-from conftest import LAUNCHER_VARIABLES, ROOT, free_port, subprocess_env
+from conftest import LAUNCHER_VARIABLES, ROOT, free_port, subprocess_env, trainer_command
 
 pytestmark = pytest.mark.slow
 
@@ -48,19 +48,10 @@ ALL_PHASES_RUN = (
 )
 
 
-def trainer_command(tmp_path: Path, *overrides: str) -> list[str]:
-    return [
-        f"trainer.log_dir={tmp_path / 'logs'}",
-        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-        'trainer.logger=["file"]',
-        *overrides,
-    ]
-
-
 def run_trainer(
     tmp_path: Path, *overrides: str, prefix: tuple[str, ...] = (sys.executable, "-m"), timeout: float = 900
 ) -> subprocess.CompletedProcess:
-    command = [*prefix, "rlprof_train.main_ppo", *trainer_command(tmp_path, *overrides)]
+    command = trainer_command(tmp_path, *overrides, prefix=prefix)
     env = subprocess_env(OMP_NUM_THREADS="1")
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     assert result.returncode == 0, f"{command}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
@@ -132,7 +123,7 @@ def test_the_nsys_launcher_profiles_a_trainer_run_with_every_phase(tmp_path, nsy
     for variable in LAUNCHER_VARIABLES:  # left by tests that ran DeepSpeed in this process: the child must not join
         monkeypatch.delenv(variable, raising=False)
 
-    command = [sys.executable, "-m", "rlprof_train.main_ppo", *trainer_command(tmp_path, *ALL_PHASES_RUN)]
+    command = trainer_command(tmp_path, *ALL_PHASES_RUN)
     command += ["global_profiler.tool=nsys", "global_profiler.steps=[2,5]", f"global_profiler.save_path={tmp_path}/p"]
     assert main(["nsys", "profile", "--nsys", nsys, "--timeout", "900", "--", *command]) == 0
     out = capfd.readouterr().out
@@ -157,7 +148,7 @@ def test_killed_run_resumes_with_the_same_steps_and_data_order(tmp_path):
     reference = tmp_path / "reference"
     run_trainer(reference, *steps)
     killed = tmp_path / "killed"
-    command = [sys.executable, "-m", "rlprof_train.main_ppo", *trainer_command(killed, *steps)]
+    command = trainer_command(killed, *steps)
     env = subprocess_env(OMP_NUM_THREADS="1")
     process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 600

@@ -20,7 +20,7 @@ from rlprof.analysis.run import find_run
 from rlprof.analysis.view import link_logdir
 from rlprof.cli import main
 
-from conftest import ROOT, free_port, subprocess_env
+from conftest import ROOT, free_port, subprocess_env, trainer_command
 
 pytestmark = pytest.mark.slow
 
@@ -29,12 +29,8 @@ pytestmark = pytest.mark.slow
 def trainer_run(tmp_path_factory):
     """A 3-step trainer run logging to TensorBoard, with a torch trace of step 2."""
     root = tmp_path_factory.mktemp("view")
-    command = [
-        sys.executable,
-        "-m",
-        "rlprof_train.main_ppo",
-        f"trainer.log_dir={root / 'logs'}",
-        f"trainer.default_local_dir={root / 'ckpt'}",
+    command = trainer_command(
+        root,
         'trainer.logger=["file","tensorboard"]',
         "trainer.experiment_name=viewed",
         "trainer.total_training_steps=3",
@@ -43,7 +39,7 @@ def trainer_run(tmp_path_factory):
         "global_profiler.tool=torch",
         "global_profiler.steps=[2]",
         f"global_profiler.save_path={root / 'profile'}",
-    ]
+    )
     env = subprocess_env(OMP_NUM_THREADS="1", TENSORBOARD_DIR=str(root / "tensorboard"))
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]

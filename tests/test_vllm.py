@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from rlprof_train.config import load_trainer_config
 from rlprof_train.data import Example
 from rlprof_train.workers.rollout.base import SamplingParams
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, subprocess_env, trainer_command
 
 pytestmark = [
     pytest.mark.slow,
@@ -112,15 +111,7 @@ def test_after_sync_vllm_greedy_equals_the_actors_greedy(model_dir, dist_env, ze
 
 
 def run_trainer(tmp_path, *overrides):
-    command = [
-        sys.executable,
-        "-m",
-        "rlprof_train.main_ppo",
-        f"trainer.log_dir={tmp_path / 'logs'}",
-        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-        'trainer.logger=["file"]',
-        *overrides,
-    ]
+    command = trainer_command(tmp_path, *overrides)
     return subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT, env=subprocess_env())
 
 
