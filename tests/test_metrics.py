@@ -369,3 +369,24 @@ def test_seed_dashboard_aliases_come_from_the_verl_names():
     throughput = compute_throughput_metrics(2.0, 1000, 2, num_samples=64, gen_seconds=0.5)
     assert throughput["throughput/tokens_per_sec"] == 500 and throughput["throughput/samples_per_sec"] == 32
     assert compute_memory_metrics()["memory/allocated"] > 0
+
+
+def test_memory_metrics_read_cuda_peaks_without_resetting_them_unless_asked(monkeypatch):
+    """CUDA is mocked here (a hardware boundary this machine lacks): only torch.cuda's counters are stand-ins."""
+    resets: list[int] = []
+
+    class Properties:
+        total_memory = 80 * 2**30
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: 4 * 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Properties())
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: resets.append(1))
+    metrics = compute_memory_metrics()
+    assert metrics["perf/max_memory_allocated_gb"] == 3.0 == metrics["memory/allocated"]
+    assert metrics["perf/max_memory_reserved_gb"] == 4.0 and metrics["perf/device_memory_total_gb"] == 80.0
+    assert resets == []
+    compute_memory_metrics(reset_peaks=True)
+    assert resets == [1]

@@ -292,3 +292,42 @@ def test_report_options_and_run_discovery_through_the_api(example_run):
     report = build_report(run, ReportOptions(top_ops=2))
     assert all(len(r.top_ops) <= 2 for w in report.traces for r in w.ranges)
     assert report.run_id and report.sources["traces"] == 1
+
+
+def test_warm_up_steps_are_left_out_unless_asked_and_a_registered_rule_fires(tmp_path, capsys):
+    from rlprof.analysis import diagnose
+
+    records = [
+        {
+            "step": s,
+            "timing_s/step": 5.0 if s <= 2 else 1.0 + 0.01 * s,
+            "timing_s/gen": 0.5,
+            "timing_s/update_actor": 0.4,
+        }
+        for s in range(1, 41)
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = find_run([tmp_path])
+    steady = build_report(run, ReportOptions())
+    assert steady.breakdown is not None and steady.breakdown.warmup == [1, 2]
+    assert 1 not in steady.breakdown.steps and steady.breakdown.step_median_s < 1.5
+    everything = build_report(run, ReportOptions(include_warmup=True))
+    assert everything.breakdown is not None and everything.breakdown.steps[:2] == [1, 2]
+    assert main(["report", str(tmp_path), "--all-steps", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["breakdown"]["steps"][:2] == [1, 2]
+
+    def slow_steps(rule, report, run, options):
+        median = report.breakdown.step_median_s
+        if median > rule.thresholds["step_s"]:
+            return rule.finding(f"steps take {median:.2f} s", {"step_s": median}, ["trainer.total_training_steps=1"])
+        return None
+
+    rule = diagnose.Rule("slow-steps", "Steps are slow", {"step_s": 0.5}, slow_steps)
+    saved = list(diagnose.RULES)
+    try:
+        diagnose.register_rule(rule)
+        findings = build_report(run, ReportOptions()).findings
+    finally:
+        diagnose.RULES[:] = saved
+    assert [f.rule for f in findings if f.rule == "slow-steps"] == ["slow-steps"]
+    assert not [f for f in build_report(run, ReportOptions()).findings if f.rule == "slow-steps"]

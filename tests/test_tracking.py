@@ -116,10 +116,15 @@ def test_console_prints_the_seed_lines_the_table_and_progress():
                     "perf/throughput": 800.0,
                     "perf/cpu_memory_used_gb": 12.4,
                     "perf/cpu_memory_total_gb": 16.0,
+                    "timing_share/rollout": 0.38,
+                    "timing_share/training": 0.52,
+                    "timing_share/other": 0.06,
+                    "timing_share/unaccounted": 0.04,
                 },
                 step,
             )
     text = out.getvalue()
+    assert "[INFO] Step time: rollout 38% | training 52% | other 6% | unaccounted 4%" in text
     assert "[INFO] Epoch 1/2 - Step 1 - Loss: 2.000, Reward: 0.100, KL: 0.010" in text
     assert "[INFO] Epoch 2/2 - Step 4 - Loss: 1.250, Reward: 0.400, KL: 0.040" in text
     assert "[DEBUG] Rollout throughput: 1250 samples/sec" in text
