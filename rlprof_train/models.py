@@ -3,6 +3,7 @@ pass the actor and the reference share. The embedded tiny model is built in :mod
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any, Optional
 
@@ -84,6 +85,11 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def keeps_logits(model: Any) -> bool:
+    """Whether ``model`` (or the module a DeepSpeed engine wraps) takes ``logits_to_keep``."""
+    return "logits_to_keep" in inspect.signature(getattr(model, "module", model).forward).parameters
+
+
 def response_log_probs(
     model: Any,
     input_ids: torch.Tensor,
@@ -101,7 +107,9 @@ def response_log_probs(
     ``temperature`` (the rollout's, so they match the sampling distribution), and their entropies when asked.
 
     ``packed`` (``use_remove_padding``) runs the model on the real tokens only, all rows in one packed sequence,
-    and computes the head only where a response token is predicted; the padded path runs on ``[B, P+R]``.
+    and computes the head only where a response token is predicted; the padded path runs on ``[B, P+R]`` and,
+    where the model takes ``logits_to_keep`` (transformers' causal LMs do), computes the head on the last R+1
+    positions only (the prompt's logits are never used).
     ``chunked_entropy`` computes entropies a chunk of positions at a time; ``checkpoint_entropy`` recomputes the
     entropy's softmax in backward instead of keeping it; ``entropy_grad=False`` computes it outside autograd (for a
     metric only). Padding positions are 0 in both outputs.
@@ -112,11 +120,13 @@ def response_log_probs(
         logits = logits[layout.predicts].float() / max(temperature, 1e-6)  # [N, V]
         targets = layout.ids[0, layout.predicts + 1]
     else:
+        keep = {"logits_to_keep": response_length + 1} if keeps_logits(model) else {}
         logits = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids(attention_mask),
             use_cache=False,
+            **keep,
         ).logits
         logits = logits[:, -response_length - 1 : -1].float() / max(temperature, 1e-6)  # [B, R, V]
         targets = input_ids[:, -response_length:]

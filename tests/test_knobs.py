@@ -222,3 +222,33 @@ def test_reusing_on_policy_log_probs_gives_the_recomputed_loss_gradient_and_entr
     assert reused["actor/entropy"] == pytest.approx(recomputed["actor/entropy"], rel=1e-5)
     assert reused["actor/pg_clipfrac"] == recomputed["actor/pg_clipfrac"] == 0.0
     assert reused["actor/ppo_kl"] == 0.0 and abs(recomputed["actor/ppo_kl"]) < 1e-6
+
+
+def test_the_head_on_response_positions_only_gives_the_full_heads_log_probs_entropy_and_gradients(model_dir):
+    """The padded pass asks the model for the last R+1 positions' logits (``logits_to_keep``); the prompt's logits
+    were never used, so log-probs, entropies, loss and gradients equal those of the head on every position."""
+    from rlprof_train.models import keeps_logits, position_ids
+
+    model = load_causal_lm(model_dir)
+    assert keeps_logits(model)
+    batch = ragged_batch(seed=2)
+    r = batch.response_length
+    model.zero_grad()
+    lp, entropy = response_log_probs(
+        model, batch.input_ids, batch.attention_mask, r, temperature=0.7, with_entropy=True
+    )
+    algos.policy_loss(batch.old_log_probs, lp, batch.advantages, batch.response_mask).pg_loss.backward()
+    kept = [lp.detach(), entropy.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])]
+
+    model.zero_grad()
+    logits = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids(batch.attention_mask)
+    ).logits  # the head on all P+R positions
+    assert logits.shape[1] == batch.input_ids.shape[1]
+    logits = logits[:, -r - 1 : -1] / 0.7
+    full_lp = torch.log_softmax(logits, -1).gather(-1, batch.input_ids[:, -r:, None])[..., 0] * batch.response_mask
+    full_entropy = algos.entropy_from_logits(logits) * batch.response_mask
+    algos.policy_loss(batch.old_log_probs, full_lp, batch.advantages, batch.response_mask).pg_loss.backward()
+    full = [full_lp.detach(), full_entropy.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])]
+    for got, want in zip(kept, full, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)

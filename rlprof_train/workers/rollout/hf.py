@@ -1,4 +1,6 @@
-"""``hf`` rollout: transformers ``generate`` on the actor's own module (always its current weights)."""
+"""``hf`` rollout: transformers' sampling on the actor's own module (always its current weights), by the loop of
+:mod:`rlprof_train.workers.rollout.decode` (the tokens ``generate`` samples, computed with less work) or by
+``generate`` itself for models whose generation config asks for more."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 from rlprof_train.batch import RolloutBatch
 from rlprof_train.data import Example, left_pad
 from rlprof_train.workers.rollout.base import Rollout, SamplingParams, build_rollout_batch
+from rlprof_train.workers.rollout.decode import Sampling, loop_applies, sample
 
 VLLM_ONLY_KNOBS = ("gpu_memory_utilization", "max_num_batched_tokens", "tensor_parallel_size", "disable_log_stats")
 
@@ -40,21 +43,16 @@ class HFRollout(Rollout):
         model = self.module()
         was_training = model.training
         model.eval()
-        greedy = sampling.temperature == 0
-        options = dict(
-            do_sample=not greedy,
-            max_new_tokens=sampling.response_length,
-            num_return_sequences=sampling.n,
-            eos_token_id=self.tokenizer.eos_token_id,
-            pad_token_id=self.tokenizer.pad_token_id,
-            remove_invalid_values=True,
-        )  # a diverged policy samples garbage (caught later), not a crash
-        if not greedy:
-            options.update(
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k if sampling.top_k > 0 else 0,
-            )  # 0: off (None would mean 50)
+        settings = Sampling(
+            sampling.n,
+            sampling.response_length,
+            sampling.temperature,
+            sampling.top_p,
+            sampling.top_k,
+            self.tokenizer.eos_token_id,
+            self.tokenizer.pad_token_id,
+        )
+        run = sample if loop_applies(model) else _generate
         responses: list[list[int]] = []
         try:
             with self._gathered(model):
@@ -62,10 +60,31 @@ class HFRollout(Rollout):
                 for start in range(0, len(prompts), chunk_size):
                     chunk = prompts[start : start + chunk_size]
                     ids, mask = left_pad([p.prompt_ids for p in chunk], self.tokenizer.pad_token_id)
-                    out = model.generate(input_ids=ids, attention_mask=mask, **options)
-                    responses.extend(out[:, ids.shape[1] :].tolist())
+                    responses.extend(run(model, ids, mask, settings).tolist())
         finally:
             model.train(was_training)
         return build_rollout_batch(
             prompts, responses, sampling, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         )
+
+
+def _generate(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """transformers ``generate`` (for models whose generation config asks for processing the loop does not do)."""
+    greedy = sampling.temperature == 0
+    options: dict[str, Any] = dict(
+        do_sample=not greedy,
+        max_new_tokens=sampling.max_new_tokens,
+        num_return_sequences=sampling.n,
+        eos_token_id=sampling.eos_token_id,
+        pad_token_id=sampling.pad_token_id,
+        remove_invalid_values=True,
+    )  # a diverged policy samples garbage (caught later), not a crash
+    if not greedy:
+        options.update(
+            temperature=sampling.temperature, top_p=sampling.top_p, top_k=max(sampling.top_k, 0)
+        )  # 0: off (None would mean 50)
+    else:  # generate refuses num_return_sequences > 1 without sampling: n identical greedy rows
+        prompt_ids, prompt_mask = (t.repeat_interleave(sampling.n, dim=0) for t in (prompt_ids, prompt_mask))
+        options["num_return_sequences"] = 1
+    out: torch.Tensor = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **options)
+    return out[:, prompt_ids.shape[1] :]

@@ -1,0 +1,145 @@
+"""The hf rollout's sampling loop: transformers ``generate``'s sampling, with less computed.
+
+Two savings, neither of which changes a sampled token:
+
+- **one prefill per prompt**: the n responses of a prompt share its prefill; the KV cache is repeated n times
+  after it (``generate(num_return_sequences=n)`` prefills every copy);
+- **finished rows leave the batch**: a row that sampled EOS is dropped from the cache and from every later
+  forward (``generate`` keeps computing it until the last row ends, then throws the tokens away).
+
+Sampling is ``generate``'s, step for step: the same logits processors in the same order (non-finite removal,
+temperature, top-k, top-p), and ``torch.multinomial(p, 1)``'s own rule, ``argmax(p / q)`` with ``q ~ Exp(1)`` drawn
+for the full ``[B, V]`` batch every step, finished rows included. So from the same random state, the tokens are
+those ``generate`` samples (on the CPU, where ``generate`` checks for the end every step; tested). A model whose
+generation config asks for more processing (repetition penalty, min-p, suppressed tokens, ...) is sampled by
+``generate`` itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# generation-config fields this loop applies or that do not change sampling; any other non-default field: generate
+_HANDLED = {
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "decoder_start_token_id",
+    "transformers_version",
+    "_from_model_config",
+    "do_sample",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_length",
+    "max_new_tokens",
+    "use_cache",
+    "num_return_sequences",
+    "remove_invalid_values",
+    "output_attentions",
+    "output_hidden_states",
+    "output_scores",
+    "output_logits",
+    "return_dict_in_generate",
+}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What to sample: ``n`` responses per prompt of at most ``max_new_tokens``; ``temperature == 0``: greedy;
+    ``top_k <= 0``: off; ``top_p >= 1``: off."""
+
+    n: int
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    eos_token_id: int
+    pad_token_id: int
+
+
+def loop_applies(model: Any) -> bool:
+    """Whether this loop samples as ``generate`` would for ``model``: a decoder-only model whose generation config
+    asks for nothing beyond the rollout's own settings."""
+    from transformers import GenerationConfig
+
+    config = getattr(model, "generation_config", None)
+    if getattr(model.config, "is_encoder_decoder", False) or config is None:
+        return False
+    default = GenerationConfig().to_dict()
+    changed = {k for k, v in config.to_dict().items() if k not in default or default[k] != v}
+    return not (changed - _HANDLED)
+
+
+def _processors(sampling: Sampling) -> Any:
+    """The logits processors ``generate`` would build for these settings, in its order."""
+    from transformers import (
+        InfNanRemoveLogitsProcessor,
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    processors = LogitsProcessorList([InfNanRemoveLogitsProcessor()])
+    if sampling.temperature > 0:
+        if sampling.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(sampling.temperature))
+        if sampling.top_k > 0:
+            processors.append(TopKLogitsWarper(top_k=sampling.top_k))
+        if sampling.top_p < 1.0:
+            processors.append(TopPLogitsWarper(top_p=sampling.top_p))
+    return processors
+
+
+@torch.no_grad()
+def sample(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Responses ``[B·n, T]`` (T <= ``max_new_tokens``; rows of a prompt consecutive; EOS kept; pad after it) for
+    left-padded prompts ``[B, P]`` with ``prompt_mask`` ``[B, P]``."""
+    from transformers import DynamicCache
+
+    n, device = sampling.n, prompt_ids.device
+    rows = prompt_ids.shape[0] * n
+    processors = _processors(sampling)
+    cache = DynamicCache(config=model.config)
+    positions = (prompt_mask.long().cumsum(-1) - 1).masked_fill(prompt_mask == 0, 0)
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    logits = out.logits[:, -1].float().repeat_interleave(n, dim=0)  # [B·n, V]
+    cache.batch_repeat_interleave(n)
+    mask = prompt_mask.repeat_interleave(n, dim=0)
+    position = positions[:, -1:].repeat_interleave(n, dim=0)
+    tokens = torch.full((rows, sampling.max_new_tokens), sampling.pad_token_id, dtype=torch.long, device=device)
+    active = torch.arange(rows, device=device)  # the rows still sampling, in batch order
+    for step in range(sampling.max_new_tokens):
+        scores = processors(tokens[active, :step], logits)
+        if sampling.temperature > 0:
+            probs = torch.softmax(scores, dim=-1)
+            noise = torch.empty((rows, probs.shape[-1]), dtype=probs.dtype, device=device).exponential_(1)
+            chosen = (probs / noise[active]).argmax(dim=-1)  # torch.multinomial(probs, 1) on the full batch
+        else:
+            chosen = scores.argmax(dim=-1)
+        tokens[active, step] = chosen
+        going = chosen != sampling.eos_token_id
+        if step + 1 == sampling.max_new_tokens or not bool(going.any()):
+            return tokens[:, : step + 1]
+        if not bool(going.all()):
+            keep = going.nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            active, chosen, mask, position = active[keep], chosen[keep], mask[keep], position[keep]
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        position = position + 1
+        out = model(
+            input_ids=chosen[:, None], attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True
+        )
+        logits = out.logits[:, -1].float()
+    return tokens

@@ -1,0 +1,98 @@
+"""The hf rollout's sampling loop samples exactly the tokens transformers ``generate`` samples from the same random
+state, while computing less: one prefill per prompt (not per response) and no forward for rows that have ended."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlprof_train.data import Example, arithmetic_rows, left_pad
+from rlprof_train.models import load_causal_lm, load_tokenizer
+from rlprof_train.tiny_model import create_tiny_model
+from rlprof_train.workers.rollout import SamplingParams
+from rlprof_train.workers.rollout.decode import Sampling, loop_applies, sample
+from rlprof_train.workers.rollout.hf import HFRollout, _generate
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return create_tiny_model(tmp_path_factory.mktemp("model"), max_operand=60, sft_steps=40)  # 1-3 digit answers
+
+
+@pytest.fixture(scope="module")
+def prompts(model_dir):
+    tokenizer = load_tokenizer(model_dir)
+    rows = arithmetic_rows(12, 60, seed=3)
+    ids = [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
+    ids[0] = ids[0][1:]  # prompts of different lengths: left padding in the batch
+    return left_pad(ids, tokenizer.pad_token_id)
+
+
+SETTINGS = [  # (temperature, top_p, top_k, max new tokens)
+    (1.0, 1.0, -1, 6),
+    (0.7, 0.9, 20, 8),
+    (1.3, 1.0, 5, 12),
+    (0.6, 0.5, -1, 3),
+]
+
+
+@pytest.mark.parametrize(("temperature", "top_p", "top_k", "length"), SETTINGS)
+def test_the_loop_samples_the_tokens_generate_samples_and_leaves_the_same_random_state(
+    model_dir, prompts, temperature, top_p, top_k, length
+):
+    model = load_causal_lm(model_dir).eval()
+    tokenizer = load_tokenizer(model_dir)
+    settings = Sampling(8, length, temperature, top_p, top_k, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    ids, mask = prompts
+    assert loop_applies(model)
+    torch.manual_seed(11)
+    expected = _generate(model, ids, mask, settings)
+    expected_next = torch.rand(4)
+    torch.manual_seed(11)
+    got = sample(model, ids, mask, settings)
+    assert torch.equal(got, expected)
+    assert torch.equal(torch.rand(4), expected_next)  # the same draws were consumed
+    ends = {row.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in row else length for row in got.tolist()}
+    assert len(ends) > 1, "rows end at different steps: the loop dropped rows from the batch as they ended"
+
+
+def test_greedy_gives_n_equal_rows_per_prompt_as_generate(model_dir, prompts):
+    model = load_causal_lm(model_dir).eval()
+    tokenizer = load_tokenizer(model_dir)
+    settings = Sampling(3, 5, 0.0, 1.0, -1, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    ids, mask = prompts
+    got = sample(model, ids, mask, settings)
+    assert torch.equal(got, _generate(model, ids, mask, settings))
+    assert torch.equal(got[0::3], got[1::3])
+
+
+def test_each_prompt_is_prefilled_once_and_ended_rows_are_not_computed(model_dir, prompts):
+    model = load_causal_lm(model_dir).eval()
+    tokenizer = load_tokenizer(model_dir)
+    rows_seen: list[int] = []
+    model.register_forward_pre_hook(lambda _m, _a, kw: rows_seen.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    ids, mask = prompts
+    torch.manual_seed(0)
+    tokens = sample(model, ids, mask, Sampling(8, 6, 1.0, 1.0, -1, tokenizer.eos_token_id, tokenizer.pad_token_id))
+    assert rows_seen[0] == ids.shape[0]  # 12 prompts prefilled, not 96 responses
+    still_running = [int((~(tokens[:, :step] == tokenizer.eos_token_id).any(1)).sum()) for step in range(1, 6)]
+    assert rows_seen[1:] == still_running[: len(rows_seen) - 1]  # each decode step computes the unfinished rows
+    assert rows_seen[-1] < 96
+
+
+def test_a_generation_config_asking_for_more_is_sampled_by_generate(model_dir, prompts):
+    model = load_causal_lm(model_dir).eval()
+    tokenizer = load_tokenizer(model_dir)
+    model.generation_config.repetition_penalty = 1.3
+    assert not loop_applies(model)
+    rollout = HFRollout(lambda: model, tokenizer, zero_stage=1, micro_batch_size=None)
+    examples = [Example(i, tuple(ids[m.bool()].tolist()), "x", "0") for i, (ids, m) in enumerate(zip(*prompts))]
+    sampling = SamplingParams(2, 1.0, 1.0, -1, 4)
+    torch.manual_seed(2)
+    batch = rollout.generate(examples, sampling)
+    settings = Sampling(2, 4, 1.0, 1.0, -1, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    torch.manual_seed(2)
+    expected = _generate(model, *prompts, settings)  # generate applies the penalty
+    width = expected.shape[1]
+    kept = batch.response_mask[:, :width]
+    assert torch.equal(batch.responses[:, :width] * kept, expected * kept)
