@@ -96,3 +96,24 @@ def test_a_generation_config_asking_for_more_is_sampled_by_generate(model_dir, p
     width = expected.shape[1]
     kept = batch.response_mask[:, :width]
     assert torch.equal(batch.responses[:, :width] * kept, expected * kept)
+
+
+@pytest.mark.parametrize("pad_id", [0, 2])  # 2: a tokenizer without a pad token pads with EOS
+def test_responses_are_cut_after_their_first_eos_and_padded_to_the_response_length(pad_id):
+    from rlprof_train.workers.rollout.base import build_rollout_batch
+
+    eos = 2
+    generated = [[5, 6, 7, 8, 9, 10], [5, eos, 7, eos], [], [eos], [5, 6], [5, 6, 7, eos, 9]]
+    prompts = [Example(i, (9,) * (1 + i % 2), "x", "0") for i in range(3)]
+    batch = build_rollout_batch(prompts, generated, SamplingParams(2, 1.0, 1.0, -1, 4), pad_id, eos)
+    expected = []
+    for ids in generated:  # the rule, written out: up to the length, cut after the first EOS (kept)
+        ids = ids[:4]
+        ids = ids[: ids.index(eos) + 1] if eos in ids else ids
+        expected.append((ids + [pad_id] * 4)[:4])
+    assert batch.responses.tolist() == expected
+    assert batch.response_mask.tolist() == [
+        [1] * min(len(e), 4) + [0] * (4 - min(len(e), 4))
+        for e in ([5, 6, 7, 8], [5, eos], [], [eos], [5, 6], [5, 6, 7, eos])
+    ]
+    assert batch.prompt_length == 2 and batch.attention_mask[:, :2].tolist()[0] == [0, 1]

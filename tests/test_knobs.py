@@ -252,3 +252,41 @@ def test_the_head_on_response_positions_only_gives_the_full_heads_log_probs_entr
     full = [full_lp.detach(), full_entropy.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])]
     for got, want in zip(kept, full, strict=True):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_fixed_micro_batches_group_rows_of_similar_length_and_the_gradient_is_the_same(model_dir):
+    """Fixed-size padded micro-batches hold rows of similar length (less padding computed); the accumulated
+    gradient and the log-probs equal those of consecutive rows."""
+    from rlprof_train.batch import MicroBatching, fixed_micro_batches, gather_rows
+
+    model = load_causal_lm(model_dir)
+    batch = ragged_batch(seed=4, rows=12)
+    batching = MicroBatching(size=4)
+    grouped = batching.rows(batch)
+    assert sorted(i for rows in grouped for i in rows) == list(range(12)) and all(len(r) == 4 for r in grouped)
+
+    def padded_cells(groups):
+        return sum(batch.select(rows).trim_padding().input_ids.numel() for rows in groups)
+
+    consecutive = fixed_micro_batches(12, 4)
+    assert padded_cells(grouped) < padded_cells(consecutive)
+    results = []
+    for groups in (consecutive, grouped):
+        model.zero_grad()
+        parts = []
+        for rows in groups:
+            micro = batch.select(rows).trim_padding()
+            lp, _ = response_log_probs(model, micro.input_ids, micro.attention_mask, micro.response_length)
+            loss = algos.policy_loss(
+                micro.old_log_probs,
+                lp,
+                micro.advantages,
+                micro.response_mask,
+                total_tokens=float(batch.response_mask.sum()),
+            ).pg_loss
+            loss.backward()
+            parts.append((rows, lp.detach()))
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        results.append((gather_rows(parts, 12, batch.response_length), grads))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(results[1][1], results[0][1], atol=1e-6, rtol=1e-5)

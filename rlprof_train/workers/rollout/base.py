@@ -47,14 +47,15 @@ def build_rollout_batch(
     """
     n, response_length = sampling.n, sampling.response_length
     prompt_ids, prompt_mask = left_pad([p.prompt_ids for p in prompts for _ in range(n)], pad_id)
-    responses = torch.full((len(response_ids), response_length), pad_id, dtype=torch.long)
-    response_mask = torch.zeros_like(responses)
-    for row, generated in enumerate(response_ids):
-        ids = list(generated[:response_length])
-        if eos_id in ids:
-            ids = ids[: ids.index(eos_id) + 1]
-        responses[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        response_mask[row, : len(ids)] = 1
+    lengths = [len(r) for r in response_ids]
+    width = max([response_length, *lengths])
+    generated = torch.tensor([[*r, *[pad_id] * (width - len(r))] for r in response_ids], dtype=torch.long)
+    generated = generated.reshape(len(response_ids), width)[:, :response_length]
+    is_eos = (generated == eos_id).long()
+    after_eos = (is_eos.cumsum(-1) - is_eos) > 0  # an EOS came strictly before this position
+    generated_here = torch.arange(response_length) < torch.tensor(lengths, dtype=torch.long)[:, None]
+    response_mask = (generated_here & ~after_eos).long()
+    responses = torch.where(response_mask.bool(), generated, torch.full_like(generated, pad_id))
     return RolloutBatch(
         input_ids=torch.cat([prompt_ids, responses], dim=1),
         attention_mask=torch.cat([prompt_mask, response_mask], dim=1),
