@@ -1,4 +1,4 @@
-"""Prompts: the built-in procedural task, or verl-format parquet/JSONL files; tokenised, length-checked, batched in
+"""Prompts: a built-in procedural task, or verl-format parquet/JSONL files; tokenised, length-checked, batched in
 a deterministic order that a resumed run reproduces.
 
 A verl-format row has ``prompt`` (a string, or chat messages ``[{"role": ..., "content": ...}]``), ``data_source``
@@ -21,6 +21,7 @@ from typing import Any, Optional
 import torch
 
 ARITHMETIC_SOURCE = "rlprof/arithmetic"
+REVERSE_SOURCE = "rlprof/reverse"
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,26 @@ def arithmetic_rows(count: int, max_operand: int, seed: int) -> list[dict[str, A
     return rows
 
 
-BUILTIN_TASKS = {"arithmetic": arithmetic_rows}
+def reverse_rows(count: int, max_digits: int, seed: int) -> list[dict[str, Any]]:
+    """``count`` prompts ``"Reverse the digits: 31415 ->"`` with 1..``max_digits`` digits (answer: ``"51413"``).
+
+    Responses are as long as the input (plus EOS): a batch mixes short and long ones, as an RL batch of a real task
+    does, and generation is a large share of the step."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, max(max_digits, 1))))
+        rows.append(
+            {
+                "prompt": f"Reverse the digits: {digits} ->",
+                "data_source": REVERSE_SOURCE,
+                "reward_model": {"ground_truth": digits[::-1]},
+            }
+        )
+    return rows
+
+
+BUILTIN_TASKS = {"arithmetic": arithmetic_rows, "reverse": reverse_rows}
 
 
 def read_rows(files: Any) -> list[dict[str, Any]]:
@@ -226,12 +246,15 @@ class StepBatches:
         self.seed = seed
         self.shuffle = shuffle
         self.steps_per_epoch = len(examples) // batch_size
+        self._order: Optional[tuple[int, list[int]]] = None  # the last epoch's order
 
     def order(self, epoch: int) -> list[int]:
-        indices = list(range(len(self.examples)))
-        if self.shuffle:
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(indices)
-        return indices
+        if self._order is None or self._order[0] != epoch:
+            indices = list(range(len(self.examples)))
+            if self.shuffle:
+                random.Random(self.seed * 1_000_003 + epoch).shuffle(indices)
+            self._order = (epoch, indices)
+        return self._order[1]
 
     def epoch_of(self, step: int) -> int:
         return (step - 1) // self.steps_per_epoch
@@ -249,13 +272,9 @@ def left_pad(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention_mask) ``[B, L]``, left-padded to ``length`` (default: the longest)."""
     length = length or max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), length), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        if seq:
-            ids[row, length - len(seq) :] = torch.tensor(seq, dtype=torch.long)
-            mask[row, length - len(seq) :] = 1
-    return ids, mask
+    ids = torch.tensor([[pad_id] * (length - len(s)) + list(s) for s in sequences], dtype=torch.long)
+    mask = torch.tensor([[0] * (length - len(s)) + [1] * len(s) for s in sequences], dtype=torch.long)
+    return ids.reshape(len(sequences), length), mask.reshape(len(sequences), length)
 
 
 def shard(items: list[Any], rank: int, world_size: int) -> list[Any]:

@@ -87,7 +87,13 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 def keeps_logits(model: Any) -> bool:
     """Whether ``model`` (or the module a DeepSpeed engine wraps) takes ``logits_to_keep``."""
-    return "logits_to_keep" in inspect.signature(getattr(model, "module", model).forward).parameters
+    module_type = type(getattr(model, "module", model))
+    if module_type not in _KEEPS_LOGITS:
+        _KEEPS_LOGITS[module_type] = "logits_to_keep" in inspect.signature(module_type.forward).parameters
+    return _KEEPS_LOGITS[module_type]
+
+
+_KEEPS_LOGITS: dict[type, bool] = {}  # per model class: inspecting a signature costs more than a small forward
 
 
 def response_log_probs(

@@ -13,13 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from rlprof_train.data import ARITHMETIC_SOURCE
+from rlprof_train.data import ARITHMETIC_SOURCE, REVERSE_SOURCE
 
 RewardFn = Callable[..., Any]
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _GSM8K_ANSWER = re.compile(r"####\s*(-?[\d,]+(?:\.\d+)?)")
-BUILTIN_SOURCES = (ARITHMETIC_SOURCE, "openai/gsm8k", "gsm8k")
+BUILTIN_SOURCES = (ARITHMETIC_SOURCE, REVERSE_SOURCE, "openai/gsm8k", "gsm8k")
 
 
 def _normalise_number(text: str) -> str:
@@ -33,6 +33,11 @@ def arithmetic_score(solution_str: str, ground_truth: str) -> float:
     """1.0 when the response starts with the correct number (spaces allowed), else 0.0."""
     match = re.match(r"\s*(-?\d+)", solution_str)
     return 1.0 if match and match.group(1) == ground_truth.strip() else 0.0
+
+
+def reverse_score(solution_str: str, ground_truth: str) -> float:
+    """1.0 when the response is the reversed digits (surrounding spaces allowed), else 0.0."""
+    return 1.0 if solution_str.strip() == ground_truth.strip() else 0.0
 
 
 def gsm8k_score(solution_str: str, ground_truth: str, method: str = "strict") -> float:
@@ -50,10 +55,12 @@ def gsm8k_score(solution_str: str, ground_truth: str, method: str = "strict") ->
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: Optional[dict[str, Any]] = None
 ) -> float:
-    """The built-in rewards: the arithmetic task, and GSM8K (``openai/gsm8k``, ``gsm8k``) with the strict check.
-    Both compare with ``reward_model.ground_truth``."""
+    """The built-in rewards: the arithmetic and reverse tasks, and GSM8K (``openai/gsm8k``, ``gsm8k``) with the strict
+    check. All compare with ``reward_model.ground_truth``."""
     if data_source == ARITHMETIC_SOURCE:
         return arithmetic_score(solution_str, ground_truth)
+    if data_source == REVERSE_SOURCE:
+        return reverse_score(solution_str, ground_truth)
     if data_source in ("openai/gsm8k", "gsm8k"):
         return gsm8k_score(solution_str, ground_truth)
     raise ValueError(

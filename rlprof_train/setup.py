@@ -21,7 +21,7 @@ from rlprof.tracking.tensorboard import tensorboard_dir
 from rlprof_train import checkpoint
 from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.run_dir import RunLock, stale_note, write_run_record
-from rlprof_train.tiny_model import ensure_tiny_model
+from rlprof_train.tiny_model import embedded_model_name, ensure_tiny_model
 from rlprof_train.workers.engine import DistEnv
 from rlprof_train.workers.rollout import Rollout
 
@@ -102,9 +102,9 @@ def prepare_model(cfg: TrainerConfig, env: DistEnv, log: Log) -> str:
     node (nodes need no shared disk; the build is deterministic) and checked to be the same model on every rank."""
     path = cfg.actor_rollout_ref.model.path
     if path is None:
-        folder = EMBEDDED_MODEL_DIR / f"tiny-arithmetic-op{cfg.data.task_max_operand}"
+        folder = EMBEDDED_MODEL_DIR / embedded_model_name(cfg.data.task, cfg.data.task_max_operand)
         if env.local_rank == 0:
-            ensure_tiny_model(EMBEDDED_MODEL_DIR, cfg.data.task_max_operand)
+            ensure_tiny_model(EMBEDDED_MODEL_DIR, cfg.data.task_max_operand, cfg.data.task)
             if env.is_main:
                 log(f"model: using the embedded tiny model at {folder} (actor_rollout_ref.model.path=null)")
         env.barrier()

@@ -1,9 +1,12 @@
-"""The embedded tiny model, built here with no download: a byte-level BPE tokenizer trained with ``tokenizers`` on
-the built-in task's text (digits split one per token) and a 2-layer Llama with head_dim 64 (what vLLM's CPU attention
-needs), warm-started on noisy demonstrations: the correct sum for 25% of examples, a random number otherwise, i.e. a
-weak SFT model with the right format and reward ~0.13, leaving the arithmetic to RL.
+"""The embedded tiny models, built here with no download: a byte-level BPE tokenizer trained with ``tokenizers`` on
+the built-in task's text (digits split one per token) and a small Llama with head_dim 64 (what vLLM's CPU attention
+needs), warm-started on noisy demonstrations: the correct answer for 25% of examples, a random one of the right
+form otherwise, i.e. a weak SFT model with the right format and a low reward, leaving the task to RL.
 
-    python -m rlprof_train.tiny_model --out DIR [--max-operand 4] [--sft-steps 300]
+- ``arithmetic``: ``"a+b="`` -> the sum; 2 layers; reward ~0.13 after the warm start.
+- ``reverse``: ``"Reverse the digits: 31415 ->"`` -> ``"51413"``; 4 layers; responses as long as the input.
+
+    python -m rlprof_train.tiny_model --out DIR [--task arithmetic] [--max-operand 4] [--sft-steps 300]
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any, Optional
 
 import torch
 
-from rlprof_train.data import arithmetic_rows
+from rlprof_train.data import BUILTIN_TASKS, arithmetic_rows, reverse_rows
 from rlprof_train.models import position_ids
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
@@ -68,22 +71,37 @@ def build_tiny_llama(tokenizer: Any, hidden: int = 128, layers: int = 2, heads: 
     return LlamaForCausalLM(config)
 
 
+def _wrong_answer(task: str, truth: str, max_operand: int, rng: random.Random) -> str:
+    """A wrong-or-lucky answer of the task's form: a number of the sums' range, or as many random digits."""
+    if task == "arithmetic":
+        return str(rng.randint(0, 2 * max_operand))
+    return "".join(rng.choice("0123456789") for _ in truth)
+
+
 def format_warm_start(
-    model: Any, tokenizer: Any, max_operand: int, steps: int, seed: int, correct_share: float, lr: float = 3e-3
+    model: Any,
+    tokenizer: Any,
+    max_operand: int,
+    steps: int,
+    seed: int,
+    correct_share: float,
+    lr: float = 3e-3,
+    task: str = "arithmetic",
 ) -> float:
-    """Supervised steps on ``"a+b=" -> "<number></s>"`` where the number is the sum for ``correct_share`` of the
-    examples and a random number of the same range otherwise: a weak SFT model that has the format but not the
-    arithmetic. Returns the last loss."""
+    """Supervised steps on the task's prompts -> ``"<answer></s>"`` where the answer is the correct one for
+    ``correct_share`` of the examples and a random one of the same form otherwise: a weak SFT model that has the
+    format but not the task. Returns the last loss."""
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
         prompts, targets = [], []
-        for example in arithmetic_rows(64, max_operand, rng.randrange(1 << 30)):
+        for example in BUILTIN_TASKS[task](64, max_operand, rng.randrange(1 << 30)):
             prompts.append(tokenizer(example["prompt"], add_special_tokens=False)["input_ids"])
             correct = rng.random() < correct_share
-            answer = example["reward_model"]["ground_truth"] if correct else str(rng.randint(0, 2 * max_operand))
+            truth = example["reward_model"]["ground_truth"]
+            answer = truth if correct else _wrong_answer(task, truth, max_operand, rng)
             targets.append(tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
         width = max(len(p) + len(t) for p, t in zip(prompts, targets, strict=False))
         ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
@@ -101,6 +119,23 @@ def format_warm_start(
     return loss.item()
 
 
+LAYERS = {"arithmetic": 2, "reverse": 4}
+
+
+def task_corpus(task: str, seed: int) -> list[str]:
+    """The text the task's tokenizer is trained on."""
+    if task == "arithmetic":
+        rows = arithmetic_rows(2000, 99, seed)
+    else:
+        rows = reverse_rows(2000, 20, seed)
+    corpus = [f"{r['prompt']}{r['reward_model']['ground_truth']}" for r in rows]
+    return [
+        *corpus,
+        "What is the answer? Let's think step by step. #### 42",
+        "The quick brown fox jumps over the lazy dog.",
+    ]
+
+
 def create_tiny_model(
     out: Path,
     task: str = "arithmetic",
@@ -109,18 +144,16 @@ def create_tiny_model(
     correct_share: float = 0.25,
     seed: int = 0,
 ) -> Path:
-    """Write the embedded tiny model (tokenizer + Llama, format warm-started) to ``out`` and return it."""
-    if task != "arithmetic":
-        raise ValueError(f"task={task!r}: the embedded model is built for the arithmetic task")
-    corpus = [f"{r['prompt']}{r['reward_model']['ground_truth']}" for r in arithmetic_rows(2000, 99, seed)]
-    corpus += ["What is the answer? Let's think step by step. #### 42", "The quick brown fox jumps over the lazy dog."]
-    tokenizer = build_tokenizer(corpus)
-    model = build_tiny_llama(tokenizer, seed=seed)
+    """Write the embedded tiny model of ``task`` (tokenizer + Llama, format warm-started) to ``out`` and return it."""
+    if task not in LAYERS:
+        raise ValueError(f"task={task!r}: the embedded models are built for the tasks {', '.join(LAYERS)}")
+    tokenizer = build_tokenizer(task_corpus(task, seed))
+    model = build_tiny_llama(tokenizer, layers=LAYERS[task], seed=seed)
     if sft_steps:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # the same model whatever the machine's thread count (float sums depend on it)
         try:
-            format_warm_start(model, tokenizer, max_operand, sft_steps, seed, correct_share)
+            format_warm_start(model, tokenizer, max_operand, sft_steps, seed, correct_share, task=task)
         finally:
             torch.set_num_threads(threads)
     out.mkdir(parents=True, exist_ok=True)
@@ -129,20 +162,27 @@ def create_tiny_model(
     return out
 
 
+def embedded_model_name(task: str, max_operand: int) -> str:
+    """The embedded model's folder name under the model cache."""
+    return f"tiny-{task}-op{max_operand}"
+
+
 DISTRIBUTED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def ensure_tiny_model(cache_dir: Path, max_operand: int) -> Path:
-    """The embedded model for ``max_operand``, built once into ``cache_dir`` (built aside, then moved in place).
+def ensure_tiny_model(cache_dir: Path, max_operand: int, task: str = "arithmetic") -> Path:
+    """The embedded model for ``task`` and ``max_operand``, built once into ``cache_dir`` (built aside, then moved in
+    place).
 
     The build runs in a process of its own: inside a distributed job, transformers' ``save_pretrained`` writes only
     on global rank 0, so the other nodes' local rank 0 would move in a folder with a tokenizer and no weights."""
-    out = Path(cache_dir) / f"tiny-arithmetic-op{max_operand}"
+    out = Path(cache_dir) / embedded_model_name(task, max_operand)
     if (out / "config.json").exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    command = [sys.executable, "-m", "rlprof_train.tiny_model", "--out", str(tmp), "--max-operand", str(max_operand)]
+    command = [sys.executable, "-m", "rlprof_train.tiny_model", "--out", str(tmp), "--task", task]
+    command += ["--max-operand", str(max_operand)]
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
     built = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if built.returncode != 0:
@@ -158,11 +198,14 @@ def ensure_tiny_model(cache_dir: Path, max_operand: int) -> Path:
 def main(argv: Optional[list[str]] = None) -> None:
     tiny = argparse.ArgumentParser(
         prog="python -m rlprof_train.tiny_model",
-        description="Build the embedded tiny model (tokenizer + 2-layer Llama, warm-started "
-        "on the arithmetic task; no downloads).",
+        description="Build an embedded tiny model (tokenizer + small Llama, warm-started on a built-in task; "
+        "no downloads).",
     )
+    tiny.add_argument("--task", choices=sorted(LAYERS), default="arithmetic", help="built-in task (default arithmetic)")
     tiny.add_argument("--out", type=Path, required=True, help="output directory")
-    tiny.add_argument("--max-operand", type=int, default=4, help="arithmetic operands 0..N (default 4)")
+    tiny.add_argument(
+        "--max-operand", type=int, default=4, help="arithmetic: operands 0..N; reverse: 1..N digits (default 4)"
+    )
     tiny.add_argument("--sft-steps", type=int, default=300, help="warm-start steps (0: random weights)")
     tiny.add_argument(
         "--correct-share",
@@ -174,6 +217,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = tiny.parse_args(argv)
     out = create_tiny_model(
         args.out,
+        task=args.task,
         max_operand=args.max_operand,
         sft_steps=args.sft_steps,
         correct_share=args.correct_share,

@@ -1,0 +1,212 @@
+"""rlprof_train against TRL's GRPOTrainer, side by side: step time and learning on the same model and prompts.
+
+Both trainers run alternately, each in its own process, on the same model directory and the same prompts per step
+(rlprof_train's step order, fed to TRL with ``shuffle_dataset=False``; TRL checks the token ids), with GRPO set up
+alike: n completions per prompt, one optimizer step per batch, token-mean loss over the batch (TRL's ``dapo``), k3
+KL to the reference with coefficient 0.1, group-normalised advantages, one iteration, constant lr 5e-4, gradient
+clip 1.0, fp32, no gradient checkpointing, no vLLM, two threads. Micro-batch sizes are equal on both sides: TRL's
+``per_device_train_batch_size`` (which also sizes its reference forward) is rlprof_train's actor, reference and
+log-prob micro-batch size; ``gradient_accumulation_steps`` covers the batch. rlprof_train runs with
+``actor.reuse_on_policy_log_probs=true``: TRL skips the old-log-prob forward when the update is on-policy, and so does
+this setting (off by default, as verl).
+
+Per pair: each trainer's median wall time per step (from the end of one step to the end of the next, generation and
+logging included; warm-up steps left out) and the ratio TRL / rlprof_train. The pairs use seeds 1, 2, ... (same seed,
+same prompts on both sides); equal learning is the mean reward over the second half of the run (after the rise),
+averaged over the pairs, within ``LEARNING_TOLERANCE``; and rlprof_train must have learned (late half well above
+the first steps).
+The table goes to stdout and ``outputs/benchmarks/vs_trl.md``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNER = ROOT / "benchmarks" / "trl_grpo.py"
+WARM_UP = 10  # steps left out of the step-time medians
+PAIRS, MAX_PAIRS = 3, 5  # pairs run; more (up to MAX_PAIRS) when the median ratio misses the target (noise)
+SPEED_TARGET = 1.3  # TRL's median s/step over rlprof_train's, median over the pairs
+LEARNING_TOLERANCE = 0.03  # |late mean reward, rlprof_train - TRL|, the late half of the run, mean over the pairs
+
+
+@dataclass(frozen=True)
+class Geometry:
+    name: str
+    steps: int
+    prompts: int
+    n: int
+    response_length: int
+    micro_batch: int
+    overrides: tuple[str, ...] = ()
+
+
+DEMO = Geometry("demo: 32 prompts x 8, 4 new tokens, micro-batch 32", 300, 32, 8, 4, 32)
+
+
+def trainer_overrides(geometry: Geometry, seed: int, folder: Path) -> list[str]:
+    micro = geometry.micro_batch
+    return [
+        f"data.train_batch_size={geometry.prompts}",
+        f"data.max_response_length={geometry.response_length}",
+        f"actor_rollout_ref.rollout.n={geometry.n}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={geometry.prompts}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
+        "actor_rollout_ref.actor.reuse_on_policy_log_probs=true",
+        f"trainer.seed={seed}",
+        f"trainer.total_training_steps={geometry.steps}",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "trainer.logger=[file]",
+        f"trainer.experiment_name=vs-trl-{seed}",
+        f"trainer.log_dir={folder / 'logs'}",
+        f"trainer.default_local_dir={folder / 'checkpoints'}",
+        *geometry.overrides,
+    ]
+
+
+def child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def run_rlprof(geometry: Geometry, seed: int, folder: Path) -> dict:
+    command = [sys.executable, "-m", "rlprof_train.main_ppo", *trainer_overrides(geometry, seed, folder)]
+    done = subprocess.run(command, capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in (folder / "logs" / "metrics.jsonl").read_text().splitlines()]
+    times = [r["time"] for r in records]
+    return {
+        "step_s": [b - a for a, b in itertools.pairwise(times)],
+        "reward": [r["critic/score/mean"] for r in records],
+    }
+
+
+def step_prompts(geometry: Geometry, seed: int, model: Path) -> list[list[dict]]:
+    """The prompts rlprof_train trains on at each step, as text with their token ids."""
+    from rlprof_train.config import load_trainer_config
+    from rlprof_train.data import StepBatches, load_datasets
+    from rlprof_train.models import load_tokenizer
+
+    cfg = load_trainer_config(trainer_overrides(geometry, seed, Path("unused")))
+    tokenizer = load_tokenizer(model)
+    train, _, _ = load_datasets(cfg.data, tokenizer, seed)
+    batches = StepBatches(train, cfg.data.train_batch_size, seed, cfg.data.shuffle)
+    return [
+        [
+            {
+                "prompt": tokenizer.decode(list(e.prompt_ids)),
+                "ids": list(e.prompt_ids),
+                "ground_truth": e.ground_truth,
+                "data_source": e.data_source,
+            }
+            for e in batches.batch(step)
+        ]
+        for step in range(1, geometry.steps + 1)
+    ]
+
+
+def run_trl(geometry: Geometry, seed: int, folder: Path, model: Path) -> dict:
+    folder.mkdir(parents=True)
+    spec = {
+        "model": str(model),
+        "rows": step_prompts(geometry, seed, model),
+        "n": geometry.n,
+        "micro_batch": geometry.micro_batch,
+        "response_length": geometry.response_length,
+        "lr": 5e-4,
+        "beta": 0.1,
+        "seed": seed,
+        "threads": 2,
+    }
+    (folder / "spec.json").write_text(json.dumps(spec))
+    command = [sys.executable, str(RUNNER), str(folder / "spec.json"), str(folder / "out.json")]
+    done = subprocess.run(command, capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((folder / "out.json").read_text())
+    assert result["prompts_match"], "TRL trained on other prompts than rlprof_train at some step"
+    return result
+
+
+def late_mean(rewards: list[float]) -> float:
+    """Mean reward over the second half of the run."""
+    return statistics.fmean(rewards[len(rewards) // 2 :])
+
+
+def table(geometry: Geometry, pairs: list[dict]) -> str:
+    lines = [
+        f"### {geometry.name}, {geometry.steps} steps",
+        "",
+        "| pair (seed) | rlprof_train s/step | TRL s/step | TRL / rlprof_train | late reward: rlprof_train | TRL |",
+        "|---|---|---|---|---|---|",
+    ]
+    for seed, pair in enumerate(pairs, start=1):
+        lines.append(
+            f"| {seed} | {pair['ours_s']:.4f} | {pair['trl_s']:.4f} | {pair['ratio']:.2f}x | "
+            f"{pair['ours_late']:.3f} | {pair['trl_late']:.3f} |"
+        )
+    ratios = [p["ratio"] for p in pairs]
+    ours_late, trl_late = (statistics.fmean(p[key] for p in pairs) for key in ("ours_late", "trl_late"))
+    lines += [
+        "",
+        f"ratio median {statistics.median(ratios):.2f}x (spread {min(ratios):.2f}-{max(ratios):.2f}x); "
+        f"late reward (mean over steps {geometry.steps // 2 + 1}-{geometry.steps}, over the pairs): rlprof_train "
+        f"{ours_late:.3f}, TRL {trl_late:.3f}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is not installed (scripts/setup.sh does)")
+@pytest.mark.parametrize("geometry", [DEMO], ids=lambda g: g.name.split(":")[0])
+def test_rlprof_train_steps_faster_than_trl_and_learns_the_same(benchmark, tmp_path, geometry):
+    from rlprof_train.setup import EMBEDDED_MODEL_DIR
+    from rlprof_train.tiny_model import ensure_tiny_model
+
+    model = ensure_tiny_model(ROOT / EMBEDDED_MODEL_DIR, 4)
+    pairs: list[dict] = []
+    while len(pairs) < PAIRS or (
+        len(pairs) < MAX_PAIRS and statistics.median(p["ratio"] for p in pairs) < SPEED_TARGET
+    ):
+        seed = len(pairs) + 1
+        ours = run_rlprof(geometry, seed, tmp_path / f"rlprof-{seed}")
+        trl = run_trl(geometry, seed, tmp_path / f"trl-{seed}", model)
+        ours_s, trl_s = statistics.median(ours["step_s"][WARM_UP:]), statistics.median(trl["step_s"][WARM_UP:])
+        pairs.append(
+            {
+                "ours_s": ours_s,
+                "trl_s": trl_s,
+                "ratio": trl_s / ours_s,
+                "ours_late": late_mean(ours["reward"]),
+                "trl_late": late_mean(trl["reward"]),
+                "ours_first": ours["reward"][:10],
+                "trl_first": trl["reward"][:10],
+            }
+        )
+    report = table(geometry, pairs)
+    print("\n" + report)
+    out = ROOT / "outputs" / "benchmarks" / "vs_trl.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report)
+    benchmark.extra_info["pairs"] = pairs
+    benchmark.pedantic(lambda: None, rounds=1)
+
+    ours_late = statistics.fmean(p["ours_late"] for p in pairs)
+    trl_late = statistics.fmean(p["trl_late"] for p in pairs)
+    first = statistics.fmean(r for p in pairs for r in p["ours_first"])
+    assert ours_late > first + 0.3, f"rlprof_train did not learn: first steps {first:.3f}, late {ours_late:.3f}"
+    assert abs(ours_late - trl_late) <= LEARNING_TOLERANCE, report
+    assert statistics.median(p["ratio"] for p in pairs) >= SPEED_TARGET, report
