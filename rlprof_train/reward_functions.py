@@ -36,8 +36,12 @@ def arithmetic_score(solution_str: str, ground_truth: str) -> float:
 
 
 def reverse_score(solution_str: str, ground_truth: str) -> float:
-    """1.0 when the response is the reversed digits (surrounding spaces allowed), else 0.0."""
-    return 1.0 if solution_str.strip() == ground_truth.strip() else 0.0
+    """The share of positions where the response (surrounding spaces ignored) has the answer's character, over the
+    longer of the two: 1.0 only for the exact answer, partial credit for a partly right one."""
+    response, truth = solution_str.strip(), ground_truth.strip()
+    if not response or not truth:
+        return float(response == truth)
+    return sum(a == b for a, b in zip(response, truth, strict=False)) / max(len(response), len(truth))
 
 
 def gsm8k_score(solution_str: str, ground_truth: str, method: str = "strict") -> float:

@@ -86,7 +86,10 @@ def test_a_generation_config_asking_for_more_is_sampled_by_generate(model_dir, p
     model.generation_config.repetition_penalty = 1.3
     assert not loop_applies(model)
     rollout = HFRollout(lambda: model, tokenizer, zero_stage=1, micro_batch_size=None)
-    examples = [Example(i, tuple(ids[m.bool()].tolist()), "x", "0") for i, (ids, m) in enumerate(zip(*prompts))]
+    ids, mask = prompts
+    examples = [
+        Example(i, tuple(row[m.bool()].tolist()), "x", "0") for i, (row, m) in enumerate(zip(ids, mask, strict=True))
+    ]
     sampling = SamplingParams(2, 1.0, 1.0, -1, 4)
     torch.manual_seed(2)
     batch = rollout.generate(examples, sampling)

@@ -260,3 +260,40 @@ def test_the_zero_gradient_bucket_is_sized_to_the_model_as_transformers_sizes_au
     zero3 = deepspeed_config(3, False, False, 1.0, "float32", 1, hidden_size=64)["zero_optimization"]
     assert zero3 == {"stage": 3, "reduce_bucket_size": 4096}  # prefetch left to DeepSpeed (see the docstring)
     assert deepspeed_config(1, False, False, 1.0, "float32", 1)["zero_optimization"] == {"stage": 1}  # no model size
+
+
+def test_the_reverse_task_asks_for_the_digits_reversed_and_scores_each_position():
+    from rlprof_train.data import REVERSE_SOURCE, reverse_rows
+    from rlprof_train.reward_functions import default_compute_score
+
+    rows = reverse_rows(200, 12, seed=5)
+    lengths = set()
+    for row in rows:
+        digits = row["prompt"].removeprefix("Reverse the digits: ").removesuffix(" ->")
+        assert digits.isdigit() and row["reward_model"]["ground_truth"] == digits[::-1]
+        assert row["data_source"] == REVERSE_SOURCE
+        lengths.add(len(digits))
+    assert lengths == set(range(1, 13))  # 1..N digits
+    assert rows == reverse_rows(200, 12, seed=5)
+
+    def score(response: str, truth: str = "51413") -> float:
+        return default_compute_score(REVERSE_SOURCE, response, truth)
+
+    assert score(" 51413 ") == 1.0
+    assert score("51403") == 0.8  # one position wrong
+    assert score("5141") == 0.8  # one short: 4 of the 5 positions
+    assert score("5141399999") == 0.5  # too long: 5 of 10
+    assert score("") == 0.0 and score("x", truth="") == 0.0
+
+
+def test_the_reverse_tasks_embedded_model_has_four_layers_and_one_token_per_digit(tmp_path):
+    from rlprof_train.models import load_causal_lm, load_tokenizer
+    from rlprof_train.tiny_model import create_tiny_model
+
+    out = create_tiny_model(tmp_path / "reverse", task="reverse", max_operand=6, sft_steps=2)
+    assert load_causal_lm(out).config.num_hidden_layers == 4
+    tokenizer = load_tokenizer(out)
+    ids = tokenizer("Reverse the digits: 31415 ->", add_special_tokens=False)["input_ids"]
+    assert [tokenizer.decode([i]) for i in ids if tokenizer.decode([i]).isdigit()] == list("31415")
+    with pytest.raises(ValueError, match="built for the tasks arithmetic, reverse"):
+        create_tiny_model(tmp_path / "other", task="gsm8k")

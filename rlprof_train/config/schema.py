@@ -36,9 +36,10 @@ class DataConfig:
     val_files: Union[str, list[str], None] = None
     """Validation files; null: a held-out split of the built-in task."""
     task: str = "arithmetic"
-    """Built-in procedural task used when ``train_files`` is null."""
+    """Built-in procedural task used when ``train_files`` is null: ``arithmetic`` (``"a+b="``, a 2-layer embedded
+    model) or ``reverse`` (``"Reverse the digits: 314 ->"``, responses as long as the input, a 4-layer model)."""
     task_max_operand: int = field(default=4, metadata=bounds(ge=0))
-    """Arithmetic task: operands drawn from 0..task_max_operand."""
+    """The built-in task's size: arithmetic operands drawn from 0..N; reverse strings of 1..N digits."""
     train_size: int = field(default=2000, metadata=bounds(ge=1))
     """Built-in task: number of training prompts."""
     val_size: int = field(default=64, metadata=bounds(ge=0))
