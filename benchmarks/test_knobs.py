@@ -4,8 +4,8 @@ Every knob runs in its own process (benchmarks/knob_probe.py) on the same ragged
 its effect lives (gradient checkpointing on an activation-heavy model, the rest on an LM-head-heavy one); the table
 (peak memory above the pre-pass level, tokens/s, token positions computed per real token) is printed and written to
 ``outputs/benchmarks/knobs.md``. Asserted, as ratios within this one run, are the directions that are stable on a
-2-core machine: gradient checkpointing lowers the update's peak memory (by 20% at least), packing computes no padding
-and dynamic batch size less of it, entropy chunking lowers the log-prob pass's peak. Tokens/s are reported, not
+2-core machine: gradient checkpointing lowers the update's peak memory (by 20% at least), packing computes no padding,
+dynamic batch size lowers the log-prob pass's peak (by 20% at least), entropy chunking lowers it too. Tokens/s are reported, not
 asserted: they move by about 15% between runs here, as much as packing gains on this batch.
 """
 
@@ -97,6 +97,8 @@ def test_knobs(benchmark):
     assert deep_checkpointed["update_peak_mb"] < 0.8 * results[DEEP_BASELINE]["update_peak_mb"]
     packed = results["use_remove_padding"]
     assert packed["computed_positions"] == packed["real_tokens"] < base["computed_positions"]
-    assert results["use_dynamic_bsz (padded, 2048-token budget)"]["computed_positions"] < base["computed_positions"]
+    # fixed-size micro-batches already group rows by length (about the same padding); the token budget keeps long
+    # sequences out of one micro-batch: a lower log-prob peak
+    assert results["use_dynamic_bsz (padded, 2048-token budget)"]["log_prob_peak_mb"] < 0.8 * base["log_prob_peak_mb"]
     entropy = results[ENTROPY_BASELINE]
     assert results["entropy_from_logits_with_chunking"]["log_prob_peak_mb"] < entropy["log_prob_peak_mb"]
