@@ -6,7 +6,7 @@ form otherwise, i.e. a weak SFT model with the right format and a low reward, le
 - ``arithmetic``: ``"a+b="`` -> the sum; 2 layers; reward ~0.13 after the warm start.
 - ``reverse``: ``"Reverse the digits: 31415 ->"`` -> ``"51413"``; 4 layers; responses as long as the input.
 
-    python -m rlprof_train.tiny_model --out DIR [--task arithmetic] [--max-operand 4] [--sft-steps 300]
+    python -m rlprof_train.tiny_model --out DIR [--task arithmetic|reverse] [--max-operand 4] [--sft-steps N]
 """
 
 from __future__ import annotations
@@ -120,6 +120,7 @@ def format_warm_start(
 
 
 LAYERS = {"arithmetic": 2, "reverse": 4}
+SFT_STEPS = {"arithmetic": 300, "reverse": 150}  # warm-start steps by default (the reverse model's are longer)
 
 
 def task_corpus(task: str, seed: int) -> list[str]:
@@ -140,13 +141,14 @@ def create_tiny_model(
     out: Path,
     task: str = "arithmetic",
     max_operand: int = 4,
-    sft_steps: int = 300,
+    sft_steps: Optional[int] = None,
     correct_share: float = 0.25,
     seed: int = 0,
 ) -> Path:
     """Write the embedded tiny model of ``task`` (tokenizer + Llama, format warm-started) to ``out`` and return it."""
     if task not in LAYERS:
         raise ValueError(f"task={task!r}: the embedded models are built for the tasks {', '.join(LAYERS)}")
+    sft_steps = SFT_STEPS[task] if sft_steps is None else sft_steps
     tokenizer = build_tokenizer(task_corpus(task, seed))
     model = build_tiny_llama(tokenizer, layers=LAYERS[task], seed=seed)
     if sft_steps:
@@ -206,7 +208,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     tiny.add_argument(
         "--max-operand", type=int, default=4, help="arithmetic: operands 0..N; reverse: 1..N digits (default 4)"
     )
-    tiny.add_argument("--sft-steps", type=int, default=300, help="warm-start steps (0: random weights)")
+    tiny.add_argument(
+        "--sft-steps", type=int, default=None, help="warm-start steps (0: random weights; default 300, reverse 150)"
+    )
     tiny.add_argument(
         "--correct-share",
         type=float,
