@@ -5,8 +5,8 @@ its effect lives (gradient checkpointing on an activation-heavy model, the rest 
 (peak memory above the pre-pass level, tokens/s, token positions computed per real token) is printed and written to
 ``outputs/benchmarks/knobs.md``. Asserted, as ratios within this one run, are the directions that are stable on a
 2-core machine: gradient checkpointing lowers the update's peak memory (by 20% at least), packing computes no padding,
-dynamic batch size lowers the log-prob pass's peak (by 20% at least), entropy chunking lowers it too. Tokens/s are reported, not
-asserted: they move by about 15% between runs here, as much as packing gains on this batch.
+dynamic batch size lowers the log-prob pass's peak (by 20% at least), entropy chunking lowers it too. Tokens/s are
+reported, not asserted: they move by about 15% between runs here, as much as packing gains on this batch.
 """
 
 from __future__ import annotations
