@@ -31,8 +31,13 @@ class NonFiniteGuard:
         self.bad_steps.append(step)
         if len(self.bad_steps) >= self.patience:
             values = ", ".join(f"{k}={v}" for k, v in bad.items())
+            where = (
+                f"for {len(self.bad_steps)} consecutive steps ({self.bad_steps[0]}-{step}; "
+                if len(self.bad_steps) > 1
+                else f"at step {step} ("
+            )
             raise TrainingDiverged(
-                f"training diverged: non-finite values for {len(self.bad_steps)} consecutive steps "
-                f"({self.bad_steps[0]}-{step}; trainer.nonfinite_patience={self.patience}), last: {values}. No "
-                f"checkpoint was written from these steps.{self.hint}"
+                f"training diverged: non-finite values {where}trainer.nonfinite_patience={self.patience}), last: "
+                f"{values}. No checkpoint was written from {'these steps' if len(self.bad_steps) > 1 else 'it'}."
+                f"{self.hint}"
             )

@@ -115,21 +115,24 @@ def test_a_nan_reward_stops_at_once_naming_the_data_source_and_a_sample(tmp_path
 
 
 def test_a_diverging_learning_rate_is_stopped_by_the_guard_not_a_sampling_crash(tmp_path):
+    # at lr 1e9 the policy is destroyed after one step; whether its values go on as NaN every step or (now, at this
+    # seed) stay finite but degenerate with an infinite gradient norm now and then depends on float rounding, so
+    # the first non-finite step stops it (counting consecutive steps: tests/test_trainer_units.py)
     result = run(
         tmp_path,
         "actor_rollout_ref.actor.optim.lr=1e9",
         "trainer.total_training_steps=20",
         "trainer.save_freq=1",
-        "trainer.nonfinite_patience=2",
+        "trainer.nonfinite_patience=1",
         expect=1,
     )
-    assert "training diverged: non-finite values for 2 consecutive steps" in result.stderr
+    assert "training diverged: non-finite values at step" in result.stderr
     assert "actor_rollout_ref.actor.optim.lr (now 1e+09)" in result.stderr
     assert "multinomial" not in result.stderr
     bad = {
         r["step"]
         for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl")
-        if any(isinstance(v, float) and math.isnan(v) for v in r.values())
+        if any(isinstance(v, float) and not math.isfinite(v) for v in r.values())
     }
     assert bad and not {s for s in checkpoint.saved_steps(tmp_path / "ckpt") if s in bad}  # none from a bad step
 

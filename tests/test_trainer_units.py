@@ -240,6 +240,10 @@ def test_the_guard_stops_after_patience_non_finite_steps_and_resets_on_a_finite_
     assert not guard.healthy
     with pytest.raises(TrainingDiverged, match="3 consecutive steps .3-5.*critic/vf_loss=nan"):
         guard.check({"critic/vf_loss": float("nan")}, 5)
+    with pytest.raises(
+        TrainingDiverged, match=r"at step 7 \(trainer.nonfinite_patience=1\), last: actor/grad_norm=inf"
+    ):
+        NonFiniteGuard(patience=1).check({"actor/grad_norm": float("inf")}, 7)
 
 
 def test_scoped_environment_is_restored(monkeypatch):
