@@ -99,12 +99,12 @@ def runs(random_model, tmp_path_factory):
         "-m",
     )
     return {
-        "rollout-bound": train(
+        "rollout-bound": train(  # long responses of a random model, few of them: generation ~73% of the step
             root / "rollout",
             random_model,
-            "data.max_response_length=64",
-            "data.train_batch_size=4",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "data.max_response_length=96",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
             "actor_rollout_ref.rollout.n=2",
         ),
         "training-bound": train(
@@ -116,10 +116,10 @@ def runs(random_model, tmp_path_factory):
         "memory-bound": train(
             root / "memory_large", random_model, *MEMORY, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384"
         ),
-        "straggler-bound": train(
+        "straggler-bound": train(  # generation ~41% of the step, training ~59% (with the wait for rank 1)
             root / "straggler",
             random_model,
-            "data.max_response_length=64",
+            "data.max_response_length=96",
             "data.train_batch_size=8",
             "actor_rollout_ref.actor.ppo_mini_batch_size=8",
             "actor_rollout_ref.rollout.n=2",
