@@ -102,9 +102,17 @@ def run_rlprof(geometry: Geometry, seed: int, folder: Path) -> dict:
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (folder / "logs" / "metrics.jsonl").read_text().splitlines()]
     times = [r["time"] for r in records]
+    timed = records[WARM_UP:]
     return {
         "step_s": [b - a for a, b in itertools.pairwise(times)],
         "reward": [r["critic/score/mean"] for r in records],
+        "gen_share": statistics.median(r["timing_s/gen"] / r["timing_s/step"] for r in timed),
+        "response_mean": statistics.fmean(r["response_length/mean"] for r in records),
+        "response_range": (
+            min(r["response_length/min"] for r in records),
+            max(r["response_length/max"] for r in records),
+        ),
+        "prompt_range": (min(r["prompt_length/min"] for r in records), max(r["prompt_length/max"] for r in records)),
     }
 
 
@@ -163,6 +171,10 @@ def mean_over_pairs(pairs: list[dict], key: str) -> float:
     return statistics.fmean(p[key] for p in pairs)
 
 
+def span(pairs: list[dict], key: str) -> str:
+    return f"{min(p[key][0] for p in pairs):.0f}-{max(p[key][1] for p in pairs):.0f}"
+
+
 def table(geometry: Geometry, pairs: list[dict]) -> str:
     lines = [
         f"### {geometry.name}, {geometry.steps} steps",
@@ -183,6 +195,9 @@ def table(geometry: Geometry, pairs: list[dict]) -> str:
         f"over the run, over the pairs: rlprof_train {mean_over_pairs(pairs, 'ours_mean'):.3f}, TRL "
         f"{mean_over_pairs(pairs, 'trl_mean'):.3f}; over steps {geometry.steps // 2 + 1}-{geometry.steps}: "
         f"rlprof_train {mean_over_pairs(pairs, 'ours_late'):.3f}, TRL {mean_over_pairs(pairs, 'trl_late'):.3f}",
+        f"rlprof_train's step: generation {100 * mean_over_pairs(pairs, 'gen_share'):.0f}% (median); prompts of "
+        f"{span(pairs, 'prompt_range')} tokens, responses of {span(pairs, 'response_range')} "
+        f"(mean {mean_over_pairs(pairs, 'response_mean'):.1f})",
         "",
     ]
     return "\n".join(lines)
@@ -213,6 +228,10 @@ def test_rlprof_train_steps_faster_than_trl_and_learns_the_same(benchmark, tmp_p
                 "ours_late": late_mean(ours["reward"]),
                 "trl_late": late_mean(trl["reward"]),
                 "ours_first": ours["reward"][:10],
+                "gen_share": ours["gen_share"],
+                "response_mean": ours["response_mean"],
+                "response_range": ours["response_range"],
+                "prompt_range": ours["prompt_range"],
                 "trl_first": trl["reward"][:10],
             }
         )
@@ -228,5 +247,7 @@ def test_rlprof_train_steps_faster_than_trl_and_learns_the_same(benchmark, tmp_p
         first = statistics.fmean(r for p in pairs for r in p["ours_first"])
         late = mean_over_pairs(pairs, "ours_late")
         assert late > first + 0.3, f"rlprof_train did not learn: first steps {first:.3f}, second half {late:.3f}"
+    if geometry is LONG:  # where generation matters
+        assert mean_over_pairs(pairs, "gen_share") >= 0.25, report
     assert abs(mean_over_pairs(pairs, "ours_mean") - mean_over_pairs(pairs, "trl_mean")) <= LEARNING_TOLERANCE, report
     assert statistics.median(p["ratio"] for p in pairs) >= geometry.speed_target, report

@@ -80,6 +80,16 @@ def test_each_prompt_is_prefilled_once_and_ended_rows_are_not_computed(model_dir
     assert rows_seen[-1] < 96
 
 
+@pytest.mark.parametrize(
+    ("field", "value"), [("min_p", 0.1), ("suppress_tokens", [5]), ("no_repeat_ngram_size", 2), ("top_k", 50)]
+)
+def test_the_loop_declines_a_generation_config_asking_for_other_processing(model_dir, field, value):
+    model = load_causal_lm(model_dir).eval()
+    setattr(model.generation_config, field, value)
+    # top_k is the rollout's own setting (rollout.top_k overrides the model's), the others are not the loop's
+    assert loop_applies(model) == (field == "top_k")
+
+
 def test_a_generation_config_asking_for_more_is_sampled_by_generate(model_dir, prompts):
     model = load_causal_lm(model_dir).eval()
     tokenizer = load_tokenizer(model_dir)

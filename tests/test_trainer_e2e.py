@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -83,18 +84,25 @@ def test_grpo_learns_the_arithmetic_task(tmp_path):
 
 
 def test_gae_actor_critic_learns_the_arithmetic_task(tmp_path):
-    # 400 steps: at this seed the policy's entropy is 0.01-0.1 from step ~200 and the reward falls after step ~425
-    # (step 450: 0.66, KL loss 1.3); the README says so
+    # the README's command runs 400 steps; 50 more show what the README says of longer runs at this seed: the
+    # policy's entropy is low from step 200 (median 0.03), and after step ~425 the reward falls while the KL to the
+    # reference doubles
     run_trainer(
         tmp_path,
         "algorithm.adv_estimator=gae",
         "actor_rollout_ref.rollout.n=1",
         "data.train_batch_size=128",
-        "trainer.total_training_steps=400",
+        "trainer.total_training_steps=450",
         "trainer.test_freq=-1",
     )
-    assert_learns(rewards(tmp_path), "GAE")
-    last = read_jsonl(tmp_path / "logs" / "metrics.jsonl")[-1]
+    curve = rewards(tmp_path)
+    assert_learns(curve[:400], "GAE")
+    records = read_jsonl(tmp_path / "logs" / "metrics.jsonl")
+    assert statistics.median(r["actor/entropy"] for r in records if 200 <= r["step"] <= 425) <= 0.05
+    assert sum(curve[425:]) / 25 < sum(curve[350:400]) / 50 - 0.03
+    kl = {r["step"]: r["actor/kl_loss"] for r in records if "actor/kl_loss" in r}
+    assert kl[450] > 1.5 * kl[400]
+    last = records[-1]
     assert "critic/vf_loss" in last and "critic/values/mean" in last and "actor/grad_norm" in last
 
 
