@@ -75,8 +75,10 @@ class ValueModel(torch.nn.Module):
             layout = pack(input_ids, attention_mask, response_length)
             values = forward(layout.ids, None, layout.positions)[0, layout.predicts]
             return layout.unpack(values, input_ids.shape[0], response_length)
-        values = forward(input_ids, attention_mask, position_ids(attention_mask))
-        response_values: torch.Tensor = values[:, -response_length - 1 : -1] * attention_mask[:, -response_length:]
+        values = forward(  # the last position's value is never used: the model runs on [B, P+R-1]
+            input_ids[:, :-1], attention_mask[:, :-1], position_ids(attention_mask)[:, :-1]
+        )
+        response_values: torch.Tensor = values[:, -response_length:] * attention_mask[:, -response_length:]
         return response_values
 
 
@@ -113,9 +115,10 @@ def response_log_probs(
     ``temperature`` (the rollout's, so they match the sampling distribution), and their entropies when asked.
 
     ``packed`` (``use_remove_padding``) runs the model on the real tokens only, all rows in one packed sequence,
-    and computes the head only where a response token is predicted; the padded path runs on ``[B, P+R]`` and,
-    where the model takes ``logits_to_keep`` (transformers' causal LMs do), computes the head on the last R+1
-    positions only (the prompt's logits are never used).
+    and computes the head only where a response token is predicted; the padded path runs on ``[B, P+R-1]`` (not on
+    the last position, which predicts nothing and, under causal attention, changes no earlier one) and, where the
+    model takes ``logits_to_keep`` (transformers' causal LMs do), computes the head on the R positions that predict
+    the response only (the prompt's logits are never used).
     ``chunked_entropy`` computes entropies a chunk of positions at a time; ``checkpoint_entropy`` recomputes the
     entropy's softmax in backward instead of keeping it; ``entropy_grad=False`` computes it outside autograd (for a
     metric only). Padding positions are 0 in both outputs.
@@ -126,15 +129,15 @@ def response_log_probs(
         logits = logits[layout.predicts].float() / max(temperature, 1e-6)  # [N, V]
         targets = layout.ids[0, layout.predicts + 1]
     else:
-        keep = {"logits_to_keep": response_length + 1} if keeps_logits(model) else {}
-        logits = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids(attention_mask),
+        keep = {"logits_to_keep": response_length} if keeps_logits(model) else {}
+        logits = model(  # the last position predicts nothing: the model runs on [B, P+R-1]
+            input_ids=input_ids[:, :-1],
+            attention_mask=attention_mask[:, :-1],
+            position_ids=position_ids(attention_mask)[:, :-1],
             use_cache=False,
             **keep,
         ).logits
-        logits = logits[:, -response_length - 1 : -1].float() / max(temperature, 1e-6)  # [B, R, V]
+        logits = logits[:, -response_length:].float() / max(temperature, 1e-6)  # [B, R, V]
         targets = input_ids[:, -response_length:]
     log_probs = torch.gather(F.log_softmax(logits, dim=-1), -1, targets[..., None]).squeeze(-1)
     entropy = None

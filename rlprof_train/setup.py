@@ -183,7 +183,7 @@ def reuses_on_policy_log_probs(cfg: TrainerConfig, log: Log) -> bool:
     if cfg.actor_rollout_ref.rollout.name == "vllm":
         reasons.append("the vllm rollout's log-probs are compared with them (rollout/log_prob_abs_diff)")
     if reasons:
-        log(f"[INFO] {key}=true is not applied: " + "; ".join(reasons))
+        log(f"{key}=true is not applied: " + "; ".join(reasons))
         return False
     return True
 

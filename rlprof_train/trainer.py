@@ -70,6 +70,15 @@ class PPOTrainer:
             )
         else:
             self.critic = None
+        for key, requested, worker in (
+            ("actor_rollout_ref.actor.zero_stage", arr.actor.zero_stage, self.actor),
+            ("critic.zero_stage", cfg.critic.zero_stage, self.critic),
+        ):
+            if worker is not None and worker.engine.zero_optimization_stage() != requested:
+                log(
+                    f"{key}={requested} runs as stage 0: on one float32 process ZeRO has nothing to partition "
+                    "(the same updates, without its gradient buckets)"
+                )
         self.rollout = setup.make_rollout(cfg, env, model_path, self.actor, self.tokenizer, log)
         self.reuse_log_probs = setup.reuses_on_policy_log_probs(cfg, log)
         self.kl_ctrl = algos.KLController(

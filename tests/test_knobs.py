@@ -224,26 +224,32 @@ def test_reusing_on_policy_log_probs_gives_the_recomputed_loss_gradient_and_entr
     assert reused["actor/ppo_kl"] == 0.0 and abs(recomputed["actor/ppo_kl"]) < 1e-6
 
 
-def test_the_head_on_response_positions_only_gives_the_full_heads_log_probs_entropy_and_gradients(model_dir):
-    """The padded pass asks the model for the last R+1 positions' logits (``logits_to_keep``); the prompt's logits
-    were never used, so log-probs, entropies, loss and gradients equal those of the head on every position."""
+def test_the_padded_pass_skips_the_last_position_and_the_prompts_head_and_computes_the_same(model_dir):
+    """The padded pass runs the model on all positions but the last (which predicts nothing; under causal attention
+    no earlier position sees it) and asks for the logits of the R positions that predict the response
+    (``logits_to_keep``): log-probs, entropies, loss and gradients equal those of the model on every position with
+    the head on all of them."""
     from rlprof_train.models import keeps_logits, position_ids
 
     model = load_causal_lm(model_dir)
     assert keeps_logits(model)
     batch = ragged_batch(seed=2)
     r = batch.response_length
+    fed: list[tuple[int, int]] = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda _m, args, _out: fed.append(tuple(args[0].shape)))
     model.zero_grad()
     lp, entropy = response_log_probs(
         model, batch.input_ids, batch.attention_mask, r, temperature=0.7, with_entropy=True
     )
+    hook.remove()
+    assert fed == [(batch.input_ids.shape[0], batch.input_ids.shape[1] - 1)]
     algos.policy_loss(batch.old_log_probs, lp, batch.advantages, batch.response_mask).pg_loss.backward()
     kept = [lp.detach(), entropy.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])]
 
     model.zero_grad()
     logits = model(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids(batch.attention_mask)
-    ).logits  # the head on all P+R positions
+    ).logits  # the model on all P+R positions, the head on all of them
     assert logits.shape[1] == batch.input_ids.shape[1]
     logits = logits[:, -r - 1 : -1] / 0.7
     full_lp = torch.log_softmax(logits, -1).gather(-1, batch.input_ids[:, -r:, None])[..., 0] * batch.response_mask
@@ -252,6 +258,24 @@ def test_the_head_on_response_positions_only_gives_the_full_heads_log_probs_entr
     full = [full_lp.detach(), full_entropy.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])]
     for got, want in zip(kept, full, strict=True):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_the_critics_padded_pass_skips_the_last_position_and_computes_the_same_values(model_dir):
+    """V of the state before each response token needs every position but the last: the values equal those of the
+    model on all positions."""
+    from rlprof_train.models import position_ids
+
+    critic = ValueModel(model_dir)
+    torch.nn.init.normal_(critic.value_head.weight)
+    batch = ragged_batch(seed=3)
+    r = batch.response_length
+    widths: list[int] = []
+    critic.body.embed_tokens.register_forward_hook(lambda _m, args, _out: widths.append(args[0].shape[1]))
+    values = critic.response_values(batch.input_ids, batch.attention_mask, r)
+    full = critic(batch.input_ids, batch.attention_mask, position_ids(batch.attention_mask))
+    assert widths == [batch.input_ids.shape[1] - 1, batch.input_ids.shape[1]]
+    torch.testing.assert_close(values, full[:, -r - 1 : -1] * batch.response_mask, atol=1e-6, rtol=1e-5)
+    assert values.abs().sum() > 0
 
 
 def test_fixed_micro_batches_group_rows_of_similar_length_and_the_gradient_is_the_same(model_dir):
@@ -290,3 +314,67 @@ def test_fixed_micro_batches_group_rows_of_similar_length_and_the_gradient_is_th
         results.append((gather_rows(parts, 12, batch.response_length), grads))
     torch.testing.assert_close(results[1][0], results[0][0], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(results[1][1], results[0][1], atol=1e-6, rtol=1e-5)
+
+
+def optimizer_run(engine, batches: list[RolloutBatch], scales: list[float]) -> tuple[torch.Tensor, list[float]]:
+    """One optimizer step per scale (two micro-batches of loss x scale each): the parameters after the last step
+    and the gradient norm DeepSpeed reports at each."""
+    norms = []
+    for scale in scales:
+        for batch in batches:
+            lp, _ = response_log_probs(engine, batch.input_ids, batch.attention_mask, batch.response_length)
+            engine.backward(-(lp * batch.advantages[:, None]).sum() * scale, scale_wrt_gas=False)
+        engine.step()
+        norms.append(float(engine.get_global_grad_norm()))
+    return torch.cat([p.detach().flatten() for p in engine.module.parameters()]), norms
+
+
+def test_zero_1_on_one_fp32_process_runs_as_stage_0_with_zero_1s_updates_and_gradient_norms(model_dir, dist_env):
+    """What a one-process float32 run with ``zero_stage=1`` ran until now (a DeepSpeed ZeRO-1 engine) and what it
+    runs now (stage 0, the optimizer clipping): the same parameters (bit for bit while nothing is clipped) and the
+    same reported gradient norms, over a step below the clip and two above it."""
+    import deepspeed
+
+    from rlprof_train.config.schema import OptimConfig
+    from rlprof_train.workers.engine import deepspeed_config, make_engine
+
+    optim = OptimConfig(lr=1e-3, weight_decay=0.01, fused=False)
+    batches = [ragged_batch(seed=7), ragged_batch(seed=8)]
+    ours = make_engine(
+        load_causal_lm(model_dir), optim, zero_stage=1, offload_optimizer=False, offload_param=False,
+        grad_clip=1.0, dtype="float32", world_size=1,
+    )  # fmt: skip
+    module = load_causal_lm(model_dir)
+    zero1, *_ = deepspeed.initialize(
+        model=module,
+        optimizer=torch.optim.AdamW(module.parameters(), lr=1e-3, weight_decay=0.01, foreach=False),
+        config=deepspeed_config(1, False, False, 1.0, "float32", 1, hidden_size=module.config.hidden_size),
+    )
+    assert (ours.zero_optimization_stage(), zero1.zero_optimization_stage()) == (0, 1)
+
+    first = [optimizer_run(engine, batches, [1e-3]) for engine in (ours, zero1)]
+    assert first[0][1][0] < 1.0  # not clipped
+    assert torch.equal(first[0][0], first[1][0]) and first[0][1] == pytest.approx(first[1][1], rel=1e-6)
+    later = [optimizer_run(engine, batches, [1.0, 3.0]) for engine in (ours, zero1)]
+    assert min(later[0][1]) > 1.0  # clipped
+    torch.testing.assert_close(later[0][0], later[1][0], atol=1e-6, rtol=1e-5)
+    assert later[0][1] == pytest.approx(later[1][1], rel=1e-5)
+
+
+def test_the_fused_adamw_kernel_gives_the_loops_update(model_dir, dist_env):
+    """``optim.fused`` (the default) runs torch's fused AdamW kernel: after three clipped and unclipped steps the
+    parameters equal those of torch's loop over the tensors (``optim.fused=false``) up to float rounding."""
+    from rlprof_train.config.schema import OptimConfig
+    from rlprof_train.workers.engine import make_engine
+
+    batches = [ragged_batch(seed=7), ragged_batch(seed=8)]
+    results = []
+    for fused in (True, False):
+        engine = make_engine(
+            load_causal_lm(model_dir), OptimConfig(lr=1e-3, weight_decay=0.01, fused=fused), zero_stage=0,
+            offload_optimizer=False, offload_param=False, grad_clip=1.0, dtype="float32", world_size=1,
+        )  # fmt: skip
+        assert engine.optimizer.defaults["fused"] is fused
+        results.append(optimizer_run(engine, batches, [1e-3, 1.0, 3.0]))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-6, rtol=1e-5)
+    assert results[0][1] == pytest.approx(results[1][1], rel=1e-5)

@@ -63,11 +63,11 @@ def rewards(tmp_path: Path) -> list[float]:
     return [r["critic/score/mean"] for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl") if r["step"] > 0]
 
 
-def assert_learns(curve: list[float], label: str) -> None:
-    start, plateau = sum(curve[:5]) / 5, sum(curve[-50:]) / 50
+def assert_learns(curve: list[float], label: str, plateau_steps: int = 50) -> None:
+    start, plateau = sum(curve[:5]) / 5, sum(curve[-plateau_steps:]) / plateau_steps
     windows = [round(sum(curve[i : i + 25]) / len(curve[i : i + 25]), 2) for i in range(0, len(curve), 25)]
     print(
-        f"\n{label}: mean reward of steps 1-5 = {start:.3f}, of the last 50 steps = {plateau:.3f}; "
+        f"\n{label}: mean reward of steps 1-5 = {start:.3f}, of the last {plateau_steps} steps = {plateau:.3f}; "
         f"per 25 steps: {windows}"
     )
     assert start <= 0.3 and plateau >= 0.8, (start, plateau, windows)
@@ -84,24 +84,24 @@ def test_grpo_learns_the_arithmetic_task(tmp_path):
 
 
 def test_gae_actor_critic_learns_the_arithmetic_task(tmp_path):
-    # the README's command runs 400 steps; 50 more show what the README says of longer runs at this seed: the
-    # policy's entropy is low from step 200 (median 0.03), and after step ~425 the reward falls while the KL to the
-    # reference doubles
-    run_trainer(
+    # the README's command: one response per prompt makes the curve noisier than GRPO's, so the plateau is the mean
+    # of the last 100 steps; the README also states the low entropy from step 200 and the 25-step means after 125
+    result = run_trainer(
         tmp_path,
         "algorithm.adv_estimator=gae",
         "actor_rollout_ref.rollout.n=1",
         "data.train_batch_size=128",
-        "trainer.total_training_steps=450",
+        "trainer.total_training_steps=400",
         "trainer.test_freq=-1",
     )
+    for key in ("actor_rollout_ref.actor.zero_stage", "critic.zero_stage"):  # one fp32 process: no ZeRO machinery
+        assert f"[INFO] {key}=1 runs as stage 0: on one float32 process ZeRO has nothing to partition" in result.stderr
     curve = rewards(tmp_path)
-    assert_learns(curve[:400], "GAE")
+    assert_learns(curve, "GAE", plateau_steps=100)
+    windows = [sum(curve[i : i + 25]) / 25 for i in range(125, 400, 25)]
+    assert min(windows) >= 0.75 and max(windows) <= 0.85, windows
     records = read_jsonl(tmp_path / "logs" / "metrics.jsonl")
-    assert statistics.median(r["actor/entropy"] for r in records if 200 <= r["step"] <= 425) <= 0.05
-    assert sum(curve[425:]) / 25 < sum(curve[350:400]) / 50 - 0.03
-    kl = {r["step"]: r["actor/kl_loss"] for r in records if "actor/kl_loss" in r}
-    assert kl[450] > 1.5 * kl[400]
+    assert statistics.median(r["actor/entropy"] for r in records if 200 <= r["step"] <= 400) <= 0.05
     last = records[-1]
     assert "critic/vf_loss" in last and "critic/values/mean" in last and "actor/grad_norm" in last
 

@@ -266,6 +266,18 @@ def test_the_zero_gradient_bucket_is_sized_to_the_model_as_transformers_sizes_au
     assert deepspeed_config(1, False, False, 1.0, "float32", 1)["zero_optimization"] == {"stage": 1}  # no model size
 
 
+def test_only_zero_1_and_2_on_one_fp32_process_without_offload_run_as_stage_0_where_the_optimizer_clips():
+    from rlprof_train.workers.engine import deepspeed_config, zero_stage_to_run
+
+    assert [zero_stage_to_run(stage, 1, "float32", False) for stage in (0, 1, 2, 3)] == [0, 0, 0, 3]
+    assert zero_stage_to_run(1, 2, "float32", False) == 1  # two ranks: ZeRO partitions
+    assert zero_stage_to_run(1, 1, "bfloat16", False) == 1  # ZeRO keeps the fp32 master copy
+    assert zero_stage_to_run(2, 1, "float32", True) == 2  # offload needs ZeRO
+    assert deepspeed_config(0, False, False, 1.0, "float32", 1)["gradient_clipping"] == 0.0  # the optimizer clips
+    assert deepspeed_config(0, False, False, 1.0, "bfloat16", 1)["gradient_clipping"] == 1.0
+    assert deepspeed_config(1, False, False, 1.0, "float32", 2)["gradient_clipping"] == 1.0
+
+
 def test_the_reverse_task_asks_for_the_digits_reversed_and_scores_each_position():
     from rlprof_train.data import REVERSE_SOURCE, reverse_rows
     from rlprof_train.reward_functions import default_compute_score

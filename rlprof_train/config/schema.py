@@ -91,6 +91,9 @@ class OptimConfig:
     """Weight decay."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     """Adam betas."""
+    fused: bool = True
+    """torch's fused AdamW kernel (one pass over each tensor; the same update up to float rounding, transformers'
+    default); false: torch's loop over the tensors. Not used with ``offload_optimizer`` (DeepSpeed's CPU Adam)."""
 
 
 @dataclass
@@ -110,7 +113,8 @@ class ActorConfig:
     strategy: str = "deepspeed"
     """deepspeed: the only strategy of this trainer (verl's fsdp/fsdp2/megatron are refused with the keys to use)."""
     zero_stage: Literal[0, 1, 2, 3] = 1
-    """DeepSpeed ZeRO stage (0 reports no actor/grad_norm)."""
+    """DeepSpeed ZeRO stage. ZeRO 1 and 2 run as stage 0 on one float32 process without offload (nothing to
+    partition; a startup line says so)."""
     offload_optimizer: bool = False
     """ZeRO >= 1: optimizer state on the host (DeepSpeedCPUAdam)."""
     offload_param: bool = False
