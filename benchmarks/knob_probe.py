@@ -70,15 +70,15 @@ def ragged_batch(vocab: int) -> RolloutBatch:
     )
 
 
-def computed_positions(batch: RolloutBatch, cfg) -> int:
-    """Token positions the forward passes compute for this batch under ``cfg`` (padding included)."""
-    actor, packed = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model.use_remove_padding
-    batching = MicroBatching(
-        actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz, actor.ppo_max_token_len_per_gpu, packed
-    )
-    return sum(
-        int(micro.attention_mask.sum()) if packed else micro.input_ids.numel() for _, micro in batching.split(batch)
-    )
+def computed_positions(worker, batch: RolloutBatch) -> int:
+    """Token positions the update's forward passes run on (padding included): the input ids the model embeds."""
+    fed: list[int] = []
+    embeddings = worker.module.get_input_embeddings()
+    hook = embeddings.register_forward_hook(lambda _module, args, _out: fed.append(args[0].numel()))
+    worker.accumulate_gradients(batch, MetricAggregator())
+    hook.remove()
+    worker.engine.zero_grad()
+    return sum(fed)
 
 
 def main(name: str, shape: str, overrides: list[str]) -> None:
@@ -116,7 +116,7 @@ def main(name: str, shape: str, overrides: list[str]) -> None:
                 "update_peak_mb": update[1],
                 "log_prob_tokens_per_s": real / log_prob[0],
                 "log_prob_peak_mb": log_prob[1],
-                "computed_positions": computed_positions(batch, cfg),
+                "computed_positions": computed_positions(worker, batch),
                 "real_tokens": real,
             }
         )
