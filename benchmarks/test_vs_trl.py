@@ -158,6 +158,7 @@ def run_trl(geometry: Geometry, seed: int, folder: Path, model: Path) -> dict:
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((folder / "out.json").read_text())
     assert result["prompts_match"], "TRL trained on other prompts than rlprof_train at some step"
+    assert result["optimizer"] == "AdamW, fused=True", result["optimizer"]  # transformers' default, and ours
     return result
 
 

@@ -144,6 +144,7 @@ def main(spec_path: str, out_path: str) -> None:
         "step_s": [b - a for a, b in itertools.pairwise(ends)],
         "reward": [sum(rewards[s]) / len(rewards[s]) for s in sorted(rewards)],
         "prompts_match": trained == expected,
+        "optimizer": f"{type(trainer.optimizer.optimizer).__name__}, fused={trainer.optimizer.defaults.get('fused')}",
     }
     Path(out_path).write_text(json.dumps(result))
 

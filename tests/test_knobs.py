@@ -367,6 +367,8 @@ def test_the_fused_adamw_kernel_gives_the_loops_update(model_dir, dist_env):
     from rlprof_train.config.schema import OptimConfig
     from rlprof_train.workers.engine import make_engine
 
+    defaults = load_trainer_config([])
+    assert defaults.actor_rollout_ref.actor.optim.fused and defaults.critic.optim.fused
     batches = [ragged_batch(seed=7), ragged_batch(seed=8)]
     results = []
     for fused in (True, False):
