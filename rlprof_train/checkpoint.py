@@ -136,6 +136,12 @@ def find_resume_dir(root: Path, resume_mode: str) -> Optional[Path]:
     return None
 
 
+def saved_by_zero(path: Optional[Path], tag: str) -> bool:
+    """Whether the ``tag`` state of checkpoint ``path`` was saved by a ZeRO engine (its optimizer state in ZeRO's
+    per-rank files), which only a ZeRO engine loads."""
+    return path is not None and any((Path(path) / tag).glob("zero_pp_rank_*_optim_states.pt"))
+
+
 def load(path: Path, engines: dict[str, Any]) -> dict[str, Any]:
     """Restore every engine (optimizer included) from ``path`` and return the trainer state."""
     for tag, engine in engines.items():

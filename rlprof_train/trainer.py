@@ -60,13 +60,18 @@ class PPOTrainer:
             cfg.custom_reward_function.path, cfg.custom_reward_function.name, cfg.custom_reward_function.timeout_s
         )
         self.reward = RewardWorker(reward, self.tokenizer)
-        self.actor = ActorWorker(arr.actor, arr.model, model_path, env)
+        resumed_from = setup.resume_point(cfg, env, log)
+        self.actor = ActorWorker(arr.actor, arr.model, model_path, env, checkpoint.saved_by_zero(resumed_from, "actor"))
         needs_ref = arr.actor.use_kl_loss or algorithm.use_kl_in_reward
         self.ref = RefWorker(arr.ref, arr.model, model_path) if needs_ref else None
         needs_critic = algos.adv_estimator(algorithm.adv_estimator).needs_critic
         if cfg.critic.enable if cfg.critic.enable is not None else needs_critic:
             self.critic: Optional[CriticWorker] = CriticWorker(
-                cfg.critic, arr.model, cfg.critic.model.path or model_path, env
+                cfg.critic,
+                arr.model,
+                cfg.critic.model.path or model_path,
+                env,
+                checkpoint.saved_by_zero(resumed_from, "critic"),
             )
         else:
             self.critic = None
@@ -91,7 +96,6 @@ class PPOTrainer:
             ),
         )
 
-        resumed_from = setup.resume_point(cfg, env, log)
         self.start_step = self.resume(resumed_from) if resumed_from else 1
         setup.record_run(cfg, env, run_id, self.start_step, resumed_from)
         self.tracker = (

@@ -380,3 +380,38 @@ def test_the_fused_adamw_kernel_gives_the_loops_update(model_dir, dist_env):
         results.append(optimizer_run(engine, batches, [1e-3, 1.0, 3.0]))
     torch.testing.assert_close(results[0][0], results[1][0], atol=1e-6, rtol=1e-5)
     assert results[0][1] == pytest.approx(results[1][1], rel=1e-5)
+
+
+def test_a_checkpoint_saved_by_zero_resumes_into_a_zero_engine(model_dir, dist_env, tmp_path):
+    """Optimizer state saved by a ZeRO engine (one-process runs before ZeRO 1/2 ran as stage 0 there) loads only into
+    ZeRO: a worker resuming such a checkpoint keeps ``zero_stage=1`` and gets the saved parameters; a stage-0
+    engine's checkpoint holds no ZeRO state."""
+    import deepspeed
+
+    from rlprof_train import checkpoint
+    from rlprof_train.workers.actor import ActorWorker
+    from rlprof_train.workers.engine import deepspeed_config
+
+    module = load_causal_lm(model_dir)
+    zero1, *_ = deepspeed.initialize(
+        model=module,
+        optimizer=torch.optim.AdamW(module.parameters(), lr=1e-3),
+        config=deepspeed_config(1, False, False, 1.0, "float32", 1, hidden_size=module.config.hidden_size),
+    )
+    trained, _ = optimizer_run(zero1, [ragged_batch(seed=7)], [1.0])
+    saved = checkpoint.save(tmp_path / "zero", 1, {"actor": zero1}, {"kl_coef": 0.1}, True, lambda: None, None)
+    assert checkpoint.saved_by_zero(saved, "actor") and not checkpoint.saved_by_zero(None, "actor")
+
+    cfg = load_trainer_config([f"actor_rollout_ref.model.path={model_dir}"])
+    actor, model = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model
+    fresh = ActorWorker(actor, model, str(model_dir), dist_env)
+    assert fresh.engine.zero_optimization_stage() == 0
+    with pytest.raises(checkpoint.CheckpointError, match="the actor state does not load"):
+        checkpoint.load(saved, {"actor": fresh.engine})
+    stage0 = checkpoint.save(tmp_path / "stage0", 1, {"actor": fresh.engine}, {}, True, lambda: None, None)
+    assert not checkpoint.saved_by_zero(stage0, "actor")
+
+    resumed = ActorWorker(actor, model, str(model_dir), dist_env, zero_checkpoint=True)
+    assert resumed.engine.zero_optimization_stage() == 1
+    checkpoint.load(saved, {"actor": resumed.engine})
+    assert torch.equal(torch.cat([p.detach().flatten() for p in resumed.module.parameters()]), trained)

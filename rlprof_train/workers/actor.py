@@ -26,7 +26,10 @@ from rlprof_train.workers.log_prob import log_prob_pass
 class ActorWorker:
     """Owns the policy's engine; reads only ``actor_rollout_ref.actor`` and ``.model``."""
 
-    def __init__(self, cfg: ActorConfig, model: ModelConfig, model_path: str, env: DistEnv) -> None:
+    def __init__(
+        self, cfg: ActorConfig, model: ModelConfig, model_path: str, env: DistEnv, zero_checkpoint: bool = False
+    ) -> None:
+        """``zero_checkpoint``: the run resumes optimizer state saved by a ZeRO engine (see ``zero_stage_to_run``)."""
         self.cfg = cfg
         self.model_cfg = model
         self.env = env
@@ -41,6 +44,7 @@ class ActorWorker:
             grad_clip=cfg.grad_clip,
             dtype=model.dtype,
             world_size=env.world_size,
+            zero_checkpoint=zero_checkpoint,
         )
         self.update_batching = MicroBatching(
             cfg.ppo_micro_batch_size_per_gpu,

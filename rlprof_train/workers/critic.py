@@ -23,7 +23,10 @@ class CriticWorker:
     """Owns the value model's engine; reads only ``critic`` and the policy's ``model`` settings (dtype, packing,
     checkpointing, which the value model shares)."""
 
-    def __init__(self, cfg: CriticConfig, model: ModelConfig, model_path: str, env: DistEnv) -> None:
+    def __init__(
+        self, cfg: CriticConfig, model: ModelConfig, model_path: str, env: DistEnv, zero_checkpoint: bool = False
+    ) -> None:
+        """``zero_checkpoint``: the run resumes optimizer state saved by a ZeRO engine (see ``zero_stage_to_run``)."""
         self.cfg = cfg
         self.model_cfg = model
         self.env = env
@@ -37,6 +40,7 @@ class CriticWorker:
             grad_clip=cfg.grad_clip,
             dtype=model.dtype,
             world_size=env.world_size,
+            zero_checkpoint=zero_checkpoint,
         )
         packed = model.use_remove_padding
         self.forward_batching = MicroBatching(

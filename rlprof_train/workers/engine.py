@@ -77,13 +77,16 @@ def init_distributed(device: str) -> DistEnv:
 _KEEP_ALIVE: list[Any] = []  # the single-process run's store lives as long as the process
 
 
-def zero_stage_to_run(zero_stage: int, world_size: int, dtype: str, offload: bool) -> int:
+def zero_stage_to_run(
+    zero_stage: int, world_size: int, dtype: str, offload: bool, zero_checkpoint: bool = False
+) -> int:
     """The ZeRO stage DeepSpeed runs: ``zero_stage``, except 0 for ZeRO 1 and 2 on one float32 process without
     offload. There ZeRO partitions the optimizer state (and gradients) over a single rank and keeps no
     mixed-precision master copy, so it saves nothing; it still copies every gradient into flat buckets and reduces
     them over the one-rank group each step (7 ms of the demo's 100 ms step, 7% of its update, measured). Stage 0
-    runs the same AdamW update on the same gradients."""
-    if world_size == 1 and zero_stage in (1, 2) and dtype == "float32" and not offload:
+    runs the same AdamW update on the same gradients. A run resuming a ``zero_checkpoint`` (optimizer state saved by
+    a ZeRO engine, e.g. before this rule) keeps ``zero_stage``: only ZeRO loads that state."""
+    if world_size == 1 and zero_stage in (1, 2) and dtype == "float32" and not offload and not zero_checkpoint:
         return 0
     return zero_stage
 
@@ -159,13 +162,14 @@ def make_engine(
     grad_clip: float,
     dtype: str,
     world_size: int,
+    zero_checkpoint: bool = False,
 ) -> Any:
     """A DeepSpeed engine around ``module`` at :func:`zero_stage_to_run`'s stage, with AdamW: DeepSpeed's CPU Adam
     when the optimizer is offloaded; otherwise torch's AdamW (no extension build), its fused kernel where
     ``optim.fused`` (the same update up to float rounding, one pass over each tensor; transformers' default)."""
     import deepspeed
 
-    stage = zero_stage_to_run(zero_stage, world_size, dtype, offload_optimizer or offload_param)
+    stage = zero_stage_to_run(zero_stage, world_size, dtype, offload_optimizer or offload_param, zero_checkpoint)
     hidden_size = getattr(getattr(module, "config", None), "hidden_size", None)
     config = deepspeed_config(
         stage, offload_optimizer, offload_param, grad_clip, dtype, world_size, hidden_size=hidden_size
