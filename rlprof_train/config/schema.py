@@ -114,7 +114,7 @@ class ActorConfig:
     """deepspeed: the only strategy of this trainer (verl's fsdp/fsdp2/megatron are refused with the keys to use)."""
     zero_stage: Literal[0, 1, 2, 3] = 1
     """DeepSpeed ZeRO stage. ZeRO 1 and 2 run as stage 0 on one float32 process without offload (nothing to
-    partition; a startup line says so)."""
+    partition; a startup line says so), unless the run resumes optimizer state a ZeRO engine saved."""
     offload_optimizer: bool = False
     """ZeRO >= 1: optimizer state on the host (DeepSpeedCPUAdam)."""
     offload_param: bool = False
