@@ -12,13 +12,12 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-import weakref
 from collections.abc import Callable, Generator
 from typing import Any, Optional, TypeVar, overload
 
 from rlprof.colors import parse_color
 from rlprof.session import RoleGate, add_site
-from rlprof.tools.base import RangeSite
+from rlprof.tools.base import RangeSite, remember_decorated
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_ROLE = "default"
@@ -26,13 +25,6 @@ DEFAULT_ROLE = "default"
 
 _entries: dict[tuple[str, str, Any], tuple[RoleGate, RangeSite]] = {}
 _entries_lock = threading.Lock()
-_DECORATED: weakref.WeakKeyDictionary[Callable[..., Any], RangeSite] = weakref.WeakKeyDictionary()
-"""Each function decorated by :func:`profiled`, with its site (for tools that attribute memory to roles)."""
-
-
-def decorated_sites() -> list[tuple[Callable[..., Any], RangeSite]]:
-    """``(function, site)`` of every live function decorated by :func:`profiled`."""
-    return list(_DECORATED.items())
 
 
 def _check_role(role: Any, caller: str) -> str:
@@ -87,7 +79,7 @@ def profiled(
                 "use `with rlprof.profile_range(...)` inside it"
             )
         gate, site = _entry(role, name or func.__qualname__, color)
-        _DECORATED[func] = site
+        remember_decorated(func, site)
         if inspect.iscoroutinefunction(func):
             wrapper = _async_wrapper(func, gate, site)
         elif inspect.isgeneratorfunction(func):

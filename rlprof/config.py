@@ -32,6 +32,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlprof.roles import ROLE_ALIASES, RoleProfilerConfig, governing_block, records_on, role_enabled
 from rlprof.schema import ConfigError, build, coerce, unknown_key_message
 
 __all__ = [
@@ -42,10 +43,6 @@ __all__ = [
     "StepSelection",
     "load_config",
 ]
-
-ROLE_ALIASES = {"reward_model": "reward"}
-ROLE_PARENTS = {"rollout": "actor", "ref": "actor"}
-"""Roles that follow another role's block unless they declare their own (verl's actor-rollout-ref worker)."""
 
 
 class ToolConfigs(Mapping[str, Any]):
@@ -93,23 +90,6 @@ class GlobalProfilerConfig:
 
 
 @dataclass
-class RoleProfilerConfig:
-    """Which ranks profile one role (actor, critic, ref, rollout, reward or a user-named role)."""
-
-    enable: bool = True
-    """False turns every range of this role off."""
-    all_ranks: bool = False
-    """True: profile this role on every rank (``ranks`` is then ignored)."""
-    ranks: list[int] = field(default_factory=lambda: [0])
-    """Ranks that profile this role when ``all_ranks`` is false."""
-    discrete: Optional[bool] = None
-    """nsys only: overrides ``global_tool_config.nsys.discrete`` for this role's ranges."""
-    tool_config: Optional[dict[str, Any]] = None
-    """verl's per-worker tool settings. Honoured: ``nsys.discrete`` (as ``discrete`` above); a setting equal to the
-    global one is accepted; any other is refused (rlprof runs one tool per process, set by ``global_tool_config``)."""
-
-
-@dataclass
 class ProfilerConfig:
     """Everything the profiler session needs: the global block and the role blocks found in the config."""
 
@@ -118,25 +98,16 @@ class ProfilerConfig:
     """The role blocks the config declares, by role name."""
 
     def role(self, name: str) -> Optional[RoleProfilerConfig]:
-        """The block that governs role ``name``: its own, else its parent's (rollout, ref -> actor), else None."""
-        block = self.roles.get(name)
-        if block is None and name in ROLE_PARENTS:
-            block = self.roles.get(ROLE_PARENTS[name])
-        return block
+        """The block that governs role ``name`` (see :mod:`rlprof.roles`), or None."""
+        return governing_block(self.roles, name)
 
     def role_enabled(self, name: str, rank: int) -> bool:
-        """Whether ``name``'s ranges record on ``rank``: with no role blocks every role records on rank 0; with
-        role blocks, exactly the roles they govern, each on its ranks."""
-        if not self.roles:
-            return rank == 0
-        block = self.role(name)
-        return block is not None and block.enable and (block.all_ranks or rank in block.ranks)
+        """Whether ``name``'s ranges record on ``rank`` (see :mod:`rlprof.roles`)."""
+        return role_enabled(self.roles, name, rank)
 
     def records_on(self, rank: int) -> bool:
         """Whether any role records on ``rank`` (else that rank starts no tool and writes nothing)."""
-        if not self.roles:
-            return rank == 0
-        return any(self.role_enabled(name, rank) for name in self.roles)
+        return records_on(self.roles, rank)
 
     def tool_settings(self) -> Any:
         """The active tool's settings block, or None without a tool."""

@@ -239,7 +239,12 @@ class Session:
                 raise PermissionError(f"{save_path} is not writable")
             manifest = self._manifest()
             context = ToolContext(
-                self.config, self.config.tool_settings(), self.rank, self.world_size, manifest, warn=self.warn_once
+                self.config.roles,
+                self.config.tool_settings(),
+                self.rank,
+                self.world_size,
+                manifest,
+                warn=self.warn_once,
             )
             self.tool = create_tool(name, context)
             manifest.record_session(

@@ -8,5 +8,6 @@ bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+.venv/bin/python scripts/import_graph.py
 .venv/bin/python -m pytest tests --durations=15 "$@"
 .venv/bin/python -m pytest benchmarks -p no:cacheprovider --benchmark-columns=min,mean,rounds -q -s

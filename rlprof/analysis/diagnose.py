@@ -1,7 +1,7 @@
 """The diagnosis: rules, as data in one place, that classify a run from its report and name the overrides to try.
 
 Each :class:`Rule` has a name, a title, its thresholds and a check that reads the
-:class:`~rlprof.analysis.report.Report` (and the run's saved config, for the current values of the knobs) and
+:class:`~rlprof.analysis.model.Report` (and the run's saved config, for the current values of the knobs) and
 returns a :class:`Finding` with the evidence numbers and the exact overrides, or None. The advice follows the seed's
 tuning table (rollout slow -> raise ``max_num_batched_tokens``; training slow -> adjust
 ``ppo_micro_batch_size_per_gpu``; memory-limited -> ``use_dynamic_bsz``; OOM -> entropy chunking/checkpointing,
@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
-if TYPE_CHECKING:
-    from rlprof.analysis.report import Finding, Report, ReportOptions
-    from rlprof.analysis.run import Run
+from rlprof.analysis.model import Finding, Report, ReportOptions
+from rlprof.analysis.run import Run
 
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -33,8 +32,6 @@ class Rule:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def finding(self, message: str, evidence: dict[str, float], overrides: list[str]) -> Finding:
-        from rlprof.analysis.report import Finding
-
         return Finding(self.name, self.title, message, {k: round(v, 4) for k, v in evidence.items()}, overrides)
 
 

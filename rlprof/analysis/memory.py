@@ -322,19 +322,45 @@ class RangeMemory:
     """Largest rise of the peak above the RSS at the range's start."""
 
 
+@dataclass(frozen=True)
+class RssRecord:
+    """One closed range of a ``*.host_memory.jsonl`` file."""
+
+    label: str
+    step: Optional[int]
+    rss_before: int
+    rss_after: int
+    peak_rss: int
+
+
+@dataclass(frozen=True)
+class RoleRss:
+    role: str
+    ranges: int
+    peak_rss: int
+    max_growth: int
+    """Largest rise of the peak above the RSS at the start of one of the role's ranges."""
+
+
 @dataclass
 class HostRss:
     source: str
     ranges: list[RangeMemory] = field(default_factory=list)
+    """Per range label, ordered by the largest growth."""
     by_role: dict[str, int] = field(default_factory=dict)
     """Highest RSS peak reached inside each role's ranges."""
     peak_rss: int = 0
+    records: list[RssRecord] = field(default_factory=list)
+    """Every closed range, in file order."""
+    roles: list[RoleRss] = field(default_factory=list)
+    """Per role: ranges, highest peak, largest growth in one range."""
 
 
 def read_host_rss(paths: Iterable[Path]) -> HostRss:
     """``*.host_memory.jsonl`` files (RSS before/after/peak per range) merged into per-range and per-role peaks."""
     ranges: dict[str, RangeMemory] = {}
     by_role: dict[str, int] = defaultdict(int)
+    records: list[RssRecord] = []
     sources = []
     for path in paths:
         sources.append(str(path))
@@ -343,18 +369,31 @@ def read_host_rss(paths: Iterable[Path]) -> HostRss:
                 record = json.loads(line)
             except ValueError:
                 continue
-            if record.get("kind") != "range":
+            if not isinstance(record, dict) or record.get("kind") != "range":
                 continue
             label = f"{record['role']}/{record['name']}"
+            peak, before = int(record["peak_rss"]), int(record["rss_before"])
+            step = record.get("step")
+            records.append(
+                RssRecord(label, step if isinstance(step, int) else None, before, int(record["rss_after"]), peak)
+            )
             totals = ranges.setdefault(label, RangeMemory(label))
             totals.count += 1
-            totals.peak_rss = max(totals.peak_rss, int(record["peak_rss"]))
-            totals.max_growth = max(totals.max_growth, int(record["peak_rss"]) - int(record["rss_before"]))
-            by_role[record["role"]] = max(by_role[record["role"]], int(record["peak_rss"]))
+            totals.peak_rss = max(totals.peak_rss, peak)
+            totals.max_growth = max(totals.max_growth, peak - before)
+            by_role[record["role"]] = max(by_role[record["role"]], peak)
     ordered = sorted(ranges.values(), key=lambda r: -r.max_growth)
+    roles: dict[str, list[int]] = {}
+    for r in records:
+        row = roles.setdefault(r.label.split("/", 1)[0], [0, 0, 0])
+        row[0] += 1
+        row[1] = max(row[1], r.peak_rss)
+        row[2] = max(row[2], r.peak_rss - r.rss_before)
     return HostRss(
         ", ".join(sources),
         ordered,
         dict(sorted(by_role.items(), key=lambda item: -item[1])),
         max(by_role.values(), default=0),
+        records,
+        [RoleRss(role, n, peak, growth) for role, (n, peak, growth) in roles.items()],
     )

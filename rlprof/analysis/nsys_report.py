@@ -74,6 +74,24 @@ def read_nvtx_ranges(sqlite_path: str | Path) -> list[NvtxRange]:
     ]
 
 
+@dataclass(frozen=True)
+class RangeTotals:
+    role: str
+    name: str
+    count: int
+    total_ns: int
+
+
+def range_totals(ranges: list[NvtxRange], domain: str = "rlprof") -> list[RangeTotals]:
+    """Count and total time of each (role, name) range of ``domain``, the longest total first."""
+    durations: dict[tuple[str, str], list[int]] = {}
+    for r in ranges:
+        if r.domain == domain:
+            durations.setdefault((r.category, r.name), []).append(r.duration_ns)
+    totals = [RangeTotals(role, name, len(d), sum(d)) for (role, name), d in durations.items()]
+    return sorted(totals, key=lambda t: -t.total_ns)
+
+
 def count_by_role(ranges: list[NvtxRange], domain: str = "rlprof") -> Counter[tuple[str, str]]:
     """How many ranges of each (role, name) the report holds in ``domain``."""
     return Counter((r.category, r.name) for r in ranges if r.domain == domain)

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import os
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 from rlprof.manifest import Manifest, place
+from rlprof.roles import RoleBlocks
 from rlprof.window import StepWindow
-
-if TYPE_CHECKING:
-    from rlprof.config import ProfilerConfig
 
 RangeOps = tuple[Callable[[], Any], Callable[[], Any]]
 """``(enter, exit)``: zero-argument callables that open and close one range of a site."""
@@ -38,7 +37,8 @@ class NoSettings:
 class ToolContext:
     """What a tool knows about the run it records, and how it publishes its files."""
 
-    config: ProfilerConfig
+    roles: RoleBlocks
+    """The config's role blocks (:mod:`rlprof.roles`): per-role settings such as nsys's ``discrete``."""
     settings: Any
     """This tool's block of ``global_profiler.global_tool_config``."""
     rank: int
@@ -96,6 +96,20 @@ class RangeSite:
 
     def __repr__(self) -> str:
         return f"RangeSite({self.label!r})"
+
+
+_DECORATED: weakref.WeakKeyDictionary[Callable[..., Any], RangeSite] = weakref.WeakKeyDictionary()
+
+
+def remember_decorated(function: Callable[..., Any], site: RangeSite) -> None:
+    """Record that ``function`` is decorated with ``site`` (``@rlprof.profiled``), for tools that name memory by
+    the role of the object holding it."""
+    _DECORATED[function] = site
+
+
+def decorated_sites() -> list[tuple[Callable[..., Any], RangeSite]]:
+    """``(function, site)`` of every live function decorated by ``@rlprof.profiled``."""
+    return list(_DECORATED.items())
 
 
 class Tool(ABC):

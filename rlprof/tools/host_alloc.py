@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from rlprof.tools.base import ToolContext
+from rlprof.tools.base import ToolContext, decorated_sites
 from rlprof.window import StepWindow
 
 FORMAT = "rlprof-host-alloc/1"
@@ -245,8 +245,6 @@ def _innermost_ranges(allocations: list[Allocated], ranges: list[tuple[int, int,
 
 def role_holder_classes() -> dict[type, str]:
     """Classes with methods decorated by ``@rlprof.profiled(role=...)``, with that role."""
-    from rlprof.annotate import decorated_sites
-
     found: dict[type, str] = {}
     for function, site in decorated_sites():
         owner_name, _, _ = function.__qualname__.rpartition(".")

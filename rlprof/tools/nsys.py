@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from rlprof.colors import ROLE_COLORS, parse_color, role_color
+from rlprof.roles import governing_block
 from rlprof.tools.base import RangeOps, RangeSite, StepWindowSettings, Tool, ToolContext
 from rlprof.tools.registry import register_tool
 from rlprof.window import StepWindow
@@ -117,7 +118,7 @@ class NsysTool(Tool):
         return self.domain.get_event_attributes(message=site.name, color=color, category=site.role)
 
     def _is_discrete(self, role: str) -> bool:
-        block = self.context.config.role(role)
+        block = governing_block(self.context.roles, role)
         override = block.discrete if block is not None else None
         return self.discrete if override is None else override
 

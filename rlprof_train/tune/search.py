@@ -158,7 +158,8 @@ class Search:
 
     def diagnose(self, base: Trial) -> list[str]:
         """The rules ``rlprof report`` fires on the base trial's run (and memory-bound near the limit)."""
-        from rlprof.analysis.report import ReportOptions, build_report
+        from rlprof.analysis.model import ReportOptions
+        from rlprof.analysis.report import build_report
         from rlprof.analysis.run import find_run
 
         folder = self.launch.root / "trials" / f"{base.name}-run1" / "logs"

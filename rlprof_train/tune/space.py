@@ -1,6 +1,6 @@
 """The knobs ``tune`` may turn: each changes how the work is cut or where memory goes, never what is computed.
 
-Every knob here is covered by an equivalence test (``tests/test_knobs.py``: packed == padded, token-budget
+Every knob here is covered by an equivalence test (``tests/rlprof_train/test_knobs.py``: packed == padded, token-budget
 micro-batches == fixed ones, gradient and entropy checkpointing == plain, chunked entropy == whole; the loss is
 normalised by the mini-batch's global token counts, so any micro-batch split gives the same gradient), and the
 verification at the end of a search checks it again on the first steps of the real run. Keys that change the

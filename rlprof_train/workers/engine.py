@@ -131,7 +131,7 @@ def deepspeed_config(
     model, measured with ``rlprof memory`` on the host allocation timeline of a ZeRO-Offload run of the tiny model.
     ZeRO 3's other sizes stay DeepSpeed's: with transformers' "auto" prefetch bucket and persistence threshold,
     DeepSpeed 0.19.8 fails with "Cannot partition a param in flight" in the two-rank ZeRO-3 run of
-    ``tests/test_trainer_e2e.py``."""
+    ``tests/rlprof_train/test_trainer_e2e.py``."""
     zero: dict[str, Any] = {"stage": zero_stage}
     if hidden_size:
         zero["reduce_bucket_size"] = hidden_size * hidden_size

@@ -1,5 +1,7 @@
-"""Renderers of a finished :class:`~rlprof.analysis.report.Report`: they only format (pyinstrument's shape).
+"""Renderers: they only format (pyinstrument's shape).
 
-:mod:`.sections` turns the report into titled tables and lines once; :mod:`.console` (rich), :mod:`.markdown` and
-:mod:`.html` (self-contained, with plotly charts) print those; :mod:`.jsonout` writes the documented JSON.
+Each result has one layout module that builds its :class:`~rlprof.analysis.document.Document` (sections of lines
+and tables, the data, the charts): :mod:`.report_layout`, :mod:`.compare_layout`, :mod:`.bench_layout`,
+:mod:`.memory_layout`. Every renderer takes a document: :mod:`.console` (rich), :mod:`.markdown`, :mod:`.jsonout`
+(the documented JSON) and :mod:`.html` (self-contained, plotly charts inlined).
 """

@@ -1,15 +1,15 @@
-"""The report in the terminal (rich)."""
+"""A document in the terminal (rich)."""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from rlprof.analysis.render.sections import Section
+from rlprof.analysis.document import Document
 
 
-def render(sections: list[Section], console: Console) -> None:
-    for section in sections:
+def render(document: Document, console: Console) -> None:
+    for section in document.sections:
         console.rule(f"[bold]{section.title}")
         for line in section.lines:
             console.print(line, markup=False, highlight=False, soft_wrap=True)

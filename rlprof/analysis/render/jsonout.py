@@ -1,5 +1,6 @@
-"""Reports and comparisons as JSON, in the schemas ``rlprof-report/1`` and ``rlprof-compare/1`` documented by
-``rlprof/analysis/{report,compare}.schema.json`` (non-finite numbers are written as null: the output is strict JSON)."""
+"""A document's data as JSON. Reports and comparisons follow the schemas ``rlprof-report/1`` and
+``rlprof-compare/1`` documented by ``rlprof/analysis/{report,compare}.schema.json``; non-finite numbers are written
+as null, so the output is strict JSON."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rlprof.analysis.report import Report
+from rlprof.analysis.document import Document
 
 SCHEMAS = Path(__file__).resolve().parents[1]
 """Where ``report.schema.json`` and ``compare.schema.json`` live."""
 
 
 def _clean(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _clean({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
@@ -25,16 +28,13 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def to_data(result: Any) -> dict[str, Any]:
-    """Plain JSON data of a report, a comparison or any dataclass (tuples become lists, integer keys strings, NaN
-    null)."""
-    plain = dataclasses.asdict(result) if dataclasses.is_dataclass(result) and not isinstance(result, type) else result
-    cleaned: dict[str, Any] = _clean(plain)
-    return cleaned
+def to_data(result: Any) -> Any:
+    """Plain JSON data of a result: dataclasses become objects, tuples lists, keys strings, NaN null."""
+    return _clean(result)
 
 
-def render(report: Report) -> str:
-    return json.dumps(to_data(report), indent=1, allow_nan=False)
+def render(document: Document) -> str:
+    return json.dumps(to_data(document.data), indent=1, allow_nan=False)
 
 
 def schema(name: str = "report") -> dict[str, Any]:

@@ -1,13 +1,13 @@
-"""The report as Markdown."""
+"""A document as Markdown."""
 
 from __future__ import annotations
 
-from rlprof.analysis.render.sections import Section
+from rlprof.analysis.document import Document
 
 
-def render(sections: list[Section]) -> str:
+def render(document: Document) -> str:
     out = []
-    for section in sections:
+    for section in document.sections:
         out.append(f"## {section.title}\n")
         out += [f"- {line.strip()}" if not line.startswith("    ") else f"  - {line.strip()}" for line in section.lines]
         if section.lines:

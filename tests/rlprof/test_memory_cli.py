@@ -11,7 +11,7 @@ import random
 import pytest
 from torch.cuda import _memory_viz
 
-from rlprof.analysis.render.sections import human_bytes
+from rlprof.analysis.render.units import human_bytes
 from rlprof.cli import main
 
 from conftest import external_references, plotly_pixels, run_example, screenshot

@@ -1,11 +1,12 @@
-"""A :class:`~rlprof.analysis.compare.Comparison` as sections for the text renderers, and its charts."""
+"""``rlprof compare RUN_A RUN_B ...``: a :class:`~rlprof.analysis.compare.Comparison` as a document: runs, config
+diff, learning and speed sections, and its charts (overlaid curves, phase medians)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from rlprof.analysis.compare import NOT_SIGNIFICANT, Comparison, verdict
-from rlprof.analysis.render.sections import Section, Table
+from rlprof.analysis.document import Document, Section, Table
 
 LEARNING_TITLE = "Learning (final: mean of the last tenth of the steps, at least 5; best: smoothed)"
 NOT_SIGNIFICANT_NOTE = (
@@ -20,6 +21,12 @@ def _value(value: object) -> str:
 
 def _reached(step: object) -> str:
     return "never" if step is None else str(step)
+
+
+def document(comparison: Comparison) -> Document:
+    return Document(
+        f"rlprof compare: {' vs '.join(comparison.runs)}", sections(comparison), comparison, lambda: charts(comparison)
+    )
 
 
 def sections(comparison: Comparison) -> list[Section]:

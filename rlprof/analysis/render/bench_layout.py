@@ -1,4 +1,5 @@
-"""A :class:`~rlprof.analysis.bench_compare.BenchComparison` as sections for the text renderers."""
+"""``rlprof compare OLD.json NEW.json``: a :class:`~rlprof.analysis.bench_compare.BenchComparison` as a document
+(no charts); the command exits 1 when a benchmark regressed."""
 
 from __future__ import annotations
 
@@ -6,11 +7,16 @@ from typing import Optional
 
 from rlprof.analysis.bench_compare import BenchComparison, BenchmarkChange, slowest_growth
 from rlprof.analysis.compare import verdict
-from rlprof.analysis.render.sections import Section, Table
+from rlprof.analysis.document import Document, Section, Table
 
 
 def _ms(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:,.2f}"
+
+
+def document(comparison: BenchComparison) -> Document:
+    title = f"rlprof compare: {' vs '.join(map(str, comparison.files))}"
+    return Document(title, sections(comparison), comparison, exit_code=1 if comparison.regressed else 0)
 
 
 def sections(comparison: BenchComparison) -> list[Section]:

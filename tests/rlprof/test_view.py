@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from rlprof.analysis.run import find_run
-from rlprof.analysis.view import link_logdir
+from rlprof.cli.view import link_logdir
 from rlprof.cli import main
 
 from conftest import ROOT, free_port, subprocess_env, trainer_command

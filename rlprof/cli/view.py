@@ -1,8 +1,10 @@
-"""``rlprof view``: TensorBoard over runs' scalars and torch traces, from one generated log folder of symbolic links
-(never copies: traces can be gigabytes), served on the loopback unless a host is asked for explicitly."""
+"""``rlprof view RUN [RUN ...]``: TensorBoard over runs' scalars and torch traces, from one generated log folder of
+symbolic links (never copies: traces can be gigabytes), served on the loopback unless a host is asked for
+explicitly."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import signal
@@ -15,9 +17,31 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
+from rich.console import Console
+
 from rlprof.analysis.run import Run
+from rlprof.cli.common import UsageError, find_run, say
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+HELP = "TensorBoard over the runs' scalars and torch traces"
+EXAMPLE = "rlprof view outputs/run_a outputs/run_b          # prints the URL; Ctrl-C stops it"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", type=Path, nargs="+", metavar="RUN")
+    parser.add_argument("--port", type=int, help="default: a free port")
+    parser.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1; another host exposes the runs")
+
+
+def command(args: argparse.Namespace, console: Console) -> int:
+    try:
+        tensorboard_binary()
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
+    if args.host not in LOOPBACK:
+        say(console, f"serving on {args.host}: anyone who can reach this host can read these runs")
+    runs = [find_run([path], None) for path in args.runs]
+    return serve(runs, args.host, args.port, lambda line: say(console, line))
 
 
 def link_logdir(runs: list[Run], root: Path) -> dict[str, int]:

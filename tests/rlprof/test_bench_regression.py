@@ -15,7 +15,7 @@ import pytest
 from rlprof.analysis.bench_compare import compare_benchmarks
 from rlprof.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "scripts" / "bench.sh"
 USER_TEST = """
 import os, time

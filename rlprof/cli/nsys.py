@@ -1,4 +1,5 @@
-"""``rlprof nsys profile [nsys options] -- COMMAND ...``: run a command under Nsight Systems with the capture settings
+"""``rlprof nsys REPORT``: the NVTX ranges of an nsys report (.nsys-rep or exported .sqlite) per role; and
+``rlprof nsys profile [nsys options] -- COMMAND ...``: run a command under Nsight Systems with the capture settings
 its own profiler config implies, then check what was captured.
 
 The command's config is read the way it will read it: its ``key=value`` overrides (OmegaConf dotlist) over its
@@ -12,6 +13,7 @@ reported before nsys starts; after it, the reports written and the windows whose
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import subprocess
 from dataclasses import dataclass, field
@@ -19,8 +21,105 @@ from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
+from rich.console import Console
+from rich.table import Table
 
+from rlprof.cli.common import UsageError, nsys_binary, say
 from rlprof.config import load_config
+
+HELP = "NVTX ranges of an nsys report per role (or: nsys profile -- COMMAND)"
+EXAMPLE = (
+    "rlprof nsys profile -- python -m rlprof_train.main_ppo global_profiler.tool=nsys "
+    "'global_profiler.steps=[2,3]'\n  rlprof nsys report.nsys-rep --nsys .nsys/nsys"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("report", type=Path)
+    parser.add_argument("--nsys", help="path of the nsys binary (default: on PATH)")
+
+
+def command(args: argparse.Namespace, console: Console) -> int:
+    """``rlprof nsys REPORT``: the NVTX ranges of domain rlprof per role and name."""
+    from rlprof.analysis.nsys_report import export_sqlite, range_totals, read_nvtx_ranges
+
+    report: Path = args.report
+    if not report.exists():
+        raise UsageError(f"{report}: no such file")
+    if report.suffix != ".sqlite":
+        report = export_sqlite(nsys_binary(args.nsys), report)
+    table = Table(title=f"NVTX ranges in {report.name} (domain rlprof)")
+    for column in ("role", "range", "count", "total ms", "mean ms"):
+        table.add_column(column, justify="left" if column in ("role", "range") else "right")
+    for totals in range_totals(read_nvtx_ranges(report)):
+        total = totals.total_ns / 1e6
+        table.add_row(totals.role, totals.name, str(totals.count), f"{total:.3f}", f"{total / totals.count:.3f}")
+    console.print(table)
+    return 0
+
+
+def profile_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlprof nsys profile",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run COMMAND under nsys profile with the capture settings its rlprof config implies, then list "
+        "the reports, warn about windows not captured and print the NVTX ranges per role.",
+        epilog=f"example:\n  {EXAMPLE.splitlines()[0]}",
+    )
+    parser.add_argument("--nsys", help="path of the nsys binary (default: on PATH)")
+    parser.add_argument("--timeout", type=float, help="stop nsys after this many seconds")
+    parser.set_defaults(handler=profile_command, command="nsys profile")
+    return parser
+
+
+def profile_command(args: argparse.Namespace, console: Console) -> int:
+    """``rlprof nsys profile [opts] -- COMMAND``."""
+    from rlprof.analysis.nsys_report import export_sqlite
+
+    if not args.target:
+        raise UsageError("give the command after --, e.g. rlprof nsys profile -- python train.py ...")
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    except ImportError:
+        cuda = False
+    try:
+        capture = plan(args.target, args.nsys_options, cuda)
+    except (LaunchError, ValueError) as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    nsys = nsys_binary(args.nsys)
+    for warning in capture.warnings:
+        say(console, f"warning: {warning}")
+    say(console, f"nsys profile {' '.join(capture.options)} {' '.join(args.target)}")
+    status = run(nsys, args.target, capture, args.timeout)
+    written = reports(capture.output)
+    if not written:
+        raise UsageError(f"nsys wrote no report at {capture.output}.nsys-rep (exit status {status})")
+    say(console, "reports: " + ", ".join(map(str, written)))
+    if status != 0:
+        say(console, f"warning: nsys (and the command under it) ended with exit status {status}")
+    captured: set[int] = set()
+    for report in written:
+        sqlite = export_sqlite(nsys, report)
+        captured |= captured_steps(sqlite)
+        command(argparse.Namespace(report=sqlite, nsys=nsys), console)
+    expected = {step for first, last in capture.windows for step in range(first, last + 1)}
+    say(
+        console,
+        f"steps captured: {', '.join(map(str, sorted(captured))) or 'none'}"
+        + (f" (configured: {', '.join(map(str, sorted(expected)))})" if expected else ""),
+    )
+    if expected - captured:
+        say(
+            console,
+            f"warning: {len(capture.windows)} window(s) configured, but steps "
+            f"{sorted(expected - captured)} are not in the report(s)",
+        )
+    return status
+
+
+# --------------------------------------------------------------------------------------------- the capture plan
 
 
 class LaunchError(ValueError):

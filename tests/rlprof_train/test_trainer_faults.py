@@ -117,7 +117,7 @@ def test_a_nan_reward_stops_at_once_naming_the_data_source_and_a_sample(tmp_path
 def test_a_diverging_learning_rate_is_stopped_by_the_guard_not_a_sampling_crash(tmp_path):
     # at lr 1e9 the policy is destroyed after one step; whether its values go on as NaN every step or (now, at this
     # seed) stay finite but degenerate with an infinite gradient norm now and then depends on float rounding, so
-    # the first non-finite step stops it (counting consecutive steps: tests/test_trainer_units.py)
+    # the first non-finite step stops it (counting consecutive steps: tests/rlprof_train/test_trainer_units.py)
     result = run(
         tmp_path,
         "actor_rollout_ref.actor.optim.lr=1e9",
@@ -200,7 +200,7 @@ def test_a_dashboard_keyed_on_the_seeds_metric_names_finds_every_key(tmp_path, m
     accumulator = EventAccumulator(str(tmp_path / "tb"))
     accumulator.Reload()
     assert [k for k in seed_keys if k not in accumulator.Tags()["scalars"]] == []
-    from rlprof.analysis.wandb_offline import read_run_history
+    from wandb_offline import read_run_history
 
     run_id = json.loads((tmp_path / "logs" / "wandb_run.json").read_text())["run_id"]
     history = read_run_history(tmp_path / "logs" / "wandb", run_id)

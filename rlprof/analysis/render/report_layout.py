@@ -1,54 +1,17 @@
-"""The report as sections of lines and tables, the one layout every text renderer prints."""
+"""``rlprof report``: the :class:`~rlprof.analysis.model.Report` as a document: sections of lines and tables,
+and its charts (step time per phase, the heaviest range's operators, memory)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
-
-from rlprof.analysis.memory import MemorySummary
-from rlprof.analysis.report import Report
-
-
-@dataclass
-class Table:
-    columns: list[str]
-    rows: list[list[str]]
-    title: str = ""
+from rlprof.analysis.document import Document, Section, Table
+from rlprof.analysis.model import Report
+from rlprof.analysis.render.memory_layout import timeline_charts, timeline_line
+from rlprof.analysis.render.units import human_bytes, ms, pct, seconds, trend
 
 
-@dataclass
-class Section:
-    title: str
-    lines: list[str] = field(default_factory=list)
-    tables: list[Table] = field(default_factory=list)
-
-
-def _ms(value: float) -> str:
-    return f"{value:,.1f}"
-
-
-def _s(value: float) -> str:
-    return f"{value:.3g}"
-
-
-def _pct(value: Optional[float]) -> str:
-    return "" if value is None else f"{100 * value:.0f}%"
-
-
-def _growth(value: Optional[float]) -> str:
-    if value is None:
-        return ""
-    return f"{100 * value:+.0f}%" + (" (grows)" if value >= 0.2 else "")
-
-
-def human_bytes(value: float) -> str:
-    """``512 B``, ``1.5 KiB``, ``12.0 MiB``, ``1.234 GiB``."""
-    size = abs(value)
-    if size >= 2**30:
-        return f"{value / 2**30:.3f} GiB"
-    if size >= 2**20:
-        return f"{value / 2**20:.1f} MiB"
-    return f"{value / 2**10:.1f} KiB" if size >= 2**10 else f"{value:.0f} B"
+def document(report: Report) -> Document:
+    """The report, ready for every renderer."""
+    return Document(f"rlprof report: {report.run}", sections(report), report, lambda: report_charts(report))
 
 
 def sections(report: Report) -> list[Section]:
@@ -64,7 +27,7 @@ def sections(report: Report) -> list[Section]:
                 tables=[
                     Table(
                         ["metric", "median", "trend"],
-                        [[t.metric, f"{t.median:,.4g}", _growth(t.growth)] for t in report.throughput],
+                        [[t.metric, f"{t.median:,.4g}", trend(t.growth)] for t in report.throughput],
                     )
                 ],
             )
@@ -104,14 +67,14 @@ def _breakdown(report: Report) -> Section:
     assert b is not None
     lines = [
         f"{len(b.steps)} steps (warm-up excluded: {', '.join(map(str, b.warmup)) or 'none'}); step median "
-        f"{_s(b.step_median_s)} s, p90 {_s(b.step_p90_s)} s",
-        "split of the step: " + " | ".join(f"{group} {_pct(share)}" for group, share in b.split.items()),
+        f"{seconds(b.step_median_s)} s, p90 {seconds(b.step_p90_s)} s",
+        "split of the step: " + " | ".join(f"{group} {pct(share)}" for group, share in b.split.items()),
     ]
     if b.idle_share is not None:
-        lines.append(f"between steps (validation, checkpoints, logging): {_pct(b.idle_share)} of wall time")
+        lines.append(f"between steps (validation, checkpoints, logging): {pct(b.idle_share)} of wall time")
     table = Table(
         ["phase", "group", "median s", "p90 s", "share", "trend"],
-        [[p.phase, p.group, _s(p.median_s), _s(p.p90_s), _pct(p.share), _growth(p.growth)] for p in b.phases],
+        [[p.phase, p.group, seconds(p.median_s), seconds(p.p90_s), pct(p.share), trend(p.growth)] for p in b.phases],
     )
     section = Section("Step breakdown (timing_s/*)", lines, [table])
     if b.stragglers:
@@ -128,7 +91,7 @@ def _breakdown(report: Report) -> Section:
 def _traces(report: Report) -> Section:
     section = Section("Inside the profiled windows (torch traces)")
     for window in report.traces:
-        steps = ", ".join(f"#{s} {_ms(ms)} ms" for s, ms in window.step_ms.items())
+        steps = ", ".join(f"#{s} {ms(step_ms)} ms" for s, step_ms in window.step_ms.items())
         section.lines.append(
             f"{window.window} rank {window.rank}{f' on {window.host}' if window.host else ''}: "
             f"steps {steps or 'none'} ({window.path})"
@@ -137,13 +100,11 @@ def _traces(report: Report) -> Section:
         cuda = any(r.cuda_ms for r in window.ranges)
         columns = ["range", "count", "total ms", "self ms", *(["cuda ms"] if cuda else [])]
         rows = [
-            [r.label, str(r.count), _ms(r.total_ms), _ms(r.self_ms), *([_ms(r.cuda_ms)] if cuda else [])]
+            [r.label, str(r.count), ms(r.total_ms), ms(r.self_ms), *([ms(r.cuda_ms)] if cuda else [])]
             for r in window.ranges
         ]
         section.tables.append(Table(columns, rows, f"Ranges, {window.window}, rank {window.rank}"))
-        operators = [
-            [r.label, o.name, o.device, str(o.count), _ms(o.self_ms)] for r in window.ranges for o in r.top_ops
-        ]
+        operators = [[r.label, o.name, o.device, str(o.count), ms(o.self_ms)] for r in window.ranges for o in r.top_ops]
         if operators:
             title = f"Top operators under each range (self time), {window.window}, rank {window.rank}"
             section.tables.append(Table(["range", "operator", "device", "calls", "self ms"], operators, title))
@@ -157,7 +118,7 @@ def _traces(report: Report) -> Section:
                         s.label,
                         str(s.slowest_rank),
                         f"{s.ratio:.2f}",
-                        ", ".join(f"{rank}: {_ms(ms)}" for rank, ms in sorted(s.per_rank_ms.items())),
+                        ", ".join(f"{rank}: {ms(rank_ms)}" for rank, rank_ms in sorted(s.per_rank_ms.items())),
                     ]
                     for s in report.stragglers[:10]
                 ],
@@ -218,13 +179,71 @@ def _memory(report: Report) -> Section:
     return section
 
 
-def timeline_line(summary: MemorySummary, oom: bool) -> str:
-    head = "OOM snapshot" if oom else f"{summary.device} allocations"
-    extra = f", reserved {human_bytes(summary.reserved_bytes)}" if summary.reserved_bytes else ""
-    frag = f", fragmentation {_pct(summary.fragmentation)}" if summary.fragmentation is not None else ""
-    dropped = f", {summary.dropped} oldest events dropped" if summary.dropped else ""
-    return (
-        f"{head} {summary.source}: peak {human_bytes(summary.peak_bytes)} (start "
-        f"{human_bytes(summary.start_bytes)}, end {human_bytes(summary.end_bytes)}){extra}{frag}; "
-        f"{summary.events} events{dropped}"
-    )
+def report_charts(report: Report) -> dict[str, list[str]]:
+    """Charts per section title: step time stacked by phase over the steps, the heaviest range's operators, memory
+    per role and the allocation timelines."""
+    import plotly.graph_objects as go
+
+    from rlprof.analysis.render.html import figure_html
+
+    charts: dict[str, list[str]] = {}
+    b = report.breakdown
+    if b is not None:
+        figure = go.Figure()
+        for phase in [p.phase for p in b.phases]:
+            points = b.per_step.get(phase, [])
+            figure.add_bar(x=[s for s, _ in points], y=[v for _, v in points], name=phase)
+        step = b.per_step.get("step", [])
+        figure.add_scatter(
+            x=[s for s, _ in step],
+            y=[v for _, v in step],
+            name="step (total)",
+            mode="lines",
+            line={"color": "black", "width": 1},
+        )
+        figure.update_layout(
+            barmode="stack",
+            title="Step time per phase (s)",
+            xaxis_title="training step",
+            yaxis_title="seconds",
+            height=420,
+        )
+        charts["Step breakdown (timing_s/*)"] = [figure_html(figure)]
+    if report.traces:
+        window = report.traces[0]
+        heaviest = next(
+            (r for r in window.ranges if r.top_ops and not r.label.startswith("trainer/")),
+            window.ranges[0] if window.ranges else None,
+        )
+        if heaviest is not None and heaviest.top_ops:
+            ops = list(reversed(heaviest.top_ops))
+            figure = go.Figure(
+                go.Bar(x=[o.self_ms for o in ops], y=[f"{o.name} ({o.device})" for o in ops], orientation="h")
+            )
+            figure.update_layout(
+                title=f"Top operators in {heaviest.label} ({window.window}, rank {window.rank}), self ms",
+                height=320,
+                margin={"l": 260},
+            )
+            charts["Inside the profiled windows (torch traces)"] = [figure_html(figure)]
+    if report.memory is not None:
+        charts["Memory"] = memory_charts(report)
+    return charts
+
+
+def memory_charts(report: Report) -> list[str]:
+    import plotly.graph_objects as go
+
+    from rlprof.analysis.render.html import figure_html
+
+    memory = report.memory
+    assert memory is not None
+    out = []
+    if memory.host_rss is not None and memory.host_rss.by_role:
+        roles = memory.host_rss.by_role
+        figure = go.Figure(go.Bar(x=list(roles), y=[v / 2**20 for v in roles.values()]))
+        figure.update_layout(title="Host RSS peak per role (MiB)", height=320)
+        out.append(figure_html(figure))
+    for summary in memory.timelines + memory.oom:
+        out += timeline_charts(summary)
+    return out

@@ -54,7 +54,7 @@ def tensorboard_scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
 def wandb_history(log_dir: Path) -> list[dict]:
     import json
 
-    from rlprof.analysis.wandb_offline import read_run_history
+    from wandb_offline import read_run_history
 
     run_id = json.loads((log_dir / "wandb_run.json").read_text())["run_id"]
     return read_run_history(log_dir / "wandb", run_id)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from rlprof.analysis.memory import cuda_history, load_snapshot, summarize
-from rlprof.analysis.report import ReportOptions, build_report
+from rlprof.analysis.model import ReportOptions
+from rlprof.analysis.report import build_report
 from rlprof.analysis.run import find_run
 from rlprof.analysis.traces import scan_trace
 from rlprof.cli import main

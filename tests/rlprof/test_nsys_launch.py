@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlprof.analysis.nsys_launch import plan
+from rlprof.cli.nsys import plan
 from rlprof.cli import main
 
 from conftest import EXAMPLE, LAUNCHER_VARIABLES

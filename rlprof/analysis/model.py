@@ -1,0 +1,145 @@
+"""The report's data model: what ``rlprof report`` found in a run, as immutable values. The builder
+(:mod:`rlprof.analysis.report`) fills it, the diagnosis (:mod:`rlprof.analysis.diagnose`) reads it, and the
+layout (:mod:`rlprof.analysis.render.report_layout`) formats it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from rlprof.analysis.memory import HostRss, MemorySummary
+
+SCHEMA = "rlprof-report/1"
+
+
+@dataclass(frozen=True)
+class PhaseStat:
+    phase: str
+    group: str
+    """rollout, training or other (see ``rlprof.metrics.timing.PHASE_GROUPS``)."""
+    median_s: float
+    p90_s: float
+    share: float
+    """Median phase time / median step time."""
+    growth: Optional[float]
+    """Relative change first quarter -> last quarter of the steps; None with fewer than 8 steps."""
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    steps: list[int]
+    """Training steps used (warm-up excluded unless asked)."""
+    warmup: list[int]
+    step_median_s: float
+    step_p90_s: float
+    phases: list[PhaseStat]
+    split: dict[str, float]
+    """Median share of the step per group: rollout, training, other, unaccounted."""
+    idle_share: Optional[float]
+    """Median share of wall time between logged steps spent outside the step (validation, checkpoints, logging)."""
+    stragglers: dict[str, float]
+    """Median over steps of max/mean time across ranks, per phase (several ranks only)."""
+    slowest_rank_share: dict[str, float]
+    """Median over steps of the slowest rank's time in the phase / the step time, per phase (several ranks)."""
+    slowest_rank: dict[str, int]
+    """The rank most often slowest in each phase (``timing_ranks/{phase}/slowest_rank``)."""
+    per_step: dict[str, list[tuple[int, float]]]
+    """Every logged training step's seconds per phase (``step`` included, warm-up too), for plots."""
+
+
+@dataclass(frozen=True)
+class Throughput:
+    metric: str
+    median: float
+    growth: Optional[float]
+
+
+@dataclass(frozen=True)
+class OpStat:
+    name: str
+    device: str
+    count: int
+    self_ms: float
+
+
+@dataclass(frozen=True)
+class RangeStat:
+    label: str
+    role: str
+    count: int
+    total_ms: float
+    self_ms: float
+    cuda_ms: float
+    allocated_bytes: int
+    """Bytes allocated inside the range (the torch tool with ``contents: [memory]``); 0 without."""
+    peak_allocated: int
+    """Highest total allocated memory seen inside the range (same source)."""
+    top_ops: list[OpStat]
+
+
+@dataclass(frozen=True)
+class WindowTrace:
+    path: str
+    window: str
+    rank: int
+    host: Optional[str]
+    step_ms: dict[int, float]
+    ranges: list[RangeStat]
+    problems: list[str]
+
+
+@dataclass(frozen=True)
+class RankStraggler:
+    window: str
+    label: str
+    slowest_rank: int
+    ratio: float
+    """Slowest rank's time / median over ranks."""
+    per_rank_ms: dict[int, float]
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    host_rss: Optional[HostRss]
+    timelines: list[MemorySummary]
+    oom: list[MemorySummary]
+    peak_from_metrics_gb: Optional[float]
+    """Highest ``perf/max_memory_reserved_gb`` (CUDA) or ``perf/process_rss_gb`` over the steps."""
+    capacity_gb: Optional[float]
+    """The device's (CUDA) or host's total memory, from the metrics."""
+    device: str
+    """cuda or cpu."""
+    traced_by_role: dict[str, int]
+    """Highest total allocated memory inside each role's ranges, from the torch traces' ``[memory]`` events."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    title: str
+    message: str
+    evidence: dict[str, float]
+    overrides: list[str]
+
+
+@dataclass(frozen=True)
+class Report:
+    schema: str
+    run: str
+    run_id: Optional[str]
+    sources: dict[str, Any]
+    missing: list[str]
+    notes: list[str]
+    breakdown: Optional[Breakdown]
+    throughput: list[Throughput]
+    traces: list[WindowTrace]
+    stragglers: list[RankStraggler]
+    memory: Optional[MemoryReport]
+    findings: list[Finding] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    include_warmup: bool = False
+    memory_limit_gb: Optional[float] = None
+    top_ops: int = 5

@@ -1,0 +1,5 @@
+import sys
+
+from rlprof.cli import main
+
+sys.exit(main())

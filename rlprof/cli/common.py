@@ -1,0 +1,83 @@
+"""What every subcommand shares: the one-line usage error, printing lines as they are, finding a run, and
+:func:`emit`, which renders a result's document in the format the user asked for."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from rlprof.analysis.document import Document
+    from rlprof.analysis.run import Run
+
+FORMATS = ("rich", "md", "json")
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for: printed as one line, exit code 2."""
+
+
+def say(console: Console, line: str) -> None:
+    """One line as it is: no markup, no highlighting, never wrapped (tests and scripts grep for it)."""
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def add_output_options(parser: argparse.ArgumentParser, html_help: Optional[str]) -> None:
+    """``--format rich|md|json`` and, when ``html_help`` is given, ``--html FILE``."""
+    parser.add_argument("--format", choices=FORMATS, default="rich")
+    if html_help is not None:
+        parser.add_argument("--html", type=Path, help=html_help)
+
+
+def emit(document: Document, args: argparse.Namespace, console: Console) -> int:
+    """Print ``document`` as ``--format`` asks (terminal, Markdown or JSON) and write ``--html``; returns the
+    document's exit code."""
+    from rlprof.analysis.render import console as terminal
+    from rlprof.analysis.render import html, jsonout, markdown
+
+    if args.format == "json":
+        print(jsonout.render(document))
+    elif args.format == "md":
+        print(markdown.render(document), end="")
+    else:
+        terminal.render(document, console)
+    page: Optional[Path] = getattr(args, "html", None)
+    if page is not None:
+        page.write_text(html.render(document), encoding="utf-8")
+        if args.format == "rich":
+            say(console, f"wrote {page}")
+    return document.exit_code
+
+
+def find_run(paths: list[Path], run_id: Optional[str]) -> Run:
+    """The run at ``paths``, or a usage error saying what was looked for."""
+    from rlprof.analysis.run import RunNotFound
+    from rlprof.analysis.run import find_run as discover
+
+    try:
+        run = discover(paths, run_id)
+    except RunNotFound as exc:
+        raise UsageError(str(exc)) from None
+    if run.empty:
+        raise UsageError(
+            f"nothing to read in {', '.join(map(str, paths))}: no metrics.jsonl, run.json or "
+            "manifest.jsonl (a trainer's trainer.log_dir or an rlprof global_profiler.save_path)"
+        )
+    return run
+
+
+def nsys_binary(given: Optional[str]) -> str:
+    """``--nsys PATH`` when it is an executable, else ``nsys`` on PATH."""
+    if given is not None:
+        if not (Path(given).is_file() and os.access(given, os.X_OK)):
+            raise UsageError(f"--nsys {given}: not an executable file")
+        return given
+    found = shutil.which("nsys")
+    if found is None:
+        raise UsageError("nsys not found: pass --nsys PATH (scripts/install_nsys.sh prints one)")
+    return found

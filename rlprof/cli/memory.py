@@ -1,0 +1,42 @@
+"""``rlprof memory FILE``: a CUDA snapshot, an OOM snapshot, a host allocation timeline or an RSS-per-range file,
+read offline."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from rlprof.cli.common import UsageError, add_output_options, emit
+
+HELP = "read a memory file offline (CUDA/OOM snapshot, host timeline, RSS per range)"
+EXAMPLE = "rlprof memory outputs/profile/torch_memory/step3/rank0_pid123.pickle --html memory.html"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", type=Path)
+    add_output_options(parser, "also write a self-contained page with the timeline")
+    parser.add_argument("--top", type=int, default=10, help="allocation sites listed (default 10)")
+
+
+def command(args: argparse.Namespace, console: Console) -> int:
+    from rlprof.analysis.memory import MemoryFileError, read_history, read_host_rss, summarize
+    from rlprof.analysis.render.memory_layout import rss_document, summary_document
+
+    path: Path = args.file
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    try:
+        if path.name.endswith(".host_memory.jsonl"):
+            document = rss_document(read_host_rss([path]))
+        elif path.suffix == ".pickle" or path.name.endswith(".host_alloc.json.gz"):
+            document = summary_document(summarize(read_history(path), top=args.top), oom=path.name.startswith("oom_"))
+        else:
+            raise UsageError(
+                f"{path}: not a memory file rlprof reads (a snapshot .pickle, an OOM snapshot, a "
+                "*.host_alloc.json.gz or a *.host_memory.jsonl)"
+            )
+    except (MemoryFileError, ValueError, KeyError) as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    return emit(document, args, console)

@@ -1,0 +1,42 @@
+"""``rlprof report RUN [RUN ...]``: where the step goes, what limits it, which knob to turn."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from rlprof.cli.common import add_output_options, emit, find_run
+
+HELP = "diagnose a run: step breakdown, ranges and operators, memory, what to try"
+EXAMPLE = (
+    "rlprof report outputs/demo                       # a trainer run: its log folder and profile\n"
+    "  rlprof report outputs/demo --html report.html     # a self-contained page (no network needed)\n"
+    "  rlprof report node0/profile node1/profile --format json"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "runs",
+        type=Path,
+        nargs="+",
+        metavar="RUN",
+        help="a trainer log folder, an rlprof save_path, a metrics.jsonl, a trace, or a folder above",
+    )
+    add_output_options(parser, "also write a self-contained HTML page here")
+    parser.add_argument("--all-steps", action="store_true", help="include the warm-up steps in the statistics")
+    parser.add_argument("--memory-limit-gb", type=float, help="the memory-bound rule's limit (default: device total)")
+    parser.add_argument("--run", help="the run id to report when a save path holds several runs")
+    parser.add_argument("--top", type=int, default=5, help="operators listed per range (default 5)")
+
+
+def command(args: argparse.Namespace, console: Console) -> int:
+    from rlprof.analysis.model import ReportOptions
+    from rlprof.analysis.render.report_layout import document
+    from rlprof.analysis.report import build_report
+
+    found = find_run(args.runs, args.run)
+    options = ReportOptions(include_warmup=args.all_steps, memory_limit_gb=args.memory_limit_gb, top_ops=args.top)
+    return emit(document(build_report(found, options)), args, console)

@@ -1,0 +1,62 @@
+"""Roles: which ranges record where. A role's block (``<role>.profiler`` in the config) and the rules that decide
+which block governs a role.
+
+With no role blocks, every role records on rank 0. With role blocks, exactly the roles they govern record, each on
+its ``ranks`` (or every rank with ``all_ranks``). As in verl's colocated actor-rollout-ref worker, ``rollout`` and
+``ref`` follow the ``actor`` block unless they declare their own; ``reward_model.profiler`` is role ``reward``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+ROLE_ALIASES = {"reward_model": "reward"}
+"""Config keys whose ``profiler`` block names another role."""
+ROLE_PARENTS = {"rollout": "actor", "ref": "actor"}
+"""Roles that follow another role's block unless they declare their own (verl's actor-rollout-ref worker)."""
+
+
+@dataclass
+class RoleProfilerConfig:
+    """Which ranks profile one role (actor, critic, ref, rollout, reward or a user-named role)."""
+
+    enable: bool = True
+    """False turns every range of this role off."""
+    all_ranks: bool = False
+    """True: profile this role on every rank (``ranks`` is then ignored)."""
+    ranks: list[int] = field(default_factory=lambda: [0])
+    """Ranks that profile this role when ``all_ranks`` is false."""
+    discrete: Optional[bool] = None
+    """nsys only: overrides ``global_tool_config.nsys.discrete`` for this role's ranges."""
+    tool_config: Optional[dict[str, Any]] = None
+    """verl's per-worker tool settings. Honoured: ``nsys.discrete`` (as ``discrete`` above); a setting equal to the
+    global one is accepted; any other is refused (rlprof runs one tool per process, set by ``global_tool_config``)."""
+
+
+RoleBlocks = Mapping[str, RoleProfilerConfig]
+"""The role blocks a config declares, by role name."""
+
+
+def governing_block(blocks: RoleBlocks, name: str) -> Optional[RoleProfilerConfig]:
+    """The block that governs role ``name``: its own, else its parent's (rollout, ref -> actor), else None."""
+    block = blocks.get(name)
+    if block is None and name in ROLE_PARENTS:
+        block = blocks.get(ROLE_PARENTS[name])
+    return block
+
+
+def role_enabled(blocks: RoleBlocks, name: str, rank: int) -> bool:
+    """Whether ``name``'s ranges record on ``rank`` (see the module doc)."""
+    if not blocks:
+        return rank == 0
+    block = governing_block(blocks, name)
+    return block is not None and block.enable and (block.all_ranks or rank in block.ranks)
+
+
+def records_on(blocks: RoleBlocks, rank: int) -> bool:
+    """Whether any role records on ``rank`` (else that rank starts no tool and writes nothing)."""
+    if not blocks:
+        return rank == 0
+    return any(role_enabled(blocks, name, rank) for name in blocks)
