@@ -1,9 +1,9 @@
 """The trainer's configuration as typed dataclasses, one per section, a docstring per field (verl's key names).
 
 ``ppo_trainer.yaml`` beside this file holds the defaults with comments (verl's layout, so verl command lines carry
-over); ``tests/rlprof_train/test_trainer_config.py`` checks that it and these classes agree key by key. Types and ranges here
-are what :func:`rlprof_train.config.load_trainer_config` checks before any work starts: a wrong value fails naming
-the key, the value and what is allowed. Each worker receives only its own section.
+over); ``tests/rlprof_train/test_trainer_config.py`` checks that it and these classes agree key by key. Types and
+ranges here are what :func:`rlprof_train.config.load_trainer_config` checks before any work starts: a wrong value
+fails naming the key, the value and what is allowed. Each worker receives only its own section.
 """
 
 from __future__ import annotations

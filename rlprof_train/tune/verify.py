@@ -12,8 +12,9 @@ from rlprof_train.tune.space import as_overrides
 from rlprof_train.tune.trial import Launch, Measurement, Trial, run_once
 
 RTOL, ATOL = 1e-4, 1e-6
-"""The equivalence tolerance: ``tests/rlprof_train/test_knobs.py``'s per-operation tolerance (rtol 1e-4, atol of 1e-6), applied
-to the first steps' metrics of two whole runs (measured differences between knob settings: below 1e-8)."""
+"""The equivalence tolerance: ``tests/rlprof_train/test_knobs.py``'s per-operation tolerance (rtol 1e-4, atol of
+1e-6), applied to the first steps' metrics of two whole runs (measured differences between knob settings: below
+1e-8)."""
 COMPARED_STEPS = 3
 
 

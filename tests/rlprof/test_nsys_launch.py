@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rlprof.cli.nsys import plan
 from rlprof.cli import main
+from rlprof.cli.nsys import plan
 
 from conftest import EXAMPLE, LAUNCHER_VARIABLES
 

@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from rlprof.analysis.run import find_run
-from rlprof.cli.view import link_logdir
 from rlprof.cli import main
+from rlprof.cli.view import link_logdir
 
 from conftest import ROOT, free_port, subprocess_env, trainer_command
 
