@@ -5,7 +5,9 @@ functions and under ``TYPE_CHECKING`` alike), checked for cycles and for arrows 
     python scripts/import_graph.py --edges    # also every edge, "a -> b"
 
 An edge goes to the module named by the import (``from rlprof.tools import base`` -> ``rlprof.tools.base``;
-``from rlprof.tools.base import Tool`` -> ``rlprof.tools.base``), not to the packages above it.
+``from rlprof.tools.base import Tool`` -> ``rlprof.tools.base``) and to the packages above it that the importer is
+not in: Python runs ``rlprof/tools/__init__.py`` before ``rlprof.tools.base``, so a package whose ``__init__``
+imports back into the importer is a cycle too.
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ def imported(module: str, path: Path, known: dict[str, Path]) -> set[str]:
                     targets.add(name)
                 elif base in known:
                     targets.add(base)
+    for target in list(targets):  # the packages Python initialises first
+        parts = target.split(".")
+        for depth in range(1, len(parts)):
+            package = ".".join(parts[:depth])
+            if package in known and not (module + ".").startswith(package + "."):
+                targets.add(package)
     targets.discard(module)
     return targets
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from rlprof.analysis.metrics import read_metrics, series, training_records, warmup_steps
+from rlprof.analysis.metrics import series, training_records, warmup_steps
 from rlprof.analysis.run import Run
 
 SCHEMA = "rlprof-compare/1"
@@ -168,7 +168,7 @@ def compare(runs: list[Run], targets: Optional[dict[str, float]] = None, smooth_
     missing: list[str] = []
     records = []
     for run in runs:
-        rows = training_records(read_metrics(run.metrics_path)[0]) if run.metrics_path else []
+        rows = training_records(run.metrics.records)
         if not rows:
             missing.append(f"{run.name}: no step metrics (metrics.jsonl)")
         records.append(rows)

@@ -1,58 +1,29 @@
-"""Read a run's ``metrics.jsonl`` back: tolerant of a cut-short last line, one record per step, warm-up steps found,
-series and robust statistics over steps."""
+"""A run's step records (read by :mod:`rlprof.analysis.sources.metrics_file`) as series: training steps, warm-up
+steps found, robust statistics over steps."""
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any, Optional
 
 STEP_KEY = "timing_s/step"
 
 
-def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """(records sorted by step, one per step: the last written wins, notes on what was skipped)."""
-    notes: list[str] = []
-    by_step: dict[int, dict[str, Any]] = {}
-    bad = 0
-    with Path(path).open(encoding="utf-8", errors="replace") as handle:
-        lines = handle.read().splitlines()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines):
-                notes.append(f"{path}: the last line is cut short (a crash while writing); it was skipped")
-            else:
-                bad += 1
-            continue
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
-            by_step[record["step"]] = record
-        else:
-            bad += 1
-    if bad:
-        notes.append(f"{path}: {bad} lines are not metric records and were skipped")
-    return [by_step[step] for step in sorted(by_step)], notes
-
-
 def training_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records of training steps (those with a step time), not validation-only ones (step 0)."""
-    return [r for r in records if isinstance(r.get(STEP_KEY), (int, float))]
+    """The records of training steps (those with a finite step time), not validation-only ones (step 0)."""
+    return [r for r in records if finite(r.get(STEP_KEY))]
+
+
+def finite(value: Any) -> bool:
+    """A number that is not NaN or infinite (and not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def series(records: Iterable[dict[str, Any]], key: str) -> list[tuple[int, float]]:
     """(step, value) of every record holding a finite number under ``key``."""
-    out = []
-    for record in records:
-        value = record.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            out.append((int(record["step"]), float(value)))
-    return out
+    return [(int(record["step"]), float(record[key])) for record in records if finite(record.get(key))]
 
 
 def warmup_steps(records: Sequence[dict[str, Any]], factor: float = 1.5) -> list[int]:

@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rlprof.analysis.gpu import GpuSummary
 from rlprof.analysis.memory import HostRss, MemorySummary
 
-SCHEMA = "rlprof-report/1"
+SCHEMA = "rlprof-report/2"
 
 
 @dataclass(frozen=True)
@@ -66,25 +67,44 @@ class OpStat:
 class RangeStat:
     label: str
     role: str
+    """The role of an rlprof range (``role/name``); the kind of any other tracked frame."""
     count: int
     total_ms: float
     self_ms: float
     cuda_ms: float
+    """Device time launched from inside the range (see :mod:`rlprof.analysis.trace_model`)."""
+    gpu_span_ms: float
+    """The range's GPU projection summed over its instances (nsys's ``nvtx_gpu_proj``)."""
     allocated_bytes: int
     """Bytes allocated inside the range (the torch tool with ``contents: [memory]``); 0 without."""
     peak_allocated: int
     """Highest total allocated memory seen inside the range (same source)."""
     top_ops: list[OpStat]
+    top_kernels: list[OpStat]
+    """The device operations launched inside the range, by total time."""
 
 
 @dataclass(frozen=True)
 class WindowTrace:
     path: str
+    source: str
+    """The file's format: chrome_trace (torch/kineto) or nsys_report."""
     window: str
     rank: int
     host: Optional[str]
+    device: Optional[str]
+    """The device's name, when the trace gives it."""
     step_ms: dict[int, float]
+    range_kind: str
+    """What ``ranges`` lists: range (rlprof's ``role/name``), annotation (a trace without rlprof ranges: its user
+    annotations), step (nor those: its ProfilerStep spans) or operator (its top-level operators)."""
     ranges: list[RangeStat]
+    gpu: Optional[GpuSummary]
+    """What the device did in the window (None without device operations)."""
+    gpu_by_step: dict[int, GpuSummary]
+    unlaunched: int
+    """Device operations whose launch is not in the trace (kept, outside every range)."""
+    skipped_events: int
     problems: list[str]
 
 
@@ -94,8 +114,10 @@ class RankStraggler:
     label: str
     slowest_rank: int
     ratio: float
-    """Slowest rank's time / median over ranks."""
+    """Slowest rank's time / median over the ranks that ran the range."""
     per_rank_ms: dict[int, float]
+    absent_on: list[int]
+    """Ranks of the window whose trace has no such range."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
-"""``rlprof report``: a run's metrics, traces and memory files turned into one immutable :class:`Report`: where the
-step goes, what happens inside the profiled windows, memory per role, throughput, and a diagnosis
-(:mod:`rlprof.analysis.diagnose`). Renderers (:mod:`rlprof.analysis.render`) only format it.
+"""``rlprof report``: a run's metrics, traces and memory files (read by their sources,
+:mod:`rlprof.analysis.sources`) turned into one immutable :class:`~rlprof.analysis.model.Report`: where the step
+goes, what happens inside the profiled windows (ranges, operators and the device's work), memory per role,
+throughput, and a diagnosis (:mod:`rlprof.analysis.diagnose`). Renderers (:mod:`rlprof.analysis.render`) only
+format it.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from collections import defaultdict
 from typing import Any, Optional
 
 from rlprof.analysis.diagnose import diagnose
-from rlprof.analysis.memory import MemoryFileError, MemorySummary, read_history, read_host_rss, summarize
-from rlprof.analysis.metrics import STEP_KEY, growth, quantile, read_metrics, series, training_records, warmup_steps
+from rlprof.analysis.memory import MemorySummary, summarize
+from rlprof.analysis.metrics import STEP_KEY, growth, quantile, series, training_records, warmup_steps
 from rlprof.analysis.model import (
     SCHEMA,
     Breakdown,
@@ -27,7 +29,9 @@ from rlprof.analysis.model import (
     WindowTrace,
 )
 from rlprof.analysis.run import Run
-from rlprof.analysis.traces import TraceError, TraceScan, scan_trace
+from rlprof.analysis.sources import InputFile, SourceError, source
+from rlprof.analysis.sources.memory_files import read_host_rss
+from rlprof.analysis.trace_model import ANNOTATION, OPERATOR, RANGE, STEP, TraceScan
 from rlprof.metrics.timing import phase_group
 
 GROWTH_FLAG = 0.2
@@ -37,12 +41,9 @@ GROWTH_FLAG = 0.2
 def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
     """Read everything ``run`` holds (one streaming pass per trace) and diagnose it."""
     options = options or ReportOptions()
-    notes, missing = list(run.notes), []
-    records: list[dict[str, Any]] = []
-    if run.metrics_path is not None:
-        records, metric_notes = read_metrics(run.metrics_path)
-        notes += metric_notes
-    training = training_records(records)
+    metrics = run.metrics
+    notes, missing = [*run.notes, *metrics.notes], []
+    training = training_records(metrics.records)
     if not training:
         missing.append(
             "no step metrics: run the trainer with trainer.logger including 'file' (metrics.jsonl), or "
@@ -53,8 +54,8 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
     traces, stragglers = _traces(run, options, notes)
     if not run.traces:
         missing.append(
-            "no torch traces: record some with global_profiler.tool=torch global_profiler.steps=[5] "
-            "(a few steps after warm-up)"
+            "no traces: record some with global_profiler.tool=torch global_profiler.steps=[5] "
+            "(a few steps after warm-up), or run under rlprof nsys profile with global_profiler.tool=nsys"
         )
     memory = _memory(run, training, traces, notes)
     if memory is None:
@@ -63,7 +64,7 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
         "metrics": str(run.metrics_path) if run.metrics_path else None,
         "save_paths": [str(p) for p in run.save_paths],
         "traces": len(run.traces),
-        "memory_files": len(run.host_memory) + len(run.snapshots) + len(run.host_allocations),
+        "memory_files": len(run.of_category("memory")),
     }
     report = Report(
         SCHEMA, run.name, run.run_id, sources, missing, notes, breakdown, throughput, traces, stragglers, memory
@@ -166,27 +167,54 @@ def _throughput(records: list[dict[str, Any]], breakdown: Optional[Breakdown]) -
 # --------------------------------------------------------------------------------------------- from traces
 
 
+RANGE_KINDS = (RANGE, ANNOTATION, STEP, OPERATOR)
+"""What a window lists as its ranges, the first kind its trace has: rlprof ranges, else user annotations, else
+ProfilerStep spans, else top-level operators."""
+
+
 def _traces(run: Run, options: ReportOptions, notes: list[str]) -> tuple[list[WindowTrace], list[RankStraggler]]:
     windows = []
-    for output in sorted(run.traces, key=lambda o: (o.steps, o.rank)):
-        try:
-            scan = scan_trace(output.path)
-        except TraceError as exc:
-            notes.append(str(exc))
+    for file in sorted(run.traces, key=lambda f: (f.steps, f.rank if f.rank is not None else -1, str(f.path))):
+        reader = source(file.format)
+        if reader is None:
             continue
-        rank = scan.rank if scan.rank is not None else output.rank
-        windows.append(
-            WindowTrace(
-                str(output.path),
-                output.window_name if output.steps else _window_of(scan),
-                rank,
-                output.host,
-                {s: d / 1000 for s, d in sorted(scan.steps.items())},
-                _ranges(scan, options.top_ops),
-                scan.problems,
-            )
-        )
+        try:
+            scans: list[TraceScan] = reader.read(file, run.options)
+        except SourceError as exc:
+            notes.append(str(exc).splitlines()[0])
+            continue
+        for scan in scans:
+            windows.append(_window(file, scan, options.top_ops))
     return windows, _rank_stragglers(windows)
+
+
+def _window(file: InputFile, scan: TraceScan, top: int) -> WindowTrace:
+    rank = scan.rank if scan.rank is not None else file.rank if file.rank is not None else 0
+    kind = next((k for k in RANGE_KINDS if scan.ranges_of(k)), RANGE)
+    return WindowTrace(
+        path=scan.path,
+        source=scan.source,
+        window=file.window_name if file.steps else _window_of(scan),
+        rank=rank,
+        host=file.host,
+        device=scan.device,
+        step_ms={s: d / 1000 for s, d in sorted(scan.steps.items())},
+        range_kind=kind,
+        ranges=_ranges(scan, kind, top),
+        gpu=scan.gpu,
+        gpu_by_step=scan.gpu_by_step,
+        unlaunched=scan.unlaunched,
+        skipped_events=scan.skipped,
+        problems=scan.problems
+        + (
+            [
+                f"{scan.unlaunched} device operations ({scan.unlaunched_us / 1000:,.1f} ms) have no launch in the "
+                "trace; they are kept, outside every range (HTA drops them)"
+            ]
+            if scan.unlaunched
+            else []
+        ),
+    )
 
 
 def _window_of(scan: TraceScan) -> str:
@@ -194,28 +222,33 @@ def _window_of(scan: TraceScan) -> str:
     return f"step{steps[0]}" if len(steps) == 1 else f"step{steps[0]}-{steps[-1]}" if steps else "?"
 
 
-def _ranges(scan: TraceScan, top: int) -> list[RangeStat]:
-    ops: dict[str, list[OpStat]] = defaultdict(list)
+def _ranges(scan: TraceScan, kind: str, top: int) -> list[RangeStat]:
+    ops: dict[tuple[str, str], list[OpStat]] = defaultdict(list)
     for (label, name, device), op in scan.ops.items():
-        ops[label].append(OpStat(name, device, op.count, op.self_us / 1000))
+        ops[(label, device)].append(OpStat(name, device, op.count, op.self_us / 1000))
     stats = [
         RangeStat(
             label,
-            label.split("/", 1)[0],
+            label.split("/", 1)[0] if kind == RANGE else kind,
             r.count,
             r.total_us / 1000,
             r.self_us / 1000,
             r.cuda_us / 1000,
+            r.gpu_span_us / 1000,
             r.allocated_bytes,
             r.peak_allocated,
-            sorted(ops.get(label, []), key=lambda o: -o.self_ms)[:top],
+            sorted(ops.get((label, "cpu"), []), key=lambda o: -o.self_ms)[:top],
+            sorted(ops.get((label, "cuda"), []), key=lambda o: -o.self_ms)[:top],
         )
         for label, r in scan.ranges.items()
+        if r.kind == kind
     ]
     return sorted(stats, key=lambda r: -r.total_ms)
 
 
 def _rank_stragglers(windows: list[WindowTrace]) -> list[RankStraggler]:
+    """Per window and range, the slowest rank against the median of the ranks that ran the range (a rank whose
+    trace lacks the range is listed as absent, not as a straggler)."""
     by_window: dict[str, dict[int, WindowTrace]] = defaultdict(dict)
     for window in windows:
         by_window[window.window][window.rank] = window
@@ -226,12 +259,15 @@ def _rank_stragglers(windows: list[WindowTrace]) -> list[RankStraggler]:
         labels = {r.label for w in ranks.values() for r in w.ranges}
         for label in labels:
             per_rank = {
-                rank: next((r.total_ms for r in w.ranges if r.label == label), 0.0) for rank, w in ranks.items()
+                rank: r.total_ms for rank, w in ranks.items() for r in w.ranges if r.label == label and r.total_ms > 0
             }
+            if len(per_rank) < 2:
+                continue
             median = statistics.median(per_rank.values())
             slowest = max(per_rank, key=lambda rank: per_rank[rank])
+            absent = sorted(set(ranks) - set(per_rank))
             if median > 0:
-                found.append(RankStraggler(name, label, slowest, per_rank[slowest] / median, per_rank))
+                found.append(RankStraggler(name, label, slowest, per_rank[slowest] / median, per_rank, absent))
     return sorted(found, key=lambda s: -s.ratio)
 
 
@@ -241,19 +277,23 @@ def _rank_stragglers(windows: list[WindowTrace]) -> list[RankStraggler]:
 def _memory(
     run: Run, records: list[dict[str, Any]], traces: list[WindowTrace], notes: list[str]
 ) -> Optional[MemoryReport]:
-    rss = read_host_rss([o.path for o in run.host_memory]) if run.host_memory else None
+    rss_files = run.of("host_rss")
+    rss = read_host_rss([f.path for f in rss_files]) if rss_files else None
     timelines: list[MemorySummary] = []
     oom: list[MemorySummary] = []
-    for output in run.snapshots + run.host_allocations:
-        try:
-            summary = summarize(read_history(output.path))
-        except MemoryFileError as exc:
-            notes.append(str(exc))
+    for file in run.of_category("memory"):
+        reader = source(file.format)
+        if reader is None or file.format == "host_rss":
             continue
-        (oom if output.oom else timelines).append(summary)
+        try:
+            summary = summarize(reader.read(file, run.options))
+        except SourceError as exc:
+            notes.append(str(exc).splitlines()[0])
+            continue
+        (oom if file.oom else timelines).append(summary)
     cuda = any(k == "perf/max_memory_reserved_gb" for r in records for k in r)
     key = "perf/max_memory_reserved_gb" if cuda else "perf/process_rss_gb"
-    first_recorded = min((step for output in run.host_allocations for step in output.steps), default=None)
+    first_recorded = min((step for file in run.of("host_alloc") for step in file.steps), default=None)
     before = [r for r in records if first_recorded is not None and r["step"] < first_recorded]
     if before and not cuda:  # the profiler's buffers count in the process's RSS from the window on
         notes.append(
@@ -277,6 +317,6 @@ def _memory(
         oom,
         max(peaks) if peaks else None,
         max(capacities) if capacities else None,
-        "cuda" if cuda or run.snapshots else "cpu",
+        "cuda" if cuda or run.of("cuda_snapshot") else "cpu",
         dict(sorted(traced.items(), key=lambda item: -item[1])),
     )

@@ -21,22 +21,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace, console: Console) -> int:
-    from rlprof.analysis.memory import MemoryFileError, read_history, read_host_rss, summarize
+    from rlprof.analysis.memory import summarize
     from rlprof.analysis.render.memory_layout import rss_document, summary_document
+    from rlprof.analysis.sources import InputFile, ReadOptions, SourceError, identify
 
     path: Path = args.file
     if not path.is_file():
         raise UsageError(f"{path}: no such file")
+    found = identify(path)
+    if found is None or found.category != "memory":
+        raise UsageError(
+            f"{path}: not a memory file rlprof reads (a CUDA snapshot .pickle, an OOM snapshot, a "
+            "*.host_alloc.json.gz or a *.host_memory.jsonl)"
+        )
     try:
-        if path.name.endswith(".host_memory.jsonl"):
-            document = rss_document(read_host_rss([path]))
-        elif path.suffix == ".pickle" or path.name.endswith(".host_alloc.json.gz"):
-            document = summary_document(summarize(read_history(path), top=args.top), oom=path.name.startswith("oom_"))
-        else:
-            raise UsageError(
-                f"{path}: not a memory file rlprof reads (a snapshot .pickle, an OOM snapshot, a "
-                "*.host_alloc.json.gz or a *.host_memory.jsonl)"
-            )
-    except (MemoryFileError, ValueError, KeyError) as exc:
+        read = found.read(InputFile(found.format, path), ReadOptions())
+    except SourceError as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
+    if found.format == "host_rss":
+        document = rss_document(read)
+    else:
+        document = summary_document(summarize(read, top=args.top), oom=path.name.startswith("oom_"))
     return emit(document, args, console)

@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace, console: Console) -> int:
     """``rlprof nsys REPORT``: the NVTX ranges of domain rlprof per role and name."""
-    from rlprof.analysis.nsys_report import export_sqlite, range_totals, read_nvtx_ranges
+    from rlprof.analysis.sources.nsys_report import export_sqlite, range_totals, read_nvtx_ranges
 
     report: Path = args.report
     if not report.exists():
@@ -74,7 +74,7 @@ def profile_parser() -> argparse.ArgumentParser:
 
 def profile_command(args: argparse.Namespace, console: Console) -> int:
     """``rlprof nsys profile [opts] -- COMMAND``."""
-    from rlprof.analysis.nsys_report import export_sqlite
+    from rlprof.analysis.sources.nsys_report import export_sqlite
 
     if not args.target:
         raise UsageError("give the command after --, e.g. rlprof nsys profile -- python train.py ...")
@@ -214,7 +214,7 @@ def run(nsys: str, command: list[str], capture: CapturePlan, timeout_s: Optional
 
 def captured_steps(sqlite: Path) -> set[int]:
     """Step numbers of the ``step N`` markers (category ``step``) the nsys tool wrote into a report."""
-    from rlprof.analysis.nsys_report import read_nvtx_ranges
+    from rlprof.analysis.sources.nsys_report import read_nvtx_ranges
 
     steps = set()
     for r in read_nvtx_ranges(sqlite):

@@ -33,6 +33,9 @@ NVTX_INTERNALS = ("DummyDomain", "Domain", "DomainHandle", "push_range", "pop_ra
 INJECTION_VARIABLES = ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH")
 """Set by Nsight Systems (and other NVTX tools) in the processes it traces."""
 STEP_CATEGORY = "step"
+RANK_CATEGORY = "rank"
+"""Category of the mark ``rank R of W`` each recording process writes once, so a report of several processes
+(torchrun under one nsys) tells its ranks apart."""
 
 
 def open_domain(name: str) -> Any:
@@ -105,6 +108,11 @@ class NsysTool(Tool):
         self._lib = lib
         self._depth = threading.local()
         self._step_range: Optional[Any] = None
+        self.domain.mark(
+            self.domain.get_event_attributes(
+                message=f"rank {context.rank} of {context.world_size}", category=RANK_CATEGORY
+            )
+        )
         if not nvtx_tool_attached():
             context.warn(
                 "nsys:detached",

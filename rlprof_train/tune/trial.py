@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from rlprof.analysis.metrics import read_metrics, training_records
+from rlprof.analysis.metrics import training_records
+from rlprof.analysis.sources.metrics_file import read_metrics
 
 OK = "ok"
 FAILED = "failed"
@@ -148,7 +149,7 @@ def run_once(
         trial.status, trial.reason = FAILED, _failure(code, folder / "trainer.log")
         return None
     metrics = folder / "logs" / "metrics.jsonl"
-    records = training_records(read_metrics(metrics)[0]) if metrics.exists() else []
+    records = training_records(read_metrics(metrics).records) if metrics.exists() else []
     measured = [r for r in records if r["step"] > warmup]
     if not measured:
         trial.status, trial.reason = FAILED, "no step metrics were written"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rlprof.analysis.nsys_report import count_by_role, export_sqlite, read_nvtx_ranges
+from rlprof.analysis.sources.nsys_report import count_by_role, export_sqlite, read_nvtx_ranges
 from rlprof.manifest import read_manifest
 
 from conftest import ROOT, free_port, run_example, subprocess_env, torchrun

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import rlprof
-from rlprof.analysis.memory import read_history, summarize
+from rlprof.analysis.memory import summarize
+from rlprof.analysis.sources import read_history
 from rlprof.cli import main
 from rlprof.manifest import read_manifest
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from rlprof.analysis.traces import scan_trace
+from rlprof.analysis.sources.chrome_trace import scan_trace
 from rlprof.cli import main
 
 from conftest import ROOT, external_references, plotly_pixels, run_example, screenshot, subprocess_env, trainer_command
@@ -82,7 +82,7 @@ def test_per_annotation_totals_equal_holistic_trace_analysis(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     theirs = json.loads(result.stdout.strip().splitlines()[-1])["totals"]
-    ours = scan_trace(trace).ranges
+    ours = {r.label: r for r in scan_trace(trace).ranges_of("range")}
     assert set(ours) <= set(theirs)
     for label, totals in ours.items():
         count, total_us = theirs[label]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rlprof.analysis.nsys_report import count_by_role, read_nvtx_ranges
+from rlprof.analysis.sources.nsys_report import count_by_role, read_nvtx_ranges
 from rlprof.manifest import read_manifest
 from rlprof.tracking.jsonl import read_jsonl
 

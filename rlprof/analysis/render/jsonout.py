@@ -1,4 +1,4 @@
-"""A document's data as JSON. Reports and comparisons follow the schemas ``rlprof-report/1`` and
+"""A document's data as JSON. Reports and comparisons follow the schemas ``rlprof-report/2`` and
 ``rlprof-compare/1`` documented by ``rlprof/analysis/{report,compare}.schema.json``; non-finite numbers are written
 as null, so the output is strict JSON."""
 

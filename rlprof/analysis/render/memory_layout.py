@@ -30,7 +30,8 @@ def rss_document(rss: HostRss) -> Document:
 
 def summary_sections(summary: MemorySummary, oom: bool) -> list[Section]:
     head = Section("Memory", [timeline_line(summary, oom)])
-    head.lines.append(f"peak reached at event {summary.peak_event} (t = {summary.peak_time_us:.0f} µs)")
+    when = f"t = {summary.peak_time_us:.0f} µs" if summary.timed else "no times in the file"
+    head.lines.append(f"peak reached at event {summary.peak_event} ({when})")
     head.tables.append(
         Table(
             ["rlprof range", "live at peak"],
@@ -47,7 +48,7 @@ def summary_sections(summary: MemorySummary, oom: bool) -> list[Section]:
     )
     head.tables.append(
         Table(
-            ["t µs", "live after", "action", "size", "range"],
+            ["t µs" if summary.timed else "event", "live after", "action", "size", "range"],
             [
                 [f"{t:.0f}", human_bytes(live), action, human_bytes(size), tag or "-"]
                 for t, live, action, size, tag in summary.around_peak
@@ -101,13 +102,19 @@ def rss_charts(rss: HostRss) -> list[str]:
 
 def timeline_line(summary: MemorySummary, oom: bool) -> str:
     head = "OOM snapshot" if oom else f"{summary.device} allocations"
-    extra = f", reserved {human_bytes(summary.reserved_bytes)}" if summary.reserved_bytes else ""
-    frag = f", fragmentation {pct(summary.fragmentation)}" if summary.fragmentation is not None else ""
+    segments = summary.segments
+    extra = (
+        f", reserved {human_bytes(segments.reserved)} (free between blocks {human_bytes(segments.free_external)}, "
+        f"{pct(segments.free_external / segments.reserved)}; rounding {human_bytes(segments.free_internal)})"
+        if segments is not None and segments.reserved
+        else ""
+    )
     dropped = f", {summary.dropped} oldest events dropped" if summary.dropped else ""
+    order = "" if summary.timed else " (the file has no times: events are in order)"
     return (
         f"{head} {summary.source}: peak {human_bytes(summary.peak_bytes)} (start "
-        f"{human_bytes(summary.start_bytes)}, end {human_bytes(summary.end_bytes)}){extra}{frag}; "
-        f"{summary.events} events{dropped}"
+        f"{human_bytes(summary.start_bytes)}, end {human_bytes(summary.end_bytes)}){extra}; "
+        f"{summary.events} events{dropped}{order}"
     )
 
 
@@ -118,7 +125,8 @@ def timeline_charts(summary: MemorySummary) -> list[str]:
 
     from rlprof.analysis.render.html import figure_html
 
-    times = [(t - summary.timeline[0][0]) / 1000 for t, _ in summary.timeline] if summary.timeline else []
+    scale = 1000 if summary.timed else 1
+    times = [(t - summary.timeline[0][0]) / scale for t, _ in summary.timeline] if summary.timeline else []
     figure = go.Figure(
         go.Scatter(x=times, y=[v / 2**20 for _, v in summary.timeline], mode="lines", name="live", line={"shape": "hv"})
     )
@@ -133,7 +141,7 @@ def timeline_charts(summary: MemorySummary) -> list[str]:
         )
     if summary.timeline:
         figure.add_scatter(
-            x=[(summary.peak_time_us - summary.timeline[0][0]) / 1000],
+            x=[(summary.peak_time_us - summary.timeline[0][0]) / scale],
             y=[summary.peak_bytes / 2**20],
             mode="markers",
             marker={"size": 10, "color": "red"},
@@ -141,7 +149,7 @@ def timeline_charts(summary: MemorySummary) -> list[str]:
         )
     figure.update_layout(
         title=f"Live allocated memory, {summary.device} ({summary.source.rsplit('/', 1)[-1]})",
-        xaxis_title="ms since recording started",
+        xaxis_title="ms since recording started" if summary.timed else "event (the file has no times)",
         yaxis_title="MiB",
         height=380,
     )

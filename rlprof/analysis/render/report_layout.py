@@ -4,6 +4,7 @@ and its charts (step time per phase, the heaviest range's operators, memory)."""
 from __future__ import annotations
 
 from rlprof.analysis.document import Document, Section, Table
+from rlprof.analysis.gpu import GpuSummary
 from rlprof.analysis.model import Report
 from rlprof.analysis.render.memory_layout import timeline_charts, timeline_line
 from rlprof.analysis.render.units import human_bytes, ms, pct, seconds, trend
@@ -88,30 +89,53 @@ def _breakdown(report: Report) -> Section:
     return section
 
 
+TRACES_TITLE = "Inside the profiled windows (traces)"
+RANGE_TITLES = {
+    "range": "Ranges",
+    "annotation": "User annotations (the trace has no rlprof ranges)",
+    "step": "Steps (the trace has neither rlprof ranges nor user annotations)",
+    "operator": "Top-level operators (the trace has no ranges, annotations or steps)",
+}
+
+
 def _traces(report: Report) -> Section:
-    section = Section("Inside the profiled windows (torch traces)")
+    section = Section(TRACES_TITLE)
     for window in report.traces:
         steps = ", ".join(f"#{s} {ms(step_ms)} ms" for s, step_ms in window.step_ms.items())
+        what = window.source + (f", {window.device}" if window.device else "")
         section.lines.append(
-            f"{window.window} rank {window.rank}{f' on {window.host}' if window.host else ''}: "
+            f"{window.window} rank {window.rank}{f' on {window.host}' if window.host else ''} ({what}): "
             f"steps {steps or 'none'} ({window.path})"
         )
         section.lines += [f"    {p}" for p in window.problems]
-        cuda = any(r.cuda_ms for r in window.ranges)
-        columns = ["range", "count", "total ms", "self ms", *(["cuda ms"] if cuda else [])]
+        where = f"{window.window}, rank {window.rank}"
+        device = any(r.cuda_ms for r in window.ranges)
+        columns = ["range", "count", "total ms", "self ms", *(["gpu ms", "gpu span ms"] if device else [])]
         rows = [
-            [r.label, str(r.count), ms(r.total_ms), ms(r.self_ms), *([ms(r.cuda_ms)] if cuda else [])]
+            [
+                r.label,
+                str(r.count),
+                ms(r.total_ms),
+                ms(r.self_ms),
+                *([ms(r.cuda_ms), ms(r.gpu_span_ms)] if device else []),
+            ]
             for r in window.ranges
         ]
-        section.tables.append(Table(columns, rows, f"Ranges, {window.window}, rank {window.rank}"))
-        operators = [[r.label, o.name, o.device, str(o.count), ms(o.self_ms)] for r in window.ranges for o in r.top_ops]
+        section.tables.append(Table(columns, rows, f"{RANGE_TITLES[window.range_kind]}, {where}"))
+        operators = [
+            [r.label, o.name, o.device, str(o.count), ms(o.self_ms)]
+            for r in window.ranges
+            for o in [*r.top_ops, *r.top_kernels]
+        ]
         if operators:
-            title = f"Top operators under each range (self time), {window.window}, rank {window.rank}"
+            title = f"Top operators and kernels under each range (self time; kernels: device time), {where}"
             section.tables.append(Table(["range", "operator", "device", "calls", "self ms"], operators, title))
+        if window.gpu is not None:
+            section.tables += _gpu_tables(window.gpu, window.gpu_by_step, where)
     if report.stragglers:
         section.tables.append(
             Table(
-                ["window", "range", "slowest rank", "slowest / median", "per rank ms"],
+                ["window", "range", "slowest rank", "slowest / median", "per rank ms", "absent on"],
                 [
                     [
                         s.window,
@@ -119,13 +143,89 @@ def _traces(report: Report) -> Section:
                         str(s.slowest_rank),
                         f"{s.ratio:.2f}",
                         ", ".join(f"{rank}: {ms(rank_ms)}" for rank, rank_ms in sorted(s.per_rank_ms.items())),
+                        ", ".join(map(str, s.absent_on)),
                     ]
                     for s in report.stragglers[:10]
                 ],
-                "Per rank",
+                "Per rank (median of the ranks that ran the range)",
             )
         )
     return section
+
+
+def _gpu_tables(gpu: GpuSummary, by_step: dict[int, GpuSummary], where: str) -> list[Table]:
+    """The device's work: time by kind, idle share, overlap, launch delay, copies; per step; top kernels."""
+    overview = [
+        ["span (first start to last end)", ms(gpu.span_us / 1000), ""],
+        ["busy (any stream)", ms(gpu.busy_us / 1000), pct(gpu.busy_us / gpu.span_us if gpu.span_us else None)],
+        ["idle", ms(gpu.idle_us / 1000), pct(gpu.idle_share)],
+        *[
+            [f"{kind} (union; sum {ms(gpu.sum_by_kind[kind] / 1000)})", ms(time / 1000), pct(time / gpu.span_us)]
+            for kind, time in gpu.time_by_kind.items()
+            if gpu.span_us
+        ],
+    ]
+    if gpu.communication_overlap is not None:
+        overview.append(["communication overlapped by compute", "", pct(gpu.communication_overlap)])
+    if gpu.launch_delay_us is not None:
+        delay = gpu.launch_delay_us
+        overview.append(
+            [
+                "launch delay (device start - launch end) p50 / p90",
+                f"{delay.p50 / 1000:.3f} / {delay.p90 / 1000:.3f}",
+                "",
+            ]
+        )
+    if gpu.launch_us is not None:
+        overview.append(
+            ["launch call p50 / p90", f"{gpu.launch_us.p50 / 1000:.3f} / {gpu.launch_us.p90 / 1000:.3f}", ""]
+        )
+    overview.append(["device operations / streams", f"{gpu.operations} / {gpu.streams}", ""])
+    tables = [Table(["device", "ms", "share of span"], overview, f"GPU, {where}")]
+    if by_step:
+        tables.append(
+            Table(
+                ["step", "span ms", "busy", "idle", "compute ms", "communication ms", "comm. overlapped"],
+                [
+                    [
+                        str(step),
+                        ms(s.span_us / 1000),
+                        pct(s.busy_us / s.span_us if s.span_us else None),
+                        pct(s.idle_share),
+                        ms(s.compute_us / 1000),
+                        ms(s.time_by_kind.get("communication", 0.0) / 1000),
+                        pct(s.communication_overlap),
+                    ]
+                    for step, s in by_step.items()
+                ],
+                f"GPU per step (operations by the step their launch fell in), {where}",
+            )
+        )
+    tables.append(
+        Table(
+            ["kernel", "kind", "count", "total ms"],
+            [[k.name, k.kind, str(k.count), ms(k.total_us / 1000)] for k in gpu.top_kernels],
+            f"Top kernels, {where}",
+        )
+    )
+    if gpu.memcpy:
+        tables.append(
+            Table(
+                ["copy", "count", "bytes", "busy ms", "GB/s"],
+                [
+                    [
+                        m.kind,
+                        str(m.count),
+                        human_bytes(m.bytes),
+                        ms(m.busy_us / 1000),
+                        f"{m.gbps:.1f}" if m.gbps else "",
+                    ]
+                    for m in gpu.memcpy
+                ],
+                f"Memory copies and sets, {where}",
+            )
+        )
+    return tables
 
 
 def _memory(report: Report) -> Section:
@@ -225,7 +325,7 @@ def report_charts(report: Report) -> dict[str, list[str]]:
                 height=320,
                 margin={"l": 260},
             )
-            charts["Inside the profiled windows (torch traces)"] = [figure_html(figure)]
+            charts[TRACES_TITLE] = [figure_html(figure)]
     if report.memory is not None:
         charts["Memory"] = memory_charts(report)
     return charts

@@ -1,0 +1,392 @@
+"""Chrome traces written by torch.profiler / kineto (``.json``, ``.json.gz``, whatever the name): torch 1.8's
+categories (``Operator``, ``Runtime``, ``Kernel``, ``Memcpy``) to current ones, CUDA, ROCm and MTIA devices, one
+rank per file. Read in one streaming pass into the :mod:`rlprof.analysis.trace_model`.
+
+The file is never loaded whole. Kineto writes one event per indented block (``\\n  {`` ... ``\\n  },``); the reader
+cuts the decompressed stream at those boundaries and parses a few megabytes of events at a time with orjson. A trace
+in another layout is streamed by ijson. Damage costs only what it touches: an event with wrong types (``"ts":
+"abc"``, a list as category, a non-object) is skipped and counted, an event orjson cannot parse (``NaN``, nesting
+deeper than 1024) is skipped alone, and a truncated file is read up to the damage. One event larger than
+:data:`MAX_EVENT_BYTES` stops the reading with one line (the events before it are kept).
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any, Optional
+
+import orjson
+
+from rlprof.analysis.sources.base import InputFile, ReadOptions, Source, SourceError
+from rlprof.analysis.trace_model import KERNEL, MEMCPY, MEMSET, NESTING, TraceBuilder, TraceScan, frame_kind
+
+CHUNK = 4 << 20
+MAX_EVENT_BYTES = 64 << 20
+"""The largest single event read; a longer one (a multi-GB string) ends the reading."""
+REORDER_WINDOW = 4096
+"""CPU frames carried from one batch into the next and put back in start order in passing (kineto on a loaded
+machine writes a thread's events a little out of order); a thread disordered more than this is re-sorted whole at
+the end, from compact arrays."""
+
+DEVICE_OPS = {
+    "kernel": KERNEL,
+    "Kernel": KERNEL,
+    "gpu_memcpy": MEMCPY,
+    "Memcpy": MEMCPY,
+    "gpu_memset": MEMSET,
+    "Memset": MEMSET,
+    "mtia_ccp_events": KERNEL,
+}
+"""Device-side categories (torch >= 1.9, torch 1.8, MTIA)."""
+LAUNCHES = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "mtia_runtime", "privateuse1_runtime"})
+"""CPU calls into a device runtime (CUDA, HIP: ``cuda_runtime`` on ROCm too; torch 1.8's ``Runtime``)."""
+ANNOTATIONS = frozenset({"user_annotation"})
+OPERATORS = frozenset({"cpu_op", "Operator"})
+"""CPU operators; in torch 1.8 ``record_function`` ranges are ``Operator`` events too (told apart by their name)."""
+NESTED = frozenset({"python_function"})
+_LIST_END = re.compile(rb"\}\s*\n\s*\]")
+"""The end of the event list: the last event's brace, a line break and the closing bracket."""
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_DEVICE_NAME = re.compile(rb'"deviceProperties"\s*:\s*\[\s*\{[^}]*?"name"\s*:\s*"((?:[^"\\]|\\.)*)"', re.S)
+
+
+class TraceError(SourceError):
+    """The file is not a readable Chrome trace; the message says why in one line."""
+
+
+# --------------------------------------------------------------------------------------------- reading events
+
+
+class _Inflated:
+    """A ``.json`` or ``.json.gz`` file read in decompressed blocks. A gzip stream cut short yields what it holds and
+    then sets ``truncated`` (``gzip.GzipFile`` would drop the last block with an error)."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("rb")
+        gzipped = self.file.read(2) == b"\x1f\x8b"
+        self.file.seek(0)
+        self.inflater = zlib.decompressobj(zlib.MAX_WBITS | 16) if gzipped else None
+        self.truncated = False
+
+    def read(self, size: int) -> bytes:
+        if self.inflater is None:
+            return self.file.read(size)
+        parts: list[bytes] = []
+        produced = 0
+        while produced < size:
+            pending = self.inflater.unconsumed_tail or self.file.read(1 << 18)
+            if not pending:
+                self.truncated = not self.inflater.eof
+                break
+            block = self.inflater.decompress(pending, size - produced)
+            if self.inflater.eof and self.inflater.unused_data:  # a file of several gzip members
+                rest = self.inflater.unused_data
+                self.inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+                block += self.inflater.decompress(rest, max(1, size - produced - len(block)))
+            parts.append(block)
+            produced += len(block)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def read_head(path: Path, size: int) -> bytes:
+    """The first ``size`` bytes of ``path``, decompressed when it is gzipped ("" when it cannot be read)."""
+    try:
+        stream = _Inflated(path)
+    except OSError:
+        return b""
+    try:
+        return stream.read(size)
+    except (OSError, zlib.error, EOFError):
+        return b""
+    finally:
+        stream.close()
+
+
+def _header(header: bytes, scan: TraceScan) -> None:
+    """Rank, world size and device name from the part of the file outside the event list."""
+    for line in header.splitlines():
+        text = line.strip()
+        if text.startswith(b'"distributedInfo"'):
+            try:
+                info = orjson.loads(text.split(b":", 1)[1].rstrip(b","))
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(info, dict):
+                rank, world = info.get("rank"), info.get("world_size")
+                scan.rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else scan.rank
+                scan.world_size = world if isinstance(world, int) and not isinstance(world, bool) else scan.world_size
+    found = _DEVICE_NAME.search(header)
+    if found and scan.device is None:
+        scan.device = found.group(1).decode("utf-8", "replace")
+
+
+def _parse_events(block: bytes, scan: TraceScan) -> list[Any]:
+    """The events of one batch; when the batch does not parse, event by event, skipping (and counting) the ones
+    that do not."""
+    try:
+        parsed = orjson.loads(b"[" + block + b"]")
+        return parsed if isinstance(parsed, list) else []
+    except orjson.JSONDecodeError:
+        pass
+    events = []
+    for piece in block.split(b"\n  },\n"):
+        text = piece.strip().rstrip(b",")
+        if not text:
+            continue
+        if not text.endswith(b"}"):
+            text += b"\n  }"
+        try:
+            events.append(orjson.loads(text))
+        except orjson.JSONDecodeError:
+            scan.skipped += 1
+    return events
+
+
+def iter_event_batches(path: Path, scan: TraceScan) -> Iterator[list[Any]]:
+    """The trace's events, a batch (a few MB of the file) at a time; header facts go into ``scan``."""
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file")
+    stream = _Inflated(path)
+    try:
+        head = stream.read(1 << 16)
+        start = head.find(b'"traceEvents"')
+        if start < 0 or not head.lstrip().startswith(b"{"):
+            raise TraceError(f"{path} is not a Chrome trace (no traceEvents in its first 64 KiB)")
+        _header(head[:start], scan)
+        bracket = head.find(b"[", start)
+        if bracket < 0 or head.find(b"\n  {", bracket) < 0 or head.find(b"\n  },", bracket) < 0:
+            yield from _ijson_batches(path, scan)
+            return
+        buffer = head[bracket + 1 :]
+        while True:
+            block = stream.read(CHUNK)
+            buffer += block
+            cut = buffer.rfind(b"\n  },")
+            if block and cut >= 0:
+                yield _parse_events(buffer[: cut + 4], scan)
+                buffer = buffer[cut + 5 :]
+            elif block and len(buffer) > MAX_EVENT_BYTES:
+                scan.problems.append(
+                    f"{path.name}: one event is larger than {MAX_EVENT_BYTES >> 20} MiB (a damaged or hostile "
+                    "file); the events before it are reported"
+                )
+                return
+            elif not block:
+                break
+        closed = _LIST_END.search(buffer)
+        if closed is not None and not stream.truncated:  # kineto's "}\n  ]," or torch 1.8's "}\n]}"
+            tail = buffer[: closed.start() + 1].strip()
+            _header(buffer[closed.end() :], scan)
+        else:  # cut short: the complete events before the cut
+            reason = "the gzip stream ends early" if stream.truncated else "the event list is never closed"
+            scan.problems.append(
+                f"{path.name} is truncated or damaged ({reason}); what came before the damage is reported"
+            )
+            last = buffer.rfind(b"\n  }")
+            tail = buffer[: last + 4].strip().rstrip(b",") if last >= 0 else b""
+        if tail:
+            yield _parse_events(tail, scan)
+    except zlib.error as exc:
+        scan.problems.append(f"{path.name} is damaged ({exc}); what came before the damage is reported")
+    finally:
+        stream.close()
+
+
+class _Bounded:
+    """A byte stream that refuses to deliver more than ``limit`` bytes between two calls of :meth:`mark`."""
+
+    def __init__(self, stream: IO[bytes], limit: int, name: str) -> None:
+        self.stream, self.limit, self.name = stream, limit, name
+        self.since = 0
+
+    def read(self, size: int = -1) -> bytes:
+        if size == 0:  # ijson asks for 0 bytes to learn the stream's type
+            return b""
+        data = self.stream.read(size if size > 0 else 1 << 16)
+        self.since += len(data)
+        if self.since > self.limit:
+            raise TraceError(f"{self.name}: one event is larger than {self.limit >> 20} MiB")
+        return data
+
+    def mark(self) -> None:
+        self.since = 0
+
+
+def _open(path: Path) -> IO[bytes]:
+    with path.open("rb") as probe:
+        magic = probe.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rb")  # type: ignore[return-value]  # a GzipFile reads bytes
+    return path.open("rb")
+
+
+def _ijson_batches(path: Path, scan: TraceScan) -> Iterator[list[Any]]:
+    """Any other layout of a Chrome trace, streamed by ijson (slower; same results), in bounded memory."""
+    import ijson
+
+    batch: list[Any] = []
+    with _open(path) as raw:
+        stream = _Bounded(raw, MAX_EVENT_BYTES, path.name)
+        try:
+            for event in ijson.items(stream, "traceEvents.item", use_float=True):
+                stream.mark()
+                batch.append(event)
+                if len(batch) >= 50_000:
+                    yield batch
+                    batch = []
+        except TraceError as exc:
+            scan.problems.append(f"{exc}; the events before it are reported")
+        except (ijson.JSONError, ijson.IncompleteJSONError, OSError, EOFError, RecursionError) as exc:
+            message = " ".join(str(exc).split())[:200]
+            scan.problems.append(f"{path.name} is truncated or damaged ({message}); what came before is reported")
+    if batch:
+        yield batch
+    if scan.rank is None:
+        try:
+            with _open(path) as raw:
+                for info in ijson.items(_Bounded(raw, MAX_EVENT_BYTES, path.name), "distributedInfo"):
+                    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+                        scan.rank, scan.world_size = info.get("rank"), info.get("world_size")
+        except (TraceError, ijson.JSONError, ijson.IncompleteJSONError, OSError, EOFError, RecursionError):
+            pass
+
+
+def in_start_order(batches: Iterator[list[Any]]) -> Iterator[list[Any]]:
+    """The same events, with disorder of up to :data:`REORDER_WINDOW` events repaired: a batch (with the last
+    events of the one before) is sorted by start when its CPU frames are out of order on a thread."""
+    carry: list[Any] = []
+    for batch in batches:
+        window = carry + batch
+        if not _in_start_order(window):
+            window.sort(key=_start_key)
+        carry = window[-REORDER_WINDOW:]
+        if len(window) > REORDER_WINDOW:
+            yield window[:-REORDER_WINDOW]
+    if carry:
+        yield carry
+
+
+def _start_key(event: Any) -> tuple[float, float]:
+    try:
+        return float(event.get("ts", 0.0)), -float(event.get("dur", 0.0))
+    except (AttributeError, TypeError, ValueError):
+        return float("inf"), 0.0
+
+
+def _in_start_order(events: list[Any]) -> bool:
+    last: dict[Any, float] = {}
+    for event in events:
+        try:
+            if event.get("ph") != "X" or event.get("cat") in DEVICE_OPS:
+                continue
+            thread = (event.get("pid"), event.get("tid"))
+            start = float(event.get("ts", 0.0))
+        except (AttributeError, TypeError, ValueError):
+            continue
+        if start < last.get(thread, start):
+            return False
+        last[thread] = start
+    return True
+
+
+# --------------------------------------------------------------------------------------------- into the model
+
+
+def feed(builder: TraceBuilder, events: list[Any]) -> None:
+    """Hand each event of a batch to the builder (the hot loop of ``rlprof report``: local names on purpose)."""
+    scan = builder.scan
+    frame, launch, device_op = builder.frame, builder.launch, builder.device_op
+    device_ops, launches, annotations, operators, nesting = DEVICE_OPS, LAUNCHES, ANNOTATIONS, OPERATORS, NESTED
+    kind_of = frame_kind
+    counted = skipped = 0
+    for event in events:
+        try:
+            if event.get("ph") != "X":
+                if event.get("ph") == "i" and event.get("name") == "[memory]":
+                    args = event.get("args") or {}
+                    builder.memory_event(
+                        (event.get("pid"), event.get("tid")),
+                        float(event.get("ts", 0.0)),
+                        int(args.get("Bytes", 0)),
+                        int(args.get("Total Allocated", 0)),
+                    )
+                continue
+            category = event.get("cat", "")
+            start = float(event["ts"])
+            duration = float(event.get("dur", 0.0))
+            counted += 1
+            if category in device_ops:
+                args = event.get("args") or {}
+                correlation, size, stream = args.get("correlation"), args.get("bytes", 0), args.get("stream")
+                if not isinstance(stream, int):
+                    stream = event.get("tid") if isinstance(event.get("tid"), int) else -1
+                device_op(
+                    start,
+                    duration,
+                    str(event.get("name", "")),
+                    device_ops[category],
+                    stream,
+                    correlation if isinstance(correlation, int) else None,
+                    size if isinstance(size, int) else 0,
+                )
+            elif category in launches:
+                correlation = (event.get("args") or {}).get("correlation")
+                launch(
+                    (event.get("pid"), event.get("tid")),
+                    start,
+                    duration,
+                    int(correlation) if isinstance(correlation, int) else -1,
+                )
+            elif category in operators or category in annotations:
+                name = event.get("name", "")
+                if not isinstance(name, str):
+                    raise TypeError("name")
+                frame(
+                    (event.get("pid"), event.get("tid")), start, duration, name, kind_of(name, category in annotations)
+                )
+            elif category in nesting:
+                frame((event.get("pid"), event.get("tid")), start, duration, "", NESTING)
+        except (AttributeError, TypeError, ValueError, KeyError, OverflowError):
+            skipped += 1
+    scan.events += counted
+    scan.skipped += skipped
+
+
+def scan_trace(path: str | Path) -> TraceScan:
+    """Read ``path`` once and return its :class:`TraceScan`."""
+    path = Path(path)
+    scan = TraceScan(str(path))
+    builder = TraceBuilder(scan)
+    for batch in in_start_order(iter_event_batches(path, scan)):
+        feed(builder, batch)
+    if scan.rank is None:
+        scan.rank = rank_from_name(path.name)
+    if scan.skipped:
+        scan.problems.append(f"{path.name}: {scan.skipped} events could not be read (wrong types); skipped")
+    return builder.finish(path.name)
+
+
+class ChromeTraceSource(Source):
+    format = "chrome_trace"
+    category = "trace"
+    description = "a torch/kineto Chrome trace (.json or .json.gz)"
+
+    def claims(self, path: Path, head: bytes) -> bool:
+        text = head.lstrip()
+        return text.startswith(b"{") and b'"traceEvents"' in head
+
+    def read(self, file: InputFile, options: ReadOptions) -> list[TraceScan]:
+        return [scan_trace(file.path)]
+
+
+def rank_from_name(name: str) -> Optional[int]:
+    """``rank-3.json.gz``, ``prof_rank_3.json.gz`` -> 3 (HTA's and verl's file names)."""
+    found = _RANK_IN_NAME.search(name)
+    return int(found.group(1)) if found else None
