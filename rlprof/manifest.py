@@ -1,4 +1,5 @@
-"""``{save_path}/manifest.jsonl``: one JSON line per file a tool wrote, so every output can be found later.
+"""``{save_path}/manifest.jsonl``: one JSON line per file a tool wrote, so every output can be found later, with
+its format (which reader takes it: ``rlprof report`` never guesses it from the name).
 
 Every line names the run (``run``), the host and the rank that wrote it, so processes of several runs, hosts or
 ranks can share one folder without their outputs being confused. Files are published without ever replacing an
@@ -72,12 +73,15 @@ class Manifest:
         rank: int,
         role: Optional[str] = None,
         window: Optional[int] = None,
+        format: Optional[str] = None,
         **extra: Any,
     ) -> dict[str, Any]:
-        """Append one line describing ``path`` (which must exist) and return it."""
+        """Append one line describing ``path`` (which must exist) and return it; ``format`` names the source that
+        reads the file (``chrome_trace``, ``nsys_report``, ``cuda_snapshot``, ``host_alloc``, ``host_rss``)."""
         path = Path(path)
         entry = {
             "tool": tool,
+            "format": format,
             "steps": list(steps),
             "window": window,
             "role": role,

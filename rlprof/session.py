@@ -162,9 +162,14 @@ class Session:
             if listener in self.listeners:
                 self.listeners.remove(listener)
 
-    def record_output(self, tool: str, path: Any, window: StepWindow, role: Optional[str] = None) -> None:
-        """List a file that code following the windows wrote (e.g. an engine's trace) in this run's manifest."""
-        self._manifest().record(tool, path, steps=window.steps, rank=self.rank, role=role, window=window.index)
+    def record_output(
+        self, tool: str, path: Any, window: StepWindow, role: Optional[str] = None, format: Optional[str] = None
+    ) -> None:
+        """List a file that code following the windows wrote (e.g. an engine's trace) in this run's manifest, with
+        its ``format`` (see :meth:`rlprof.tools.ToolContext.publish`)."""
+        self._manifest().record(
+            tool, path, steps=window.steps, rank=self.rank, role=role, window=window.index, format=format
+        )
 
     # ------------------------------------------------------------------ steps
 

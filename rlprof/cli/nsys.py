@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,8 @@ from rich.table import Table
 
 from rlprof.cli.common import UsageError, nsys_binary, say
 from rlprof.config import load_config
+from rlprof.manifest import Manifest
+from rlprof.session import new_run_id
 
 HELP = "NVTX ranges of an nsys report per role (or: nsys profile -- COMMAND)"
 EXAMPLE = (
@@ -92,7 +95,8 @@ def profile_command(args: argparse.Namespace, console: Console) -> int:
     for warning in capture.warnings:
         say(console, f"warning: {warning}")
     say(console, f"nsys profile {' '.join(capture.options)} {' '.join(args.target)}")
-    status = run(nsys, args.target, capture, args.timeout)
+    run_id = os.environ.get("RLPROF_RUN_ID") or new_run_id()
+    status = run(nsys, args.target, capture, args.timeout, run_id)
     written = reports(capture.output)
     if not written:
         raise UsageError(f"nsys wrote no report at {capture.output}.nsys-rep (exit status {status})")
@@ -104,6 +108,8 @@ def profile_command(args: argparse.Namespace, console: Console) -> int:
         sqlite = export_sqlite(nsys, report)
         captured |= captured_steps(sqlite)
         command(argparse.Namespace(report=sqlite, nsys=nsys), console)
+    for line in list_reports(capture, written, captured, run_id):
+        say(console, f"warning: {line}")
     expected = {step for first, last in capture.windows for step in range(first, last + 1)}
     say(
         console,
@@ -133,6 +139,8 @@ class CapturePlan:
     options: list[str]
     windows: list[tuple[int, int]]
     """(first, last) step of each window, when the selection is closed."""
+    save_path: Path = Path("outputs/profile")
+    """The command's ``global_profiler.save_path``: its manifest lists the reports."""
     warnings: list[str] = field(default_factory=list)
 
 
@@ -196,7 +204,7 @@ def plan(command: list[str], nsys_options: list[str], cuda: bool) -> CapturePlan
     else:
         options += ["--sample=none", "--cpuctxsw=none"]
     options += ["--force-overwrite=true"]
-    return CapturePlan(output, options, windows, warnings)
+    return CapturePlan(output, options, windows, Path(gp.save_path), warnings)
 
 
 def reports(output: Path) -> list[Path]:
@@ -205,11 +213,30 @@ def reports(output: Path) -> list[Path]:
     return [p for p in found if p.name == f"{output.name}.nsys-rep" or p.name.startswith(f"{output.name}.")]
 
 
-def run(nsys: str, command: list[str], capture: CapturePlan, timeout_s: Optional[float]) -> int:
-    """Run the command under ``nsys profile`` with the plan's options; returns nsys's exit status."""
+def run(nsys: str, command: list[str], capture: CapturePlan, timeout_s: Optional[float], run_id: str) -> int:
+    """Run the command under ``nsys profile`` with the plan's options, its rlprof run id set to ``run_id``; returns
+    nsys's exit status."""
     capture.output.parent.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run([nsys, "profile", *capture.options, *command], check=False, timeout=timeout_s)
+    environment = {**os.environ, "RLPROF_RUN_ID": run_id}
+    result = subprocess.run(
+        [nsys, "profile", *capture.options, *command], check=False, timeout=timeout_s, env=environment
+    )
     return result.returncode
+
+
+def list_reports(capture: CapturePlan, reports: list[Path], steps: set[int], run_id: str) -> list[str]:
+    """Write each report into the save path's manifest (format ``nsys_report``, the captured steps, the run id), so
+    ``rlprof report SAVE_PATH`` finds it; returns a line for each report that lies outside the save path."""
+    manifest = Manifest(capture.save_path, run=run_id)
+    outside = []
+    for report in reports:
+        if not report.resolve().is_relative_to(capture.save_path.resolve()):
+            outside.append(
+                f"{report} is outside {capture.save_path}: not listed in its manifest (rlprof report {report})"
+            )
+            continue
+        manifest.record("nsys", report, steps=sorted(steps), rank=0, format="nsys_report")
+    return outside
 
 
 def captured_steps(sqlite: Path) -> set[int]:

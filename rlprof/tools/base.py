@@ -62,12 +62,23 @@ class ToolContext:
         return final.with_name(f".{final.name}.{os.getpid()}.tmp")
 
     def publish(
-        self, tool: str, tmp: Path, final: Path, window: StepWindow, role: Optional[str] = None, **extra: Any
+        self,
+        tool: str,
+        tmp: Path,
+        final: Path,
+        window: StepWindow,
+        role: Optional[str] = None,
+        *,
+        format: Optional[str] = None,
+        **extra: Any,
     ) -> Path:
         """Move a finished file into place (never over an existing file: see :mod:`rlprof.manifest`) and list it
-        in the manifest; returns its final path."""
+        in the manifest with its ``format`` (the name of the source that reads it, see
+        :mod:`rlprof.analysis.sources`: ``chrome_trace``, ``cuda_snapshot``, ...); returns its final path."""
         placed = place(tmp, final)
-        self.manifest.record(tool, placed, steps=window.steps, rank=self.rank, role=role, window=window.index, **extra)
+        self.manifest.record(
+            tool, placed, steps=window.steps, rank=self.rank, role=role, window=window.index, format=format, **extra
+        )
         return placed
 
 

@@ -367,7 +367,7 @@ class HostAllocations:
         try:
             with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as handle:
                 json.dump(document, handle, separators=(",", ":"))
-            self.context.publish(tool, tmp, final, window)
+            self.context.publish(tool, tmp, final, window, format="host_alloc")
         finally:
             if tmp.exists():
                 tmp.unlink()

@@ -155,7 +155,7 @@ class HostMemoryTool(Tool):
             with tmp.open("w", encoding="utf-8") as handle:
                 for record in records + summarize_by_role(records):
                     handle.write(json.dumps(record) + "\n")
-            self.context.publish(self.name, tmp, final, window)
+            self.context.publish(self.name, tmp, final, window, format="host_rss")
         finally:
             if tmp.exists():
                 tmp.unlink()

@@ -121,7 +121,7 @@ class CudaMemoryTool(Tool):
             snapshot = trim_stacks(torch.cuda.memory._snapshot(), self.settings.stack_depth)
             with tmp.open("wb") as handle:
                 pickle.dump(snapshot, handle)
-            return self.context.publish(self.name, tmp, final, window, **extra)
+            return self.context.publish(self.name, tmp, final, window, format="cuda_snapshot", **extra)
         finally:
             if tmp.exists():
                 tmp.unlink()

@@ -145,7 +145,7 @@ class TorchProfilerTool(Tool):
                 )
                 return
             gzip_trace(exported, packed, final)
-            self.context.publish(self.name, packed, final, window)
+            self.context.publish(self.name, packed, final, window, format="chrome_trace")
         finally:
             kineto_partial = exported.with_name(exported.name + ".tmp")  # kineto writes here, then renames
             for leftover in (exported, kineto_partial, packed):

@@ -268,7 +268,7 @@ class VLLMRollout(Rollout, WindowListener):
         session = rlprof.get_session()
         for path in sorted(set(self.profile_dir.rglob("*")) - self.before):
             if path.is_file() and session is not None:
-                session.record_output("vllm_torch", path, window, role="rollout")
+                session.record_output("vllm_torch", path, window, role="rollout", format="chrome_trace")
 
     def close(self) -> None:
         if self.profiling is not None:
