@@ -24,7 +24,8 @@ HTA = ROOT / ".venv" / "hta"
 SPEED_TARGET = 10.0
 RSS_TARGET_MB = 256
 OURS = (
-    "import json, sys, time; from hta_totals import own_peak_mb; from rlprof.analysis.sources.chrome_trace import scan_trace; "
+    "import json, sys, time; from hta_totals import own_peak_mb; "
+    "from rlprof.analysis.sources.chrome_trace import scan_trace; "
     "t = time.perf_counter(); s = scan_trace(sys.argv[1]); "
     "print(json.dumps({'seconds': time.perf_counter() - t, 'events': s.events, 'peak_mb': own_peak_mb()}))"
 )

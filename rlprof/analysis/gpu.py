@@ -9,7 +9,8 @@ analyses Holistic Trace Analysis gives for one rank, with HTA's definitions, so 
   span - compute - idle.
 - **Overlap** (HTA's ``get_comm_comp_overlap``): the time communication and compute run at once, over the
   communication time (unions of each).
-- **Launch delay** (HTA's ``get_cuda_kernel_launch_stats``): device start - launch call end, per launched operation.
+- **Launch delay** (HTA's ``get_cuda_kernel_launch_stats``): device start - launch call end, per launched operation,
+  0 when the device started before the call returned.
 - **Memory copies**: per copy kind (HTA's memory kernel types: the first 11 characters, ``Memcpy HtoD``; ``Memset``),
   the count, the bytes, the union of their intervals and bytes per second of it.
 """
@@ -102,6 +103,8 @@ class DeviceOps:
     launch_end: Any
     """End of each operation's launch call (NaN without one)."""
     launch_duration: Any
+    duration: Any
+    """Each operation's duration as the trace gives it (``end - start`` loses digits at epoch-µs timestamps)."""
 
     def select(self, mask: Any) -> DeviceOps:
         return DeviceOps(**{name: getattr(self, name)[mask] for name in self.__dataclass_fields__})
@@ -188,7 +191,7 @@ def summarize_device(ops: DeviceOps, names: list[str]) -> GpuSummary:
 
     kind_of = [device_op_kind(name) for name in names]
     kinds = np.array([KINDS.index(kind) for kind in kind_of], dtype=np.int8)[ops.name]
-    durations = ops.end - ops.start
+    durations = ops.duration
     span = float(ops.end.max() - ops.start.min()) if len(ops.start) else 0.0
     busy = union_length(np, ops.start, ops.end)
     time_by_kind, sum_by_kind, unions = {}, {}, {}
@@ -231,7 +234,7 @@ def summarize_device(ops: DeviceOps, names: list[str]) -> GpuSummary:
         non_compute_us=span - compute - (span - busy),
         communication_overlap=overlap,
         top_kernels=top_kernels,
-        launch_delay_us=distribution(np, ops.start - ops.launch_end),
+        launch_delay_us=distribution(np, np.maximum(0.0, ops.start - ops.launch_end)),
         launch_us=distribution(np, ops.launch_duration),
         memcpy=memcpy,
         operations=len(ops.start),

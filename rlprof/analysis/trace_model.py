@@ -148,36 +148,28 @@ class _Interner:
         return found
 
 
-class _Held:
-    """CPU frames of a thread that broke its start order, held compactly for a sort at the end."""
-
-    __slots__ = ("duration", "kind", "name", "start")
-
-    def __init__(self) -> None:
-        self.start = array.array("d")
-        self.duration = array.array("d")
-        self.name = array.array("i")
-        self.kind = array.array("b")
-
-
 class _Thread:
-    """One thread's walk: its open frames, and each closed frame (start, end, bucket, context) for the launch
-    sweep."""
+    """One thread: its open frames, each closed frame (start, end, own time, bucket, context) in typed arrays, and,
+    once it broke its start order, the frames held for a sort at the end."""
 
-    __slots__ = ("closed_bucket", "closed_context", "closed_end", "closed_start", "held", "last_start", "stack")
+    __slots__ = ("bucket", "context", "duration", "held", "last", "own", "stack", "start")
 
     def __init__(self) -> None:
         self.stack: list[list[Any]] = []
-        self.last_start = float("-inf")
-        self.held: Optional[_Held] = None
-        self.closed_start = array.array("d")
-        self.closed_end = array.array("d")
-        self.closed_bucket = array.array("i")
-        self.closed_context = array.array("i")
+        self.last = (float("-inf"), 0.0)
+        """(start, -duration) of the last frame walked: frames come in that order (longest first on a tie)."""
+        self.held: Optional[list[tuple[float, float, int, int]]] = None
+        self.start = array.array("d")
+        self.duration = array.array("d")
+        self.own = array.array("d")
+        """Duration minus the children's (launch calls not yet taken out: see :meth:`TraceBuilder._sweep`)."""
+        self.bucket = array.array("i")
+        self.context = array.array("i")
 
 
-_END, _DURATION, _CHILDREN, _BUCKET, _CONTEXT, _DEPTH = range(6)
-"""A frame on a thread's stack: [end, duration, children's total, bucket id, context id, operator depth]."""
+_END, _DURATION, _CHILDREN, _BUCKET, _CONTEXT, _DEPTH, _START = range(7)
+"""A frame on a thread's stack: [end, duration, children's total, bucket id, context id, operator depth, start]
+(durations are kept as given: ``end - start`` loses sub-µs digits at epoch-µs timestamps)."""
 
 
 class TraceBuilder:
@@ -195,15 +187,10 @@ class TraceBuilder:
         self.empty_context = self.contexts(())
         self.threads: dict[Any, _Thread] = {}
         self.thread_ids = _Interner()
-        self.bucket_time: dict[int, list[float]] = {}
-        """bucket id -> [count, total µs, self µs]."""
-        self.step_spans: list[tuple[float, float, int]] = []
-        self.instances: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
-        """Each thread's range and annotation instances (start, end, label): GPU projection, memory events."""
         self.memory: dict[Any, list[tuple[float, int, int]]] = defaultdict(list)
         self.launch_thread = array.array("i")
         self.launch_start = array.array("d")
-        self.launch_end = array.array("d")
+        self.launch_duration = array.array("d")
         self.launch_correlation = array.array("q")
         self.op_start = array.array("d")
         self.op_duration = array.array("d")
@@ -212,33 +199,31 @@ class TraceBuilder:
         self.op_stream = array.array("q")
         self.op_correlation = array.array("q")
         self.op_bytes = array.array("q")
+        self._file = ""
 
     # ----------------------------------------------------------------------------------------- inputs
 
     def frame(self, thread: Any, start: float, duration: float, name: str, kind: str) -> None:
         """A CPU frame of ``kind`` (one of :data:`FRAME_KINDS`; a step's name is ``ProfilerStep#N``). Frames come in
-        each thread's start order; a frame that starts before the thread's previous one makes the thread's later
-        frames wait, compactly, for a sort at the end."""
+        each thread's start order (the longer first on a tie); a frame out of that order makes the thread's frames
+        wait, compactly, to be walked again in order at the end."""
         state = self.threads.get(thread)
         if state is None:
             state = self.threads[thread] = _Thread()
-        if state.held is not None or start < state.last_start:
-            held = state.held
-            if held is None:
-                held = state.held = _Held()
-            held.start.append(start)
-            held.duration.append(duration)
-            held.name.append(self.names(name))
-            held.kind.append(FRAME_KINDS.index(kind))
+        key = (start, -duration)
+        if state.held is not None or key < state.last:
+            if state.held is None:
+                state.held = []
+            state.held.append((start, duration, self.names(name), FRAME_KINDS.index(kind)))
             return
-        state.last_start = start
-        self._walk(thread, state, start, duration, name, kind)
+        state.last = key
+        self._walk(state, start, duration, name, kind)
 
     def launch(self, thread: Any, start: float, duration: float, correlation: int) -> None:
         """A CPU call that queued device work (``cudaLaunchKernel``, ``cudaMemcpyAsync``, ...), in any order."""
         self.launch_thread.append(self.thread_ids(thread))
         self.launch_start.append(start)
-        self.launch_end.append(start + duration)
+        self.launch_duration.append(duration)
         self.launch_correlation.append(correlation)
 
     def device_op(
@@ -259,7 +244,7 @@ class TraceBuilder:
 
     # ----------------------------------------------------------------------------------------- the walk
 
-    def _walk(self, thread: Any, state: _Thread, start: float, duration: float, name: str, kind: str) -> None:
+    def _walk(self, state: _Thread, start: float, duration: float, name: str, kind: str) -> None:
         stack = state.stack
         while stack and stack[-1][_END] <= start:
             self._close(state, stack.pop())
@@ -278,28 +263,31 @@ class TraceBuilder:
             keys = self.contexts.values[outer]
             if key not in keys:
                 context = self.contexts((*keys, key))
-            if kind in (RANGE, ANNOTATION):
-                self.instances[thread].append((start, start + duration, name))
-        bucket = self.buckets((kind, name, outer))
-        stack.append([start + duration, duration, 0.0, bucket, context, depth])
+        stack.append([start + duration, duration, 0.0, self.buckets((kind, name, outer)), context, depth, start])
 
     def _close(self, state: _Thread, frame: list[Any]) -> None:
-        end, duration, children, bucket, context, _ = frame
-        row = self.bucket_time.get(bucket)
-        if row is None:
-            row = self.bucket_time[bucket] = [0, 0.0, 0.0]
-        row[0] += 1
-        row[1] += duration
-        row[2] += duration - children if duration > children else 0.0
-        start = end - duration
-        kind, name, _ = self.buckets.values[bucket]
-        number = step_number(name) if kind == STEP else None
-        if number is not None:
-            self.step_spans.append((start, end, number))
-        state.closed_start.append(start)
-        state.closed_end.append(end)
-        state.closed_bucket.append(bucket)
-        state.closed_context.append(context)
+        _, duration, children, bucket, context, _, start = frame
+        state.start.append(start)
+        state.duration.append(duration)
+        state.own.append(duration - children)
+        state.bucket.append(bucket)
+        state.context.append(context)
+
+    def _rewalk(self, thread: Any, state: _Thread) -> None:
+        """Walk a thread that broke its start order again, all its frames in order (the ones walked before too)."""
+        frames = list(state.held or [])
+        closed = zip(state.start, state.duration, state.bucket, strict=True)
+        open_frames = ((f[_START], f[_DURATION], f[_BUCKET]) for f in state.stack)
+        for start, duration, bucket in [*closed, *open_frames]:
+            kind, name, _ = self.buckets.values[bucket]
+            frames.append((start, duration, self.names(name), FRAME_KINDS.index(OP if kind == OPERATOR else kind)))
+        fresh = self.threads[thread] = _Thread()
+        for start, duration, name, kind in sorted(frames, key=lambda f: (f[0], -f[1])):
+            self._walk(fresh, start, duration, self.names.values[name], FRAME_KINDS[kind])
+        while fresh.stack:
+            self._close(fresh, fresh.stack.pop())
+        label = thread[1] if isinstance(thread, tuple) else thread
+        self.scan.problems.append(f"thread {label} of {self._file} was not in start order; its events were re-sorted")
 
     # ----------------------------------------------------------------------------------------- the end
 
@@ -307,108 +295,122 @@ class TraceBuilder:
         """Close every frame, attribute launches and device operations by time, and fill the scan."""
         import numpy as np
 
-        scan = self.scan
-        for thread, state in self.threads.items():
-            held, state.held = state.held, None
-            if held is not None:
-                label = thread[1] if isinstance(thread, tuple) else thread
-                scan.problems.append(f"thread {label} of {name} was not in start order; its events were re-sorted")
-                starts = np.frombuffer(held.start, dtype=np.float64)
-                durations = np.frombuffer(held.duration, dtype=np.float64)
-                for i in np.lexsort((-durations, starts)).tolist():
-                    label = self.names.values[held.name[i]]
-                    self._walk(thread, state, float(starts[i]), float(durations[i]), label, FRAME_KINDS[held.kind[i]])
-            while state.stack:
-                self._close(state, state.stack.pop())
-        launch_context, launch_bucket = self._sweep_launches(np)
-        self._fill_frames(np, launch_bucket)
+        self._file = name
+        for thread, state in list(self.threads.items()):
+            if state.held is not None:
+                self._rewalk(thread, state)
+            else:
+                while state.stack:
+                    self._close(state, state.stack.pop())
+        frames = self._frames(np)
+        launch_frame = self._sweep(np, frames)
+        self._fill_frames(np, frames, launch_frame)
         launch_of_op = self._launch_of_each_op(np)
-        self._attribute_device_ops(np, launch_context, launch_of_op)
-        self._project_instances(np, launch_of_op)
-        self._attribute_memory()
-        scan.steps = {number: end - start for start, end, number in sorted(self.step_spans)}
+        self._attribute_device_ops(np, frames, launch_frame, launch_of_op)
+        self._project_instances(np, frames, launch_of_op)
+        self._attribute_memory(np, frames)
+        steps = self._step_spans(np, frames)
+        self.scan.steps = {number: duration for _, _, number, duration in steps}
         if len(self.op_start):
             ops = self._device_ops(np, launch_of_op)
-            scan.gpu = summarize_device(ops, self.names.values)
-            steps = self._step_of_each_op(np, ops, launch_of_op)
-            for number in sorted(scan.steps):
-                selected = steps == number
+            self.scan.gpu = summarize_device(ops, self.names.values)
+            of_step = self._step_of_each_op(np, ops, launch_of_op, steps)
+            for _, _, number, _ in steps:
+                selected = of_step == number
                 if selected.any():
-                    scan.gpu_by_step[number] = summarize_device(ops.select(selected), self.names.values)
-        return scan
+                    self.scan.gpu_by_step[number] = summarize_device(ops.select(selected), self.names.values)
+        return self.scan
 
-    def _sweep_launches(self, np: Any) -> tuple[Any, Any]:
-        """For each launch: the context and the bucket of the innermost frame open on its thread at its start (one
-        merge of the thread's frames, sorted by start, with its launches, sorted by time)."""
+    def _frames(self, np: Any) -> _Frames:
+        """Every closed frame of every thread, each thread's sorted by start (the longer first on a tie)."""
+        columns: list[list[Any]] = [[], [], [], [], [], []]
+        for thread, state in self.threads.items():
+            starts = np.frombuffer(state.start, dtype=np.float64)
+            durations = np.frombuffer(state.duration, dtype=np.float64)
+            order = np.lexsort((-durations, starts))
+            thread_id = self.thread_ids(thread)
+            for column, values in zip(
+                columns,
+                (
+                    starts[order],
+                    durations[order],
+                    np.frombuffer(state.own, dtype=np.float64)[order],
+                    np.frombuffer(state.bucket, dtype=np.int32)[order].astype(np.int64),
+                    np.frombuffer(state.context, dtype=np.int32)[order].astype(np.int64),
+                    np.full(len(order), thread_id, dtype=np.int64),
+                ),
+                strict=True,
+            ):
+                column.append(values)
+        start, duration, own, bucket, context, thread = (
+            np.concatenate(c) if c else np.zeros(0, dtype=np.int64 if i > 2 else np.float64)
+            for i, c in enumerate(columns)
+        )
+        codes = np.array([FRAME_KINDS.index(OP if k == OPERATOR else k) for k, _, _ in self.buckets.values] or [0])
+        return _Frames(start, duration, start + duration, own, bucket, context, thread, codes[bucket])
+
+    def _sweep(self, np: Any, frames: _Frames) -> Any:
+        """For each launch, the index of the innermost frame open on its thread at its start, or -1 (one merge per
+        thread of its frames, sorted by start, with its launches, sorted by time)."""
         count = len(self.launch_start)
-        context = np.full(count, self.empty_context, dtype=np.int64)
-        bucket = np.full(count, -1, dtype=np.int64)
-        if not count:
-            return context, bucket
+        found = np.full(count, -1, dtype=np.int64)
+        if not count or not len(frames.start):
+            return found
         launch_thread = np.frombuffer(self.launch_thread, dtype=np.int32)
         launch_start = np.frombuffer(self.launch_start, dtype=np.float64)
-        for thread, state in self.threads.items():
-            thread_id = self.thread_ids.ids.get(thread)
-            if thread_id is None or not len(state.closed_start):
-                continue
+        for thread_id in np.unique(frames.thread).tolist():
             mine = np.nonzero(launch_thread == thread_id)[0]
             if not len(mine):
                 continue
             mine = mine[np.argsort(launch_start[mine], kind="stable")]
-            starts = np.frombuffer(state.closed_start, dtype=np.float64)
-            ends = np.frombuffer(state.closed_end, dtype=np.float64)
-            order = np.lexsort((-ends, starts))
-            frame_start, frame_end = starts[order].tolist(), ends[order].tolist()
-            frame_bucket = np.frombuffer(state.closed_bucket, dtype=np.int32)[order].tolist()
-            frame_context = np.frombuffer(state.closed_context, dtype=np.int32)[order].tolist()
-            found_context, found_bucket = [], []
+            rows = np.nonzero(frames.thread == thread_id)[0]
+            starts, ends = frames.start[rows].tolist(), frames.end[rows].tolist()
+            innermost: list[int] = []
             open_frames: list[int] = []
-            following, total = 0, len(frame_start)
+            following, total = 0, len(starts)
             for time in launch_start[mine].tolist():
-                while following < total and frame_start[following] <= time:
-                    while open_frames and frame_end[open_frames[-1]] <= frame_start[following]:
+                while following < total and starts[following] <= time:
+                    while open_frames and ends[open_frames[-1]] <= starts[following]:
                         open_frames.pop()
                     open_frames.append(following)
                     following += 1
-                while open_frames and frame_end[open_frames[-1]] <= time:
+                while open_frames and ends[open_frames[-1]] <= time:
                     open_frames.pop()
-                if open_frames:
-                    found_context.append(frame_context[open_frames[-1]])
-                    found_bucket.append(frame_bucket[open_frames[-1]])
-                else:
-                    found_context.append(self.empty_context)
-                    found_bucket.append(-1)
-            context[mine] = found_context
-            bucket[mine] = found_bucket
-        return context, bucket
+                innermost.append(int(rows[open_frames[-1]]) if open_frames else -1)
+            found[mine] = innermost
+        return found
 
-    def _fill_frames(self, np: Any, launch_bucket: Any) -> None:
-        """Totals of tracked frames and operators; a launch call's time comes out of its frame's self time."""
+    def _fill_frames(self, np: Any, frames: _Frames, launch_frame: Any) -> None:
+        """Totals of tracked frames and operators; a launch call's time comes out of its frame's own time."""
         scan = self.scan
-        launch_time = np.frombuffer(self.launch_end, dtype=np.float64) - np.frombuffer(
-            self.launch_start, dtype=np.float64
-        )
-        taken = np.zeros(len(self.buckets.values) + 1)
-        if len(launch_bucket):
-            np.add.at(taken, np.where(launch_bucket >= 0, launch_bucket, len(self.buckets.values)), launch_time)
-        for bucket, (count, total, own_with_launches) in self.bucket_time.items():
+        taken = np.zeros(len(frames.start))
+        inside = launch_frame >= 0
+        if inside.any():
+            durations = np.frombuffer(self.launch_duration, dtype=np.float64)
+            np.add.at(taken, launch_frame[inside], durations[inside])
+        own = np.maximum(0.0, frames.own - taken)
+        buckets = len(self.buckets.values)
+        counts = np.bincount(frames.bucket, minlength=buckets)
+        totals = np.bincount(frames.bucket, weights=frames.duration, minlength=buckets)
+        selfs = np.bincount(frames.bucket, weights=own, minlength=buckets)
+        for bucket in np.nonzero(counts)[0].tolist():
             kind, name, outer = self.buckets.values[bucket]
-            own = max(0.0, own_with_launches - float(taken[bucket]))
+            count, total, own_us = int(counts[bucket]), float(totals[bucket]), float(selfs[bucket])
             if kind in (OP, OPERATOR):  # an operator row under every tracked frame around it
                 for label in [key[1] for key in self.contexts.values[outer]] or [""]:
                     row = scan.ops.get((label, name, "cpu"))
                     if row is None:
                         row = scan.ops[(label, name, "cpu")] = OpTotals(name, "cpu")
-                    row.count += int(count)
-                    row.self_us += own
+                    row.count += count
+                    row.self_us += own_us
             if kind in (OP, NESTING):
                 continue
-            totals = scan.ranges.get(name)
-            if totals is None:
-                totals = scan.ranges[name] = RangeTotals(name, kind)
-            totals.count += int(count)
-            totals.total_us += total
-            totals.self_us += own
+            row_totals = scan.ranges.get(name)
+            if row_totals is None:
+                row_totals = scan.ranges[name] = RangeTotals(name, kind)
+            row_totals.count += count
+            row_totals.total_us += total
+            row_totals.self_us += own_us
 
     def _launch_of_each_op(self, np: Any) -> Any:
         """For each device operation, the index of the launch with its correlation id, or -1."""
@@ -423,7 +425,7 @@ class TraceBuilder:
             found[matched] = order[position[matched]]
         return found
 
-    def _attribute_device_ops(self, np: Any, launch_context: Any, launch_of_op: Any) -> None:
+    def _attribute_device_ops(self, np: Any, frames: _Frames, launch_frame: Any, launch_of_op: Any) -> None:
         """Each device operation's time to the tracked frames around its launch (see the module doc)."""
         scan = self.scan
         if not len(self.op_start):
@@ -432,12 +434,12 @@ class TraceBuilder:
         names = np.frombuffer(self.op_name, dtype=np.int32).astype(np.int64)
         launched = launch_of_op >= 0
         context = np.full(len(durations), self.empty_context, dtype=np.int64)
-        if len(launch_context):
-            context[launched] = launch_context[launch_of_op[launched]]
+        frame = np.where(launched, launch_frame[np.maximum(launch_of_op, 0)] if len(launch_frame) else -1, -1)
+        context[frame >= 0] = frames.context[frame[frame >= 0]]
         scan.unlaunched = int((~launched).sum())
         scan.unlaunched_us = float(durations[~launched].sum())
         width = len(self.names.values)
-        keys, inverse = np.unique(context.astype(np.int64) * width + names, return_inverse=True)
+        keys, inverse = np.unique(context * width + names, return_inverse=True)
         totals = np.bincount(inverse, weights=durations)
         counts = np.bincount(inverse)
         for key, total, n in zip(keys.tolist(), totals.tolist(), counts.tolist(), strict=True):
@@ -452,7 +454,12 @@ class TraceBuilder:
                 if label in scan.ranges:
                     scan.ranges[label].cuda_us += total
 
-    def _project_instances(self, np: Any, launch_of_op: Any) -> None:
+    def _instances(self, np: Any, frames: _Frames, kinds: tuple[str, ...]) -> Any:
+        """Indices of the closed frames of ``kinds`` (ranges, annotations, steps)."""
+        codes = [FRAME_KINDS.index(kind) for kind in kinds]
+        return np.nonzero(np.isin(frames.kind, codes))[0]
+
+    def _project_instances(self, np: Any, frames: _Frames, launch_of_op: Any) -> None:
         """Each range and annotation instance's GPU projection (see :attr:`RangeTotals.gpu_span_us`): a sweep per
         thread over its instances and its launches, each launch widening every instance open around it."""
         launches = len(self.launch_start)
@@ -462,45 +469,51 @@ class TraceBuilder:
         last = np.full(launches, -np.inf)
         launched = launch_of_op >= 0
         starts = np.frombuffer(self.op_start, dtype=np.float64)
+        ends = starts + np.frombuffer(self.op_duration, dtype=np.float64)
         np.minimum.at(first, launch_of_op[launched], starts[launched])
-        np.maximum.at(last, launch_of_op[launched], starts[launched] + np.frombuffer(self.op_duration)[launched])
-        has_ops = np.isfinite(first)
+        np.maximum.at(last, launch_of_op[launched], ends[launched])
+        with_ops = np.isfinite(first)
         launch_thread = np.frombuffer(self.launch_thread, dtype=np.int32)
         launch_start = np.frombuffer(self.launch_start, dtype=np.float64)
-        for thread, spans in self.instances.items():
-            thread_id = self.thread_ids.ids.get(thread)
-            if thread_id is None:
-                continue
-            mine = np.nonzero((launch_thread == thread_id) & has_ops)[0]
+        instances = self._instances(np, frames, (RANGE, ANNOTATION))
+        for thread_id in np.unique(frames.thread[instances]).tolist():
+            mine = np.nonzero((launch_thread == thread_id) & with_ops)[0]
             if not len(mine):
                 continue
             mine = mine[np.argsort(launch_start[mine], kind="stable")]
-            ordered = sorted(spans, key=lambda span: (span[0], -span[1]))
-            low = [np.inf] * len(ordered)
-            high = [-np.inf] * len(ordered)
+            rows = instances[frames.thread[instances] == thread_id]
+            span_start, span_end = frames.start[rows].tolist(), frames.end[rows].tolist()
+            low, high = [np.inf] * len(rows), [-np.inf] * len(rows)
             open_spans: list[int] = []
             following = 0
             for time, lo, hi in zip(
                 launch_start[mine].tolist(), first[mine].tolist(), last[mine].tolist(), strict=True
             ):
-                while following < len(ordered) and ordered[following][0] <= time:
+                while following < len(rows) and span_start[following] <= time:
                     open_spans.append(following)
                     following += 1
-                open_spans = [i for i in open_spans if ordered[i][1] > time]
+                open_spans = [i for i in open_spans if span_end[i] > time]
                 for i in open_spans:
                     low[i] = min(low[i], lo)
                     high[i] = max(high[i], hi)
-            for (_, _, label), lo, hi in zip(ordered, low, high, strict=True):
-                if hi > lo and label in self.scan.ranges:
+            for row, lo, hi in zip(rows.tolist(), low, high, strict=True):
+                label = self.buckets.values[int(frames.bucket[row])][1]
+                if hi > lo:
                     self.scan.ranges[label].gpu_span_us += hi - lo
 
-    def _attribute_memory(self) -> None:
+    def _attribute_memory(self, np: Any, frames: _Frames) -> None:
         """Each ``[memory]`` event counts for every rlprof range open on its thread at its time (a sweep per
         thread)."""
         scan = self.scan
+        ranges = self._instances(np, frames, (RANGE,))
         for thread, events in self.memory.items():
             scan.memory_events += len(events)
-            spans = sorted(span for span in self.instances.get(thread, []) if span[2] in scan.ranges)
+            thread_id = self.thread_ids.ids.get(thread)
+            rows = ranges[frames.thread[ranges] == thread_id] if thread_id is not None else ranges[:0]
+            spans = [
+                (float(frames.start[r]), float(frames.end[r]), self.buckets.values[int(frames.bucket[r])][1])
+                for r in rows.tolist()
+            ]
             open_ranges: list[tuple[float, str]] = []
             following = 0
             for time, size, total in sorted(events):
@@ -510,18 +523,25 @@ class TraceBuilder:
                 open_ranges = [(end, label) for end, label in open_ranges if end >= time]
                 for _, label in open_ranges:
                     totals = scan.ranges[label]
-                    if totals.kind != RANGE:
-                        continue
                     if size > 0:
                         totals.allocated_bytes += size
                     totals.peak_allocated = max(totals.peak_allocated, total)
+
+    def _step_spans(self, np: Any, frames: _Frames) -> list[tuple[float, float, int, float]]:
+        """(start, end, number, duration) of each ProfilerStep span, in order."""
+        spans = []
+        for row in self._instances(np, frames, (STEP,)).tolist():
+            number = step_number(self.buckets.values[int(frames.bucket[row])][1])
+            if number is not None:
+                spans.append((float(frames.start[row]), float(frames.end[row]), number, float(frames.duration[row])))
+        return sorted(spans)
 
     def _device_ops(self, np: Any, launch_of_op: Any) -> DeviceOps:
         starts = np.frombuffer(self.op_start, dtype=np.float64)
         launched = launch_of_op >= 0
         index = np.maximum(launch_of_op, 0)
         launch_start = np.frombuffer(self.launch_start, dtype=np.float64)
-        launch_end = np.frombuffer(self.launch_end, dtype=np.float64)
+        launch_duration = np.frombuffer(self.launch_duration, dtype=np.float64)
         nan = np.full(len(starts), np.nan)
         return DeviceOps(
             start=starts,
@@ -530,17 +550,37 @@ class TraceBuilder:
             kind=np.frombuffer(self.op_kind, dtype=np.int8),
             stream=np.frombuffer(self.op_stream, dtype=np.int64),
             bytes=np.frombuffer(self.op_bytes, dtype=np.int64),
-            launch_end=np.where(launched, launch_end[index], np.nan) if len(launch_end) else nan,
-            launch_duration=np.where(launched, (launch_end - launch_start)[index], np.nan) if len(launch_end) else nan,
+            launch_end=np.where(launched, (launch_start + launch_duration)[index], np.nan)
+            if len(launch_start)
+            else nan,
+            launch_duration=np.where(launched, launch_duration[index], np.nan) if len(launch_start) else nan,
+            duration=np.frombuffer(self.op_duration, dtype=np.float64),
         )
 
-    def _step_of_each_op(self, np: Any, ops: DeviceOps, launch_of_op: Any) -> Any:
+    def _step_of_each_op(
+        self, np: Any, ops: DeviceOps, launch_of_op: Any, steps: list[tuple[float, float, int, float]]
+    ) -> Any:
         """The step of each device operation (-1: none): by its launch's start, else its own."""
         launch_start = np.frombuffer(self.launch_start, dtype=np.float64)
         times = ops.start
         if len(launch_start):
             times = np.where(launch_of_op >= 0, launch_start[np.maximum(launch_of_op, 0)], ops.start)
-        steps = np.full(len(times), -1, dtype=np.int64)
-        for start, end, number in self.step_spans:
-            steps[(times >= start) & (times < end)] = number
-        return steps
+        of_step = np.full(len(times), -1, dtype=np.int64)
+        for start, end, number, _ in steps:
+            of_step[(times >= start) & (times < end)] = number
+        return of_step
+
+
+@dataclass
+class _Frames:
+    """Every closed frame of a trace as arrays, each thread's rows together and sorted by start."""
+
+    start: Any
+    duration: Any
+    end: Any
+    own: Any
+    bucket: Any
+    context: Any
+    thread: Any
+    kind: Any
+    """Index into :data:`FRAME_KINDS` (a top-level operator as ``op``)."""

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from rlprof.analysis.memory import SegmentUsage, summarize
-from rlprof.analysis.sources.memory_files import cuda_history, load_snapshot
 from rlprof.analysis.model import ReportOptions
 from rlprof.analysis.report import build_report
 from rlprof.analysis.run import find_run
 from rlprof.analysis.sources.chrome_trace import scan_trace
+from rlprof.analysis.sources.memory_files import cuda_history, load_snapshot
 from rlprof.cli import main
 
 from conftest import run_example

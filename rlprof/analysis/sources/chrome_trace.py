@@ -13,6 +13,7 @@ deeper than 1024) is skipped alone, and a truncated file is read up to the damag
 from __future__ import annotations
 
 import gzip
+import json
 import re
 import zlib
 from collections.abc import Iterator
@@ -145,7 +146,10 @@ def _parse_events(block: bytes, scan: TraceScan) -> list[Any]:
         try:
             events.append(orjson.loads(text))
         except orjson.JSONDecodeError:
-            scan.skipped += 1
+            try:  # Python's parser takes integers beyond 64 bits (and NaN, which the model then skips)
+                events.append(json.loads(text))
+            except (ValueError, RecursionError):
+                scan.skipped += 1
     return events
 
 
@@ -228,26 +232,42 @@ def _open(path: Path) -> IO[bytes]:
 
 
 def _ijson_batches(path: Path, scan: TraceScan) -> Iterator[list[Any]]:
-    """Any other layout of a Chrome trace, streamed by ijson (slower; same results), in bounded memory."""
+    """Any other layout of a Chrome trace, streamed by ijson (slower; same results), in bounded memory. yajl's C
+    parser stops at an integer beyond 64 bits (HTA's ``large_integer_trace``): the file is then read again with
+    ijson's pure-Python parser from the event where it stopped."""
     import ijson
 
-    batch: list[Any] = []
-    with _open(path) as raw:
-        stream = _Bounded(raw, MAX_EVENT_BYTES, path.name)
+    yielded = 0
+    for backend in (ijson, ijson.get_backend("python")):
+        batch: list[Any] = []
         try:
-            for event in ijson.items(stream, "traceEvents.item", use_float=True):
-                stream.mark()
-                batch.append(event)
-                if len(batch) >= 50_000:
-                    yield batch
-                    batch = []
+            with _open(path) as raw:
+                stream = _Bounded(raw, MAX_EVENT_BYTES, path.name)
+                for index, event in enumerate(backend.items(stream, "traceEvents.item", use_float=True)):
+                    stream.mark()
+                    if index < yielded:
+                        continue
+                    batch.append(event)
+                    if len(batch) >= 50_000:
+                        yielded += len(batch)
+                        yield batch
+                        batch = []
+            if batch:
+                yield batch
+            break
         except TraceError as exc:
             scan.problems.append(f"{exc}; the events before it are reported")
         except (ijson.JSONError, ijson.IncompleteJSONError, OSError, EOFError, RecursionError) as exc:
+            if "integer overflow" in str(exc) and backend is ijson:
+                yielded += len(batch)
+                if batch:
+                    yield batch
+                continue
             message = " ".join(str(exc).split())[:200]
             scan.problems.append(f"{path.name} is truncated or damaged ({message}); what came before is reported")
-    if batch:
-        yield batch
+        if batch:
+            yield batch
+        break
     if scan.rank is None:
         try:
             with _open(path) as raw:
@@ -274,6 +294,7 @@ def in_start_order(batches: Iterator[list[Any]]) -> Iterator[list[Any]]:
 
 
 def _start_key(event: Any) -> tuple[float, float]:
+    """Start order: by start, the longer first on a tie (the one that contains the other)."""
     try:
         return float(event.get("ts", 0.0)), -float(event.get("dur", 0.0))
     except (AttributeError, TypeError, ValueError):
@@ -281,18 +302,18 @@ def _start_key(event: Any) -> tuple[float, float]:
 
 
 def _in_start_order(events: list[Any]) -> bool:
-    last: dict[Any, float] = {}
+    last: dict[Any, tuple[float, float]] = {}
     for event in events:
         try:
-            if event.get("ph") != "X" or event.get("cat") in DEVICE_OPS:
+            if event.get("ph") != "X" or event.get("cat") in DEVICE_OPS or event.get("cat") in LAUNCHES:
                 continue
             thread = (event.get("pid"), event.get("tid"))
-            start = float(event.get("ts", 0.0))
+            key = (float(event.get("ts", 0.0)), -float(event.get("dur", 0.0)))
         except (AttributeError, TypeError, ValueError):
             continue
-        if start < last.get(thread, start):
+        if key < last.get(thread, key):
             return False
-        last[thread] = start
+        last[thread] = key
     return True
 
 
@@ -321,6 +342,8 @@ def feed(builder: TraceBuilder, events: list[Any]) -> None:
             category = event.get("cat", "")
             start = float(event["ts"])
             duration = float(event.get("dur", 0.0))
+            if start - start != 0.0 or duration - duration != 0.0:  # NaN or infinite
+                raise ValueError("not a finite time")
             counted += 1
             if category in device_ops:
                 args = event.get("args") or {}

@@ -7,9 +7,10 @@
 - ``host_rss``: its RSS before/after/peak per range (``*.host_memory.jsonl``).
 
 An allocation's *site* is where the user's code allocated: the first frames outside torch's own Python code and
-outside C++ frames (unwinding, the interpreter, ``??``), innermost first, as paths relative to the folder all the
-snapshot's frames share (Windows paths too). A stack with no such frame says so. Work per snapshot is bounded by the
-file's size: a stack shared by many events (pickle references) is read once.
+outside C++ frames (unwinding, the interpreter, ``??``), innermost first, as paths relative to the folder the
+program's own frames share (Windows paths too; an installed library's from its package). A stack with no such frame
+says so; a block alive when recording started has none. Work per snapshot is bounded by the file's size: a stack
+shared by many events (pickle references) is read once.
 """
 
 from __future__ import annotations
@@ -38,10 +39,22 @@ from rlprof.analysis.sources.base import InputFile, ReadOptions, Source, SourceE
 
 STACK_FRAMES = 3
 """Frames of an allocation site shown (innermost first, from the first frame of the user's code)."""
-TORCH_FRAMES = ("site-packages/torch/", "dist-packages/torch/", "<frozen ", "/rlprof/annotate.py", "/rlprof/timer.py")
-"""Python frames that are not the user's code (matched in the path with ``/`` separators)."""
-CPP_SUFFIXES = (".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".cu", ".cuh")
+TORCH_FRAMES = (
+    "site-packages/torch/",
+    "dist-packages/torch/",
+    "/torchinductor_",
+    "<frozen ",
+    "/rlprof/annotate.py",
+    "/rlprof/timer.py",
+)
+"""Python frames that are not the user's code (matched in the path with ``/`` separators): torch's own, the code
+its compiler generates, the interpreter's frozen modules, rlprof's wrappers."""
+CPP_SUFFIXES = (".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".cu", ".cuh", ".s")
+"""Native frames (C++, CUDA, C and assembly: unwinding, the allocator, the interpreter, libc)."""
 NO_USER_FRAME = "(torch and C++ frames only)"
+BEFORE_RECORDING = "(allocated before recording started: no stack)"
+LIBRARY_FOLDERS = ("site-packages/", "dist-packages/")
+"""A library's frames are shown from its package (``einops/einops.py``), not from where it is installed."""
 HOST_ALLOC_FORMAT = "rlprof-host-alloc/1"
 MAX_DECOMPRESSED = 256 << 20
 """Largest host allocation timeline read (decompressed): a bigger one is refused in one line."""
@@ -80,8 +93,10 @@ class Sites:
                 continue
             self._seen.add(id(frames))
             for frame in frames:
-                if is_user_frame(frame):
-                    folders.add(posixpath.dirname(_path(frame)))
+                path = _path(frame)
+                absolute = path.startswith("/") or path[1:3] == ":/"
+                if absolute and is_user_frame(frame) and not _library(path):
+                    folders.add(posixpath.dirname(path))
         self.root = _common_folder(folders)
         self._sites: dict[int, str] = {}
 
@@ -104,9 +119,22 @@ class Sites:
         return " < ".join(shown) or NO_USER_FRAME
 
     def _relative(self, path: str) -> str:
+        library = _library(path)
+        if library:
+            return library
         if self.root and path.startswith(self.root + "/"):
             return path[len(self.root) + 1 :]
         return path
+
+
+def _library(path: str) -> str:
+    """``.../site-packages/einops/einops.py`` -> ``einops/einops.py``; "" outside installed packages."""
+    lowered = path.lower()
+    for folder in LIBRARY_FOLDERS:
+        at = lowered.rfind(folder)
+        if at >= 0:
+            return path[at + len(folder) :]
+    return ""
 
 
 def _common_folder(folders: set[str]) -> str:
@@ -173,7 +201,9 @@ def cuda_history(snapshot: dict[str, Any], source: str, device: int = 0) -> Allo
     alive: dict[int, Allocation] = {}
     for block in blocks:
         if str(block.get("state", "")).startswith("active"):
-            alive[int(block["address"])] = Allocation(int(block["size"]), sites.site(block.get("frames")), "")
+            frames = block.get("frames")
+            site = sites.site(frames) if frames else BEFORE_RECORDING
+            alive[int(block["address"])] = Allocation(int(block["size"]), site, "")
     timed = all(isinstance(entry.get("time_us"), (int, float)) for entry in raw)
     events = []
     allocated: dict[int, Allocation] = {}
