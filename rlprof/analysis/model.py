@@ -157,6 +157,8 @@ class Report:
     traces: list[WindowTrace]
     stragglers: list[RankStraggler]
     memory: Optional[MemoryReport]
+    unreadable: list[str] = field(default_factory=list)
+    """Files of the run that could not be read: one line each (also in ``notes``)."""
     findings: list[Finding] = field(default_factory=list)
 
 

@@ -42,7 +42,7 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
     """Read everything ``run`` holds (one streaming pass per trace) and diagnose it."""
     options = options or ReportOptions()
     metrics = run.metrics
-    notes, missing = [*run.notes, *metrics.notes], []
+    notes, missing, unreadable = [*run.notes, *metrics.notes], [], list[str]()
     training = training_records(metrics.records)
     if not training:
         missing.append(
@@ -51,13 +51,13 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
         )
     breakdown = _breakdown(training, options) if training else None
     throughput = _throughput(training, breakdown)
-    traces, stragglers = _traces(run, options, notes)
+    traces, stragglers = _traces(run, options, unreadable)
     if not run.traces:
         missing.append(
             "no traces: record some with global_profiler.tool=torch global_profiler.steps=[5] "
             "(a few steps after warm-up), or run under rlprof nsys profile with global_profiler.tool=nsys"
         )
-    memory = _memory(run, training, traces, notes)
+    memory = _memory(run, training, traces, notes, unreadable)
     if memory is None:
         missing.append("no memory files: record them with global_profiler.tool=torch_memory global_profiler.steps=[5]")
     sources = {
@@ -67,7 +67,18 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
         "memory_files": len(run.of_category("memory")),
     }
     report = Report(
-        SCHEMA, run.name, run.run_id, sources, missing, notes, breakdown, throughput, traces, stragglers, memory
+        SCHEMA,
+        run.name,
+        run.run_id,
+        sources,
+        missing,
+        notes + unreadable,
+        breakdown,
+        throughput,
+        traces,
+        stragglers,
+        memory,
+        unreadable,
     )
     return Report(**{**report.__dict__, "findings": diagnose(report, run, options)})
 
@@ -172,7 +183,7 @@ RANGE_KINDS = (RANGE, ANNOTATION, STEP, OPERATOR)
 ProfilerStep spans, else top-level operators."""
 
 
-def _traces(run: Run, options: ReportOptions, notes: list[str]) -> tuple[list[WindowTrace], list[RankStraggler]]:
+def _traces(run: Run, options: ReportOptions, unreadable: list[str]) -> tuple[list[WindowTrace], list[RankStraggler]]:
     windows = []
     for file in sorted(run.traces, key=lambda f: (f.steps, f.rank if f.rank is not None else -1, str(f.path))):
         reader = source(file.format)
@@ -181,7 +192,7 @@ def _traces(run: Run, options: ReportOptions, notes: list[str]) -> tuple[list[Wi
         try:
             scans: list[TraceScan] = reader.read(file, run.options)
         except SourceError as exc:
-            notes.append(str(exc).splitlines()[0])
+            unreadable.append(str(exc).splitlines()[0])
             continue
         for scan in scans:
             windows.append(_window(file, scan, options.top_ops))
@@ -275,7 +286,7 @@ def _rank_stragglers(windows: list[WindowTrace]) -> list[RankStraggler]:
 
 
 def _memory(
-    run: Run, records: list[dict[str, Any]], traces: list[WindowTrace], notes: list[str]
+    run: Run, records: list[dict[str, Any]], traces: list[WindowTrace], notes: list[str], unreadable: list[str]
 ) -> Optional[MemoryReport]:
     rss_files = run.of("host_rss")
     rss = read_host_rss([f.path for f in rss_files]) if rss_files else None
@@ -288,7 +299,7 @@ def _memory(
         try:
             summary = summarize(reader.read(file, run.options))
         except SourceError as exc:
-            notes.append(str(exc).splitlines()[0])
+            unreadable.append(str(exc).splitlines()[0])
             continue
         (oom if file.oom else timelines).append(summary)
     cuda = any(k == "perf/max_memory_reserved_gb" for r in records for k in r)

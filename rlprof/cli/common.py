@@ -14,6 +14,7 @@ from rich.console import Console
 if TYPE_CHECKING:
     from rlprof.analysis.document import Document
     from rlprof.analysis.run import Run
+    from rlprof.analysis.sources import ReadOptions
 
 FORMATS = ("rich", "md", "json")
 
@@ -54,13 +55,13 @@ def emit(document: Document, args: argparse.Namespace, console: Console) -> int:
     return document.exit_code
 
 
-def find_run(paths: list[Path], run_id: Optional[str]) -> Run:
+def find_run(paths: list[Path], run_id: Optional[str], options: Optional[ReadOptions] = None) -> Run:
     """The run at ``paths``, or a usage error saying what was looked for."""
     from rlprof.analysis.run import RunNotFound
     from rlprof.analysis.run import find_run as discover
 
     try:
-        run = discover(paths, run_id)
+        run = discover(paths, run_id, options)
     except RunNotFound as exc:
         raise UsageError(str(exc)) from None
     if run.empty:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rlprof.cli.common import add_output_options, emit, find_run
+from rlprof.cli.common import UsageError, add_output_options, emit, find_run, nsys_binary
 
 HELP = "diagnose a run: step breakdown, ranges and operators, memory, what to try"
 EXAMPLE = (
@@ -30,13 +30,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-limit-gb", type=float, help="the memory-bound rule's limit (default: device total)")
     parser.add_argument("--run", help="the run id to report when a save path holds several runs")
     parser.add_argument("--top", type=int, default=5, help="operators listed per range (default 5)")
+    parser.add_argument("--nsys", help="the nsys that exports .nsys-rep reports to SQLite (default: nsys on PATH)")
 
 
 def command(args: argparse.Namespace, console: Console) -> int:
     from rlprof.analysis.model import ReportOptions
     from rlprof.analysis.render.report_layout import document
     from rlprof.analysis.report import build_report
+    from rlprof.analysis.sources import ReadOptions
 
-    found = find_run(args.runs, args.run)
+    found = find_run(args.runs, args.run, ReadOptions(nsys=nsys_binary(args.nsys) if args.nsys else None))
     options = ReportOptions(include_warmup=args.all_steps, memory_limit_gb=args.memory_limit_gb, top_ops=args.top)
-    return emit(document(build_report(found, options)), args, console)
+    report = build_report(found, options)
+    if report.unreadable and not (report.traces or report.breakdown or report.memory):
+        raise UsageError(report.unreadable[0])  # nothing of the run could be read: say why, in one line
+    return emit(document(report), args, console)

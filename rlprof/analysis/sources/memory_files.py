@@ -207,7 +207,7 @@ def cuda_history(snapshot: dict[str, Any], source: str, device: int = 0) -> Allo
     timed = all(isinstance(entry.get("time_us"), (int, float)) for entry in raw)
     events = []
     allocated: dict[int, Allocation] = {}
-    for index, entry in enumerate(raw):
+    for entry in raw:
         action = entry.get("action")
         if action not in ("alloc", "free_completed"):
             continue
@@ -219,7 +219,7 @@ def cuda_history(snapshot: dict[str, Any], source: str, device: int = 0) -> Allo
             allocated[address] = allocation
         elif address in allocated:  # a free belongs to the allocation it ends: its site and range
             allocation = allocated.pop(address)
-        time = float(entry["time_us"]) if timed else float(index)
+        time = float(entry["time_us"]) if timed else float(len(events))
         events.append(AllocEvent(time, "alloc" if action == "alloc" else "free", address, allocation))
     return AllocationHistory(
         source,

@@ -5,7 +5,8 @@ recorded something:
 
 - NVTX push/pop and start/end ranges are frames of their thread: in domain ``rlprof`` a range ``role/name`` (the
   category is the role), the markers ``step N`` of category ``step`` the steps, the mark ``rank R`` the process's
-  rank; in any other domain (or none) an annotation named by its text.
+  rank; in any other domain an annotation named ``domain:text`` as nsys names it (``cuBLAS:cublasCreate_v2``), in
+  the default domain by its text.
 - CUDA runtime calls (``CUPTI_ACTIVITY_KIND_RUNTIME``) are the launches; kernels, copies and sets
   (``CUPTI_ACTIVITY_KIND_KERNEL/MEMCPY/MEMSET``) the device operations, matched by ``correlationId``. So each range
   gets the GPU time of the kernels launched inside it and its GPU projection (what ``nsys stats --report
@@ -249,8 +250,8 @@ def _read_nvtx(db: sqlite3.Connection, strings: dict[int, str], builder: Any) ->
             label, kind = f"{STEP_PREFIX}{step.group(1)}", STEP
         elif domain == DOMAIN and role:
             label, kind = f"{role}/{name}", RANGE
-        else:
-            label, kind = name or "(unnamed NVTX range)", ANNOTATION
+        else:  # another library's range: named as nsys names it, domain:name (the default domain: name)
+            label, kind = f"{domain}:{name}" if domain else name or "(unnamed NVTX range)", ANNOTATION
         target.frame(thread, start / 1e3, (end - start) / 1e3, label, kind)
         target.scan.events += 1
 

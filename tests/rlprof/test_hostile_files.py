@@ -1,0 +1,151 @@
+"""Files from outside are untrusted: damaged or hostile ones cost what they touch, in bounded time and memory, and
+say so in one line, never with a traceback. Each case is a file someone could send: wrong types inside events, a
+NaN mid-file, nesting deeper than any parser's stack, a 100 MB string, a gzip bomb named like a host allocation
+timeline, and a saved config whose YAML aliases expand exponentially."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rlprof.analysis.run import find_run
+from rlprof.analysis.sources.chrome_trace import scan_trace
+from rlprof.cli import main
+
+from conftest import ROOT, subprocess_env
+
+
+def good(i: int) -> dict[str, object]:
+    return {"ph": "X", "cat": "user_annotation", "name": "actor/update", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5}
+
+
+def write(path, text: str) -> None:
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def as_blocks(events: list[str]) -> str:
+    """Raw event texts in kineto's indented block layout (``\\n  {`` ... ``\\n  },``)."""
+    blocks = ",\n".join("  {\n    " + e.strip()[1:-1].strip() + "\n  }" for e in events)
+    return '{\n  "schemaVersion": 1,\n  "traceEvents": [\n' + blocks + "\n  ]\n}\n"
+
+
+@pytest.mark.parametrize("layout", ["blocks", "one line"])
+def test_events_with_wrong_types_are_skipped_and_counted(tmp_path, layout):
+    bad = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": "abc", "dur": 1},
+        {"ph": "X", "cat": ["not", "hashable"], "name": "x", "pid": 1, "tid": 1, "ts": 1, "dur": 1},
+        {"ph": "X", "cat": "user_annotation", "name": 42, "pid": 1, "tid": 1, "ts": 3, "dur": 1},
+        "not an event",
+        [1, 2, 3],
+    ]
+    events = [good(1), *bad, good(2)]
+    path = tmp_path / "rank0.json.gz"
+    if layout == "blocks":
+        write(path, as_blocks([json.dumps(e) for e in events]))
+    else:
+        write(path, json.dumps({"traceEvents": events}))
+    scan = scan_trace(path)
+    assert scan.ranges["actor/update"].count == 2
+    assert scan.skipped == 5  # the three with wrong types and the two that are not objects
+    assert any("5 events could not be read" in p for p in scan.problems)
+
+
+def test_a_nan_mid_file_loses_only_that_event(tmp_path):
+    texts = [json.dumps(good(i)) for i in range(1, 4)]
+    texts.insert(
+        1, '{"ph": "X", "cat": "user_annotation", "name": "actor/update", "pid": 1, "tid": 1, "ts": NaN, "dur": 5}'
+    )
+    texts.insert(3, '{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 25, "dur": Infinity}')
+    path = tmp_path / "rank0.json.gz"
+    write(path, as_blocks(texts))
+    scan = scan_trace(path)
+    assert scan.ranges["actor/update"].count == 3 and scan.skipped == 2
+    assert not any("truncated" in p for p in scan.problems)
+
+
+def test_nesting_deeper_than_the_parsers_stack_loses_only_that_event(tmp_path):
+    deep = (
+        '{"ph": "X", "cat": "cpu_op", "name": "x", "pid": 1, "tid": 1, "ts": 1, "dur": 1, "args": '
+        + "[" * 100_000
+        + "]" * 100_000
+        + "}"
+    )
+    path = tmp_path / "rank0.json.gz"
+    write(path, as_blocks([json.dumps(good(1)), deep, json.dumps(good(2))]))
+    scan = scan_trace(path)
+    assert scan.ranges["actor/update"].count == 2 and scan.skipped == 1
+
+
+HUGE = (
+    "import gzip, json, sys, resource\n"
+    "from rlprof.analysis.sources.chrome_trace import scan_trace\n"
+    "scan = scan_trace(sys.argv[1])\n"
+    "peak = int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) / 1024\n"
+    "print(json.dumps({'problems': scan.problems, 'ranges': sorted(scan.ranges), 'peak_mb': peak}))\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["blocks", "one line"])
+def test_a_100_mb_string_stops_the_reading_in_one_line_within_bounded_memory(tmp_path, layout):
+    """One event holding a 100 MB name (larger than the 64 MiB an event may have): the events before it are kept,
+    the reading stops with one line, and the whole process stays under 256 MiB."""
+    path = tmp_path / "rank0.json.gz"
+    with gzip.open(path, "wt", encoding="utf-8", compresslevel=1) as handle:
+        head = json.dumps(good(1))
+        if layout == "blocks":
+            handle.write('{\n  "traceEvents": [\n  {\n    ' + head.strip()[1:-1] + '\n  },\n  {\n    "name": "')
+        else:
+            handle.write('{"traceEvents": [' + head + ', {"name": "')
+        for _ in range(100):
+            handle.write("x" * (1 << 20))
+        handle.write('", "ph": "X", "ts": 1, "dur": 1}\n  ]\n}\n')
+    result = subprocess.run(
+        [sys.executable, "-c", HUGE, str(path)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = json.loads(result.stdout)
+    assert out["ranges"] == ["actor/update"] and len(out["problems"]) == 1
+    assert "larger than 64 MiB" in out["problems"][0]
+    assert out["peak_mb"] < 256
+
+
+def test_a_gzip_bomb_named_as_a_host_allocation_timeline_is_refused_in_one_line(tmp_path, capsys):
+    """2 MB of gzip that decompresses to 2 GB: refused when the first 256 MiB are out, in one line."""
+    path = tmp_path / "rank0_pid1.host_alloc.json.gz"
+    with gzip.open(path, "wb", compresslevel=9) as handle:
+        handle.write(b'{"format": "rlprof-host-alloc/1", "events": [')
+        block = b'{"t_us": 1, "action": "alloc", "addr": 1, "bytes": 1, "range": "", "stack": null},' * 10_000
+        for _ in range(2600):
+            handle.write(block)
+        handle.write(b"{}]}")
+    assert path.stat().st_size < 8 << 20
+    assert main(["memory", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "decompresses to more than 256 MiB" in err
+
+
+def test_a_saved_config_with_exponential_yaml_aliases_is_skipped_not_expanded(tmp_path, capsys):
+    """The billion laughs in a run's config.yaml: rlprof compare names the file and goes on without it."""
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 12)]
+    for name in ("a", "b"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.yaml").write_text("\n".join(lines) + "\n")
+        with (folder / "metrics.jsonl").open("w") as handle:
+            for step in range(1, 9):
+                handle.write(json.dumps({"step": step, "timing_s/step": 1.0, "critic/score/mean": 0.1 * step}) + "\n")
+    run = find_run([tmp_path / "a"])
+    assert run.config is None and any("uses YAML aliases" in note for note in run.notes)
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--format", "md"]) == 0
