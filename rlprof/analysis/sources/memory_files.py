@@ -205,7 +205,7 @@ def cuda_history(snapshot: dict[str, Any], source: str, device: int = 0) -> Allo
             site = sites.site(frames) if frames else BEFORE_RECORDING
             alive[int(block["address"])] = Allocation(int(block["size"]), site, "")
     timed = all(isinstance(entry.get("time_us"), (int, float)) for entry in raw)
-    events = []
+    events: list[AllocEvent] = []
     allocated: dict[int, Allocation] = {}
     for entry in raw:
         action = entry.get("action")
