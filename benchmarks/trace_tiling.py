@@ -1,9 +1,10 @@
 """Scale a real torch trace to any size: copies of its complete events, shifted in time one after the other, with
-step numbers and ids renumbered, between its own header and footer. The result has the structure of the source
-(same ranges, same operators, same nesting), only more of it: what ``rlprof report`` and Holistic Trace Analysis
-meet on a long real run.
+step numbers and ids (correlation ids too) renumbered, between its own header and footer. The result has the
+structure of the source (same ranges, operators, kernels and launches, same nesting), only more of it: what
+``rlprof report`` and Holistic Trace Analysis meet on a long real run. With ``--disorder``, the thread with the most
+CPU events is written in reverse order in every copy (a trace whose writer did not sort that thread).
 
-    python benchmarks/trace_tiling.py SOURCE.pt.trace.json.gz TARGET.pt.trace.json.gz --mb 1024
+    python benchmarks/trace_tiling.py SOURCE.json.gz TARGET.json.gz --mb 1024 [--disorder]
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import re
 from pathlib import Path
 
 _TS = re.compile(rb'"ts": ([0-9.]+)')
+_THREAD = re.compile(rb'"pid": ([^,]+), "tid": ([^,\n]+)')
+_CPU = (b'"cat": "cpu_op"', b'"cat": "user_annotation"', b'"cat": "python_function"')
 _STEP = re.compile(rb'"ProfilerStep#(\d+)"')
 _IDS = re.compile(rb'"(External id|Ev Idx|Record function id|correlation)": (\d+)')
 
@@ -41,9 +44,28 @@ def renumber(body: bytes, copy: int, span: float, step_count: int) -> bytes:
     return _IDS.sub(lambda m: b'"%s": %d' % (m.group(1), int(m.group(2)) + copy * 10_000_000), text)
 
 
-def tile(source: Path, target: Path, megabytes: float) -> dict[str, float]:
+def disorder(events: list[bytes]) -> list[bytes]:
+    """The same events, the CPU events of the busiest thread reversed (written last, latest first)."""
+
+    def thread(block: bytes) -> bytes:
+        found = _THREAD.search(block)
+        return found.group(0) if found and any(c in block for c in _CPU) else b""
+
+    counts: dict[bytes, int] = {}
+    for block in events:
+        key = thread(block)
+        if key:
+            counts[key] = counts.get(key, 0) + 1
+    busiest = max(counts, key=lambda key: counts[key])
+    reversed_part = [block for block in events if thread(block) == busiest][::-1]
+    return [block for block in events if thread(block) != busiest] + reversed_part
+
+
+def tile(source: Path, target: Path, megabytes: float, scramble: bool = False) -> dict[str, float]:
     """Write ``target`` (gzip, level 1) of about ``megabytes`` MB uncompressed; returns what was written."""
     header, events, footer = split_trace(source)
+    if scramble:
+        events = disorder(events)
     times = [float(m.group(1)) for block in events for m in _TS.finditer(block)]
     span = max(times) - min(times) + 1000.0
     steps = [int(m.group(1)) for block in events for m in _STEP.finditer(block)]
@@ -73,8 +95,9 @@ def main() -> None:
     parser.add_argument("source", type=Path)
     parser.add_argument("target", type=Path)
     parser.add_argument("--mb", type=float, default=1024.0, help="uncompressed size to reach, in MB (default 1024)")
+    parser.add_argument("--disorder", action="store_true", help="write the busiest thread's events in reverse")
     args = parser.parse_args()
-    print(tile(args.source, args.target, args.mb))
+    print(tile(args.source, args.target, args.mb, args.disorder))
 
 
 if __name__ == "__main__":

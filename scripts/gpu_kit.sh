@@ -7,7 +7,7 @@
 #
 # prepare downloads the cp312 manylinux wheels the GPU machine lacks (see ../shared/docs/PLATFORM.md, "The lent GPU
 # machine": it has torch, transformers, tensorboard, rich, psutil, pytest, pandas; not omegaconf, nvtx, deepspeed,
-# orjson, ijson, plotly) and builds DeepSpeed's wheel from its sdist (its ops compile just in time there); the folder
+# msgspec, ijson, plotly) and builds DeepSpeed's wheel from its sdist (its ops compile just in time there); the folder
 # stays under 64 MiB. run installs them with pip --no-index --target, then, within 8 minutes: pytest -m gpu (memory
 # snapshots per window with role tags, the OOM snapshot, cudaProfilerApi around windows, the DeepSpeed trainer on
 # CUDA with torch_memory and with torch tracing CUDA kernels, MFU against the device's peak), rlprof report and
@@ -22,7 +22,7 @@ RUN_BUDGET_S=480
 PY_VERSION=3.12
 PLATFORM=manylinux_2_17_x86_64
 WHEELS=(  # name==version as in .venv, so the GPU machine runs what the tests ran here
-  omegaconf==2.4.0 nvtx==0.2.17 orjson==3.13.0 ijson==3.6.0 plotly==7.1.0 narwhals==2.29.0
+  omegaconf==2.4.0 nvtx==0.2.17 msgspec==0.23.0 ijson==3.6.0 plotly==7.1.0 narwhals==2.29.0
   hjson==3.1.0 ninja==1.13.2 py-cpuinfo==9.0.0 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0
   typing-inspection==0.4.5 typing_extensions==4.16.0 msgpack==1.2.4 einops==0.8.2
 )

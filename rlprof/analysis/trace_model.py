@@ -17,20 +17,24 @@ Semantics, the same for every source:
   (kineto writes a thread's launches after that thread's operators). Its time counts for every tracked frame around
   that frame; a frame nested in a frame of the same name counts it once. Device operations whose launch is missing
   (a launch outside the recorded window, a library's own stream) are kept, outside every range, and counted.
-- **Steps.** A device operation belongs to the step whose ``ProfilerStep#N`` span holds its launch (any thread), or,
-  without a launch, its own start.
+- **Steps.** A device operation belongs to the step whose ``ProfilerStep#N`` span holds its launch (any thread: the
+  autograd engine's backward thread too), or, without a launch, its own start: a step's device time and its GPU
+  summary count those.
 """
 
 from __future__ import annotations
 
 import array
-from collections import defaultdict
+import bisect
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from rlprof.analysis.gpu import DeviceOps, GpuSummary, summarize_device
 
 STEP_PREFIX = "ProfilerStep#"
+REORDER_WINDOW = 256
+"""CPU frames of a thread held back and sorted before they are walked (see :meth:`TraceBuilder.frame`)."""
 RANGE, ANNOTATION, STEP, OPERATOR = "range", "annotation", "step", "operator"
 """Kinds of tracked frames (see the module doc)."""
 OP, NESTING = "op", "nesting"
@@ -148,35 +152,55 @@ class _Interner:
         return found
 
 
-class _Thread:
-    """One thread: its open frames, each closed frame (start, end, own time, bucket, context) in typed arrays, and,
-    once it broke its start order, the frames held for a sort at the end."""
+class _Held:
+    """A thread's frames held for a sort at the end (it broke its start order): typed arrays, 21 bytes a frame."""
 
-    __slots__ = ("bucket", "context", "duration", "held", "last", "own", "stack", "start")
+    __slots__ = ("duration", "kind", "name", "start")
+
+    def __init__(self) -> None:
+        self.start = array.array("d")
+        self.duration = array.array("d")
+        self.name = array.array("i")
+        self.kind = array.array("b")
+
+    def append(self, start: float, duration: float, name: int, kind: int) -> None:
+        self.start.append(start)
+        self.duration.append(duration)
+        self.name.append(name)
+        self.kind.append(kind)
+
+
+class _Thread:
+    """One thread: its open frames, and every frame in start order (start, duration, own time, bucket: 28 bytes a
+    frame, the own time written when the frame closes)."""
+
+    __slots__ = ("arrived", "bucket", "duration", "held", "last", "own", "pending", "stack", "start")
 
     def __init__(self) -> None:
         self.stack: list[list[Any]] = []
+        self.pending: deque[tuple[float, float, int, str, str]] = deque()
+        """The last frames given, sorted, waiting to be walked."""
+        self.arrived = 0
         self.last = (float("-inf"), 0.0)
-        """(start, -duration) of the last frame walked: frames come in that order (longest first on a tie)."""
-        self.held: Optional[list[tuple[float, float, int, int]]] = None
+        """(start, -duration) of the last frame walked: frames come in that order (the longer first on a tie)."""
+        self.held: Optional[_Held] = None
         self.start = array.array("d")
         self.duration = array.array("d")
         self.own = array.array("d")
-        """Duration minus the children's (launch calls not yet taken out: see :meth:`TraceBuilder._sweep`)."""
+        """Duration minus the children's (the launch calls inside are taken out at the end)."""
         self.bucket = array.array("i")
-        self.context = array.array("i")
 
 
-_END, _DURATION, _CHILDREN, _BUCKET, _CONTEXT, _DEPTH, _START = range(7)
-"""A frame on a thread's stack: [end, duration, children's total, bucket id, context id, operator depth, start]
-(durations are kept as given: ``end - start`` loses sub-µs digits at epoch-µs timestamps)."""
+_END, _CHILDREN, _CONTEXT, _DEPTH, _INDEX = range(5)
+"""A frame on a thread's stack: [end, children's total, context id, operator depth, index in the thread's arrays]."""
 
 
 class TraceBuilder:
     """Takes a trace's events (see the module doc) and reduces them to a :class:`TraceScan`.
 
     A *context* is the tuple of tracked ``(kind, label)`` keys around a frame (itself included when tracked); a
-    *bucket* is where a closed frame's time goes: ``(kind, label, context of its parent)``.
+    *bucket* is where a frame's time goes: ``(kind, label, context of its parent)``, and determines the frame's own
+    context (:attr:`bucket_context`).
     """
 
     def __init__(self, scan: TraceScan) -> None:
@@ -184,6 +208,8 @@ class TraceBuilder:
         self.names = _Interner()
         self.contexts = _Interner()
         self.buckets = _Interner()
+        self.bucket_context = array.array("i")
+        """The context of a frame of each bucket."""
         self.empty_context = self.contexts(())
         self.threads: dict[Any, _Thread] = {}
         self.thread_ids = _Interner()
@@ -199,25 +225,41 @@ class TraceBuilder:
         self.op_stream = array.array("q")
         self.op_correlation = array.array("q")
         self.op_bytes = array.array("q")
+        self.instances: list[tuple[Any, float, float, float, str, str]] = []
+        """(thread, start, end, duration, kind, label) of every range, annotation and step (few: kept as tuples)."""
         self._file = ""
 
     # ----------------------------------------------------------------------------------------- inputs
 
     def frame(self, thread: Any, start: float, duration: float, name: str, kind: str) -> None:
-        """A CPU frame of ``kind`` (one of :data:`FRAME_KINDS`; a step's name is ``ProfilerStep#N``). Frames come in
-        each thread's start order (the longer first on a tie); a frame out of that order makes the thread's frames
-        wait, compactly, to be walked again in order at the end."""
+        """A CPU frame of ``kind`` (one of :data:`FRAME_KINDS`; a step's name is ``ProfilerStep#N``), in the thread's
+        start order (the longer first on a tie) up to :data:`REORDER_WINDOW` frames: each thread's last frames wait
+        in a sorted delay line, so that a frame written a little late (kineto on a loaded machine) is walked in its
+        place. A frame later than that makes the thread's frames wait, compactly, to be walked again in order at the
+        end."""
         state = self.threads.get(thread)
         if state is None:
             state = self.threads[thread] = _Thread()
-        key = (start, -duration)
+        item = (start, -duration, state.arrived, name, kind)
+        state.arrived += 1
+        pending = state.pending
+        if not pending or item > pending[-1]:
+            pending.append(item)
+        else:
+            bisect.insort(pending, item)
+        if len(pending) > REORDER_WINDOW:
+            self._ordered(thread, state, pending.popleft())
+
+    def _ordered(self, thread: Any, state: _Thread, item: tuple[float, float, int, str, str]) -> None:
+        start, negative_duration, _, name, kind = item
+        key = (start, negative_duration)
         if state.held is not None or key < state.last:
             if state.held is None:
-                state.held = []
-            state.held.append((start, duration, self.names(name), FRAME_KINDS.index(kind)))
+                state.held = _Held()
+            state.held.append(start, -negative_duration, self.names(name), FRAME_KINDS.index(kind))
             return
         state.last = key
-        self._walk(state, start, duration, name, kind)
+        self._walk(thread, state, start, -negative_duration, name, kind)
 
     def launch(self, thread: Any, start: float, duration: float, correlation: int) -> None:
         """A CPU call that queued device work (``cudaLaunchKernel``, ``cudaMemcpyAsync``, ...), in any order."""
@@ -244,7 +286,7 @@ class TraceBuilder:
 
     # ----------------------------------------------------------------------------------------- the walk
 
-    def _walk(self, state: _Thread, start: float, duration: float, name: str, kind: str) -> None:
+    def _walk(self, thread: Any, state: _Thread, start: float, duration: float, name: str, kind: str) -> None:
         stack = state.stack
         while stack and stack[-1][_END] <= start:
             self._close(state, stack.pop())
@@ -254,36 +296,65 @@ class TraceBuilder:
             outer, depth = parent[_CONTEXT], parent[_DEPTH]
         else:
             outer, depth = self.empty_context, 0
-        context = outer
         if kind == OP:
             kind = OPERATOR if depth == 0 else OP
             depth += 1
-        if kind not in (OP, NESTING):  # tracked: its label is in the context of everything inside it (once per name)
-            key = (kind, name)
-            keys = self.contexts.values[outer]
-            if key not in keys:
-                context = self.contexts((*keys, key))
-        stack.append([start + duration, duration, 0.0, self.buckets((kind, name, outer)), context, depth, start])
-
-    def _close(self, state: _Thread, frame: list[Any]) -> None:
-        _, duration, children, bucket, context, _, start = frame
+        bucket = self.buckets.ids.get((kind, name, outer))
+        if bucket is None:
+            bucket = self._new_bucket(kind, name, outer)
+        if kind in (RANGE, ANNOTATION, STEP):
+            self.instances.append((thread, start, start + duration, duration, kind, name))
+        index = len(state.start)
         state.start.append(start)
         state.duration.append(duration)
-        state.own.append(duration - children)
+        state.own.append(duration)
         state.bucket.append(bucket)
-        state.context.append(context)
+        stack.append([start + duration, 0.0, self.bucket_context[bucket], depth, index])
+
+    def _new_bucket(self, kind: str, name: str, outer: int) -> int:
+        context = outer
+        if kind not in (OP, NESTING, STEP):  # tracked: its label is in the context of all inside it (once per name)
+            keys = self.contexts.values[outer]
+            if (kind, name) not in keys:
+                context = self.contexts((*keys, (kind, name)))
+        self.bucket_context.append(context)
+        return self.buckets((kind, name, outer))
+
+    def _close(self, state: _Thread, frame: list[Any]) -> None:
+        state.own[frame[_INDEX]] -= frame[_CHILDREN]
 
     def _rewalk(self, thread: Any, state: _Thread) -> None:
-        """Walk a thread that broke its start order again, all its frames in order (the ones walked before too)."""
-        frames = list(state.held or [])
-        closed = zip(state.start, state.duration, state.bucket, strict=True)
-        open_frames = ((f[_START], f[_DURATION], f[_BUCKET]) for f in state.stack)
-        for start, duration, bucket in [*closed, *open_frames]:
-            kind, name, _ = self.buckets.values[bucket]
-            frames.append((start, duration, self.names(name), FRAME_KINDS.index(OP if kind == OPERATOR else kind)))
+        """Walk a thread that broke its start order again, every frame of it in order (those walked before too), a
+        slice of the sorted frames at a time so that the transient copies stay small."""
+        import numpy as np
+
+        held = state.held
+        assert held is not None
+        kinds = np.array(
+            [FRAME_KINDS.index(OP if kind == OPERATOR else kind) for kind, _, _ in self.buckets.values], dtype=np.int8
+        )
+        names = np.array([self.names(name) for _, name, _ in self.buckets.values], dtype=np.int32)
+        walked = np.frombuffer(state.bucket, dtype=np.int32)
+        start = np.concatenate([np.frombuffer(state.start), np.frombuffer(held.start)])
+        duration = np.concatenate([np.frombuffer(state.duration), np.frombuffer(held.duration)])
+        name = np.concatenate([names[walked], np.frombuffer(held.name, dtype=np.int32)])
+        kind = np.concatenate([kinds[walked], np.frombuffer(held.kind, dtype=np.int8)])
+        del walked
+        state.held, state.start, state.duration, state.own, state.bucket = (
+            None,
+            *(array.array("d"),) * 3,
+            array.array("i"),
+        )
+        self.instances = [i for i in self.instances if i[0] != thread]
+        order = np.lexsort((-duration, start))
         fresh = self.threads[thread] = _Thread()
-        for start, duration, name, kind in sorted(frames, key=lambda f: (f[0], -f[1])):
-            self._walk(fresh, start, duration, self.names.values[name], FRAME_KINDS[kind])
+        labels = self.names.values
+        for low in range(0, len(order), 1 << 16):
+            part = order[low : low + (1 << 16)]
+            for when, length, label, code in zip(
+                start[part].tolist(), duration[part].tolist(), name[part].tolist(), kind[part].tolist(), strict=True
+            ):
+                self._walk(thread, fresh, when, length, labels[label], FRAME_KINDS[code])
         while fresh.stack:
             self._close(fresh, fresh.stack.pop())
         label = thread[1] if isinstance(thread, tuple) else thread
@@ -297,112 +368,84 @@ class TraceBuilder:
 
         self._file = name
         for thread, state in list(self.threads.items()):
+            while state.pending:
+                self._ordered(thread, state, state.pending.popleft())
             if state.held is not None:
                 self._rewalk(thread, state)
             else:
                 while state.stack:
                     self._close(state, state.stack.pop())
-        frames = self._frames(np)
-        launch_frame = self._sweep(np, frames)
-        self._fill_frames(np, frames, launch_frame)
+        launch_context = self._frames_and_launches(np)
         launch_of_op = self._launch_of_each_op(np)
-        self._attribute_device_ops(np, frames, launch_frame, launch_of_op)
-        self._project_instances(np, frames, launch_of_op)
-        self._attribute_memory(np, frames)
-        steps = self._step_spans(np, frames)
+        self._attribute_device_ops(np, launch_context, launch_of_op)
+        del launch_context
+        self._project_instances(np, launch_of_op)
+        self._attribute_memory()
+        steps = sorted(
+            (start, end, number, duration)
+            for _, start, end, duration, kind, label in self.instances
+            if kind == STEP and (number := step_number(label)) is not None
+        )
         self.scan.steps = {number: duration for _, _, number, duration in steps}
         if len(self.op_start):
             ops = self._device_ops(np, launch_of_op)
-            self.scan.gpu = summarize_device(ops, self.names.values)
             of_step = self._step_of_each_op(np, ops, launch_of_op, steps)
+            del launch_of_op
+            self.launch_start = self.launch_duration = array.array("d")
+            self.scan.gpu = summarize_device(ops, self.names.values)
             for _, _, number, _ in steps:
                 selected = of_step == number
                 if selected.any():
                     self.scan.gpu_by_step[number] = summarize_device(ops.select(selected), self.names.values)
+                    self.scan.ranges[f"{STEP_PREFIX}{number}"].cuda_us = float(ops.duration[selected].sum())
         return self.scan
 
-    def _frames(self, np: Any) -> _Frames:
-        """Every closed frame of every thread, each thread's sorted by start (the longer first on a tie)."""
-        columns: list[list[Any]] = [[], [], [], [], [], []]
-        for thread, state in self.threads.items():
-            starts = np.frombuffer(state.start, dtype=np.float64)
-            durations = np.frombuffer(state.duration, dtype=np.float64)
-            order = np.lexsort((-durations, starts))
-            thread_id = self.thread_ids(thread)
-            for column, values in zip(
-                columns,
-                (
-                    starts[order],
-                    durations[order],
-                    np.frombuffer(state.own, dtype=np.float64)[order],
-                    np.frombuffer(state.bucket, dtype=np.int32)[order].astype(np.int64),
-                    np.frombuffer(state.context, dtype=np.int32)[order].astype(np.int64),
-                    np.full(len(order), thread_id, dtype=np.int64),
-                ),
-                strict=True,
-            ):
-                column.append(values)
-        start, duration, own, bucket, context, thread = (
-            np.concatenate(c) if c else np.zeros(0, dtype=np.int64 if i > 2 else np.float64)
-            for i, c in enumerate(columns)
-        )
-        codes = np.array([FRAME_KINDS.index(OP if k == OPERATOR else k) for k, _, _ in self.buckets.values] or [0])
-        return _Frames(start, duration, start + duration, own, bucket, context, thread, codes[bucket])
-
-    def _sweep(self, np: Any, frames: _Frames) -> Any:
-        """For each launch, the index of the innermost frame open on its thread at its start, or -1 (one merge per
-        thread of its frames, sorted by start, with its launches, sorted by time)."""
+    def _frames_and_launches(self, np: Any) -> Any:
+        """Thread by thread: each launch's innermost frame (a merge of the thread's frames, in start order, with its
+        launches, sorted by time), its time out of that frame's own time, and the totals of every bucket. Returns the
+        context of each launch's frame; the threads' arrays are released as they are done."""
         count = len(self.launch_start)
-        found = np.full(count, -1, dtype=np.int64)
-        if not count or not len(frames.start):
-            return found
+        launch_context = np.full(count, self.empty_context, dtype=np.int32)
         launch_thread = np.frombuffer(self.launch_thread, dtype=np.int32)
         launch_start = np.frombuffer(self.launch_start, dtype=np.float64)
-        for thread_id in np.unique(frames.thread).tolist():
-            mine = np.nonzero(launch_thread == thread_id)[0]
-            if not len(mine):
-                continue
-            mine = mine[np.argsort(launch_start[mine], kind="stable")]
-            rows = np.nonzero(frames.thread == thread_id)[0]
-            starts, ends = frames.start[rows].tolist(), frames.end[rows].tolist()
-            innermost: list[int] = []
-            open_frames: list[int] = []
-            following, total = 0, len(starts)
-            for time in launch_start[mine].tolist():
-                while following < total and starts[following] <= time:
-                    while open_frames and ends[open_frames[-1]] <= starts[following]:
-                        open_frames.pop()
-                    open_frames.append(following)
-                    following += 1
-                while open_frames and ends[open_frames[-1]] <= time:
-                    open_frames.pop()
-                innermost.append(int(rows[open_frames[-1]]) if open_frames else -1)
-            found[mine] = innermost
-        return found
-
-    def _fill_frames(self, np: Any, frames: _Frames, launch_frame: Any) -> None:
-        """Totals of tracked frames and operators; a launch call's time comes out of its frame's own time."""
-        scan = self.scan
-        taken = np.zeros(len(frames.start))
-        inside = launch_frame >= 0
-        if inside.any():
-            durations = np.frombuffer(self.launch_duration, dtype=np.float64)
-            np.add.at(taken, launch_frame[inside], durations[inside])
-        own = np.maximum(0.0, frames.own - taken)
+        launch_duration = np.frombuffer(self.launch_duration, dtype=np.float64)
         buckets = len(self.buckets.values)
-        counts = np.bincount(frames.bucket, minlength=buckets)
-        totals = np.bincount(frames.bucket, weights=frames.duration, minlength=buckets)
-        selfs = np.bincount(frames.bucket, weights=own, minlength=buckets)
-        for bucket in np.nonzero(counts)[0].tolist():
+        counts = np.zeros(buckets, dtype=np.int64)
+        totals, selfs = np.zeros(buckets), np.zeros(buckets)
+        contexts = np.frombuffer(self.bucket_context, dtype=np.int32)
+        for thread in list(self.threads):
+            state = self.threads.pop(thread)
+            bucket = np.frombuffer(state.bucket, dtype=np.int32)
+            duration = np.frombuffer(state.duration, dtype=np.float64)
+            own = np.frombuffer(state.own, dtype=np.float64).copy()
+            thread_id = self.thread_ids.ids.get(thread)
+            mine = np.nonzero(launch_thread == thread_id)[0] if thread_id is not None and count else []
+            if len(mine) and len(bucket):
+                mine = mine[np.argsort(launch_start[mine], kind="stable")]
+                innermost = np.array(_innermost(state.start, state.duration, launch_start[mine].tolist()))
+                inside = innermost >= 0
+                np.subtract.at(own, innermost[inside], launch_duration[mine][inside])
+                launch_context[mine[inside]] = contexts[bucket[innermost[inside]]]
+            counts += np.bincount(bucket, minlength=buckets)
+            totals += np.bincount(bucket, weights=duration, minlength=buckets)
+            selfs += np.bincount(bucket, weights=np.maximum(0.0, own), minlength=buckets)
+            del state, bucket, duration, own
+        self._fill(counts, totals, selfs)
+        return launch_context
+
+    def _fill(self, counts: Any, totals: Any, selfs: Any) -> None:
+        """Totals of tracked frames, and operator rows under every tracked frame around them."""
+        scan = self.scan
+        for bucket in counts.nonzero()[0].tolist():
             kind, name, outer = self.buckets.values[bucket]
-            count, total, own_us = int(counts[bucket]), float(totals[bucket]), float(selfs[bucket])
-            if kind in (OP, OPERATOR):  # an operator row under every tracked frame around it
+            count, total, own = int(counts[bucket]), float(totals[bucket]), float(selfs[bucket])
+            if kind in (OP, OPERATOR):
                 for label in [key[1] for key in self.contexts.values[outer]] or [""]:
                     row = scan.ops.get((label, name, "cpu"))
                     if row is None:
                         row = scan.ops[(label, name, "cpu")] = OpTotals(name, "cpu")
                     row.count += count
-                    row.self_us += own_us
+                    row.self_us += own
             if kind in (OP, NESTING):
                 continue
             row_totals = scan.ranges.get(name)
@@ -410,7 +453,7 @@ class TraceBuilder:
                 row_totals = scan.ranges[name] = RangeTotals(name, kind)
             row_totals.count += count
             row_totals.total_us += total
-            row_totals.self_us += own_us
+            row_totals.self_us += own
 
     def _launch_of_each_op(self, np: Any) -> Any:
         """For each device operation, the index of the launch with its correlation id, or -1."""
@@ -425,7 +468,7 @@ class TraceBuilder:
             found[matched] = order[position[matched]]
         return found
 
-    def _attribute_device_ops(self, np: Any, frames: _Frames, launch_frame: Any, launch_of_op: Any) -> None:
+    def _attribute_device_ops(self, np: Any, launch_context: Any, launch_of_op: Any) -> None:
         """Each device operation's time to the tracked frames around its launch (see the module doc)."""
         scan = self.scan
         if not len(self.op_start):
@@ -434,8 +477,7 @@ class TraceBuilder:
         names = np.frombuffer(self.op_name, dtype=np.int32).astype(np.int64)
         launched = launch_of_op >= 0
         context = np.full(len(durations), self.empty_context, dtype=np.int64)
-        frame = np.where(launched, launch_frame[np.maximum(launch_of_op, 0)] if len(launch_frame) else -1, -1)
-        context[frame >= 0] = frames.context[frame[frame >= 0]]
+        context[launched] = launch_context[launch_of_op[launched]]
         scan.unlaunched = int((~launched).sum())
         scan.unlaunched_us = float(durations[~launched].sum())
         width = len(self.names.values)
@@ -454,12 +496,7 @@ class TraceBuilder:
                 if label in scan.ranges:
                     scan.ranges[label].cuda_us += total
 
-    def _instances(self, np: Any, frames: _Frames, kinds: tuple[str, ...]) -> Any:
-        """Indices of the closed frames of ``kinds`` (ranges, annotations, steps)."""
-        codes = [FRAME_KINDS.index(kind) for kind in kinds]
-        return np.nonzero(np.isin(frames.kind, codes))[0]
-
-    def _project_instances(self, np: Any, frames: _Frames, launch_of_op: Any) -> None:
+    def _project_instances(self, np: Any, launch_of_op: Any) -> None:
         """Each range and annotation instance's GPU projection (see :attr:`RangeTotals.gpu_span_us`): a sweep per
         thread over its instances and its launches, each launch widening every instance open around it."""
         launches = len(self.launch_start)
@@ -469,50 +506,46 @@ class TraceBuilder:
         last = np.full(launches, -np.inf)
         launched = launch_of_op >= 0
         starts = np.frombuffer(self.op_start, dtype=np.float64)
-        ends = starts + np.frombuffer(self.op_duration, dtype=np.float64)
         np.minimum.at(first, launch_of_op[launched], starts[launched])
-        np.maximum.at(last, launch_of_op[launched], ends[launched])
+        np.maximum.at(last, launch_of_op[launched], (starts + np.frombuffer(self.op_duration))[launched])
         with_ops = np.isfinite(first)
         launch_thread = np.frombuffer(self.launch_thread, dtype=np.int32)
         launch_start = np.frombuffer(self.launch_start, dtype=np.float64)
-        instances = self._instances(np, frames, (RANGE, ANNOTATION))
-        for thread_id in np.unique(frames.thread[instances]).tolist():
-            mine = np.nonzero((launch_thread == thread_id) & with_ops)[0]
+        by_thread: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
+        for thread, start, end, _, kind, label in self.instances:
+            if kind in (RANGE, ANNOTATION):
+                by_thread[thread].append((start, end, label))
+        for thread, spans in by_thread.items():
+            thread_id = self.thread_ids.ids.get(thread)
+            mine = np.nonzero((launch_thread == thread_id) & with_ops)[0] if thread_id is not None else []
             if not len(mine):
                 continue
             mine = mine[np.argsort(launch_start[mine], kind="stable")]
-            rows = instances[frames.thread[instances] == thread_id]
-            span_start, span_end = frames.start[rows].tolist(), frames.end[rows].tolist()
-            low, high = [np.inf] * len(rows), [-np.inf] * len(rows)
+            low, high = [np.inf] * len(spans), [-np.inf] * len(spans)
             open_spans: list[int] = []
             following = 0
             for time, lo, hi in zip(
                 launch_start[mine].tolist(), first[mine].tolist(), last[mine].tolist(), strict=True
             ):
-                while following < len(rows) and span_start[following] <= time:
+                while following < len(spans) and spans[following][0] <= time:
                     open_spans.append(following)
                     following += 1
-                open_spans = [i for i in open_spans if span_end[i] > time]
+                open_spans = [i for i in open_spans if spans[i][1] > time]
                 for i in open_spans:
                     low[i] = min(low[i], lo)
                     high[i] = max(high[i], hi)
-            for row, lo, hi in zip(rows.tolist(), low, high, strict=True):
-                label = self.buckets.values[int(frames.bucket[row])][1]
+            for (_, _, label), lo, hi in zip(spans, low, high, strict=True):
                 if hi > lo:
                     self.scan.ranges[label].gpu_span_us += hi - lo
 
-    def _attribute_memory(self, np: Any, frames: _Frames) -> None:
+    def _attribute_memory(self) -> None:
         """Each ``[memory]`` event counts for every rlprof range open on its thread at its time (a sweep per
         thread)."""
         scan = self.scan
-        ranges = self._instances(np, frames, (RANGE,))
         for thread, events in self.memory.items():
             scan.memory_events += len(events)
-            thread_id = self.thread_ids.ids.get(thread)
-            rows = ranges[frames.thread[ranges] == thread_id] if thread_id is not None else ranges[:0]
             spans = [
-                (float(frames.start[r]), float(frames.end[r]), self.buckets.values[int(frames.bucket[r])][1])
-                for r in rows.tolist()
+                (start, end, label) for t, start, end, _, kind, label in self.instances if t == thread and kind == RANGE
             ]
             open_ranges: list[tuple[float, str]] = []
             following = 0
@@ -527,17 +560,9 @@ class TraceBuilder:
                         totals.allocated_bytes += size
                     totals.peak_allocated = max(totals.peak_allocated, total)
 
-    def _step_spans(self, np: Any, frames: _Frames) -> list[tuple[float, float, int, float]]:
-        """(start, end, number, duration) of each ProfilerStep span, in order."""
-        spans = []
-        for row in self._instances(np, frames, (STEP,)).tolist():
-            number = step_number(self.buckets.values[int(frames.bucket[row])][1])
-            if number is not None:
-                spans.append((float(frames.start[row]), float(frames.end[row]), number, float(frames.duration[row])))
-        return sorted(spans)
-
     def _device_ops(self, np: Any, launch_of_op: Any) -> DeviceOps:
         starts = np.frombuffer(self.op_start, dtype=np.float64)
+        durations = np.frombuffer(self.op_duration, dtype=np.float64)
         launched = launch_of_op >= 0
         index = np.maximum(launch_of_op, 0)
         launch_start = np.frombuffer(self.launch_start, dtype=np.float64)
@@ -545,7 +570,7 @@ class TraceBuilder:
         nan = np.full(len(starts), np.nan)
         return DeviceOps(
             start=starts,
-            end=starts + np.frombuffer(self.op_duration, dtype=np.float64),
+            end=starts + durations,
             name=np.frombuffer(self.op_name, dtype=np.int32),
             kind=np.frombuffer(self.op_kind, dtype=np.int8),
             stream=np.frombuffer(self.op_stream, dtype=np.int64),
@@ -554,7 +579,7 @@ class TraceBuilder:
             if len(launch_start)
             else nan,
             launch_duration=np.where(launched, launch_duration[index], np.nan) if len(launch_start) else nan,
-            duration=np.frombuffer(self.op_duration, dtype=np.float64),
+            duration=durations,
         )
 
     def _step_of_each_op(
@@ -571,16 +596,24 @@ class TraceBuilder:
         return of_step
 
 
-@dataclass
-class _Frames:
-    """Every closed frame of a trace as arrays, each thread's rows together and sorted by start."""
-
-    start: Any
-    duration: Any
-    end: Any
-    own: Any
-    bucket: Any
-    context: Any
-    thread: Any
-    kind: Any
-    """Index into :data:`FRAME_KINDS` (a top-level operator as ``op``)."""
+def _innermost(starts: array.array[float], durations: array.array[float], times: list[float]) -> list[int]:
+    """For each time (ascending), the index of the innermost frame holding it, -1 for none; ``starts`` in start
+    order (the longer first on a tie), as a thread's frames are walked."""
+    found = []
+    open_frames: list[int] = []
+    open_ends: list[float] = []
+    following, total = 0, len(starts)
+    for time in times:
+        while following < total and starts[following] <= time:
+            start = starts[following]
+            while open_ends and open_ends[-1] <= start:
+                open_frames.pop()
+                open_ends.pop()
+            open_frames.append(following)
+            open_ends.append(start + durations[following])
+            following += 1
+        while open_ends and open_ends[-1] <= time:
+            open_frames.pop()
+            open_ends.pop()
+        found.append(open_frames[-1] if open_frames else -1)
+    return found

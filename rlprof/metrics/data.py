@@ -4,11 +4,10 @@ seed's reward statistics."""
 from __future__ import annotations
 
 import warnings
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import torch
-
-Tensor = torch.Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def _stats(prefix: str, values: Tensor) -> dict[str, float]:
@@ -81,7 +80,7 @@ def compute_data_metrics(
         metrics.update(_stats("critic/values", values[mask]))
         valid_returns, valid_values = returns[mask].float(), values[mask].float()
         if valid_returns.numel() > 1:
-            explained = 1.0 - torch.var(valid_returns - valid_values) / (torch.var(valid_returns) + 1e-5)
+            explained = 1.0 - (valid_returns - valid_values).var() / (valid_returns.var() + 1e-5)
             metrics["critic/vf_explained_var"] = explained.item()
         else:
             metrics["critic/vf_explained_var"] = float("nan")

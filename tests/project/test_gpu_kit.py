@@ -37,7 +37,7 @@ def test_prepare_gathers_cp312_wheels_under_64_mib():
     assert result.returncode == 0, result.stderr[-3000:]
     wheels = sorted((ROOT / ".gpu_kit" / "wheels").glob("*.whl"))
     names = {w.name.split("-")[0].lower() for w in wheels}
-    assert {"omegaconf", "nvtx", "deepspeed", "orjson", "ijson", "plotly", "pydantic_core"} <= names
+    assert {"omegaconf", "nvtx", "deepspeed", "msgspec", "ijson", "plotly", "pydantic_core"} <= names
     assert all("cp312" in w.name or "py3-none" in w.name for w in wheels)
     for wheel in wheels:
         assert zipfile.ZipFile(wheel).testzip() is None

@@ -81,7 +81,7 @@ def test_events_a_little_out_of_start_order_are_put_back_in_passing(example_run,
     bounded window (a held thread made the 300 MB benchmark peak at 323 MiB) and the totals do not change."""
     import random
 
-    from rlprof.analysis.sources import chrome_trace as traces
+    from rlprof.analysis import trace_model
 
     (trace,) = (example_run / "torch").rglob("*.pt.trace.json.gz")
     with gzip.open(trace, "rt") as handle:
@@ -101,10 +101,19 @@ def test_events_a_little_out_of_start_order_are_put_back_in_passing(example_run,
     assert repaired.problems == []
     assert repaired.ranges == original.ranges and repaired.steps == original.steps
 
-    monkeypatch.setattr(traces, "REORDER_WINDOW", 3)  # across batch boundaries: the last events carry over
-    batches = [[{"ph": "X", "pid": 1, "tid": 1, "ts": t, "dur": 1} for t in chunk] for chunk in ([1, 2, 4], [3, 5, 6])]
-    out = [e["ts"] for batch in traces.in_start_order(iter(batches)) for e in batch]
-    assert out == [1, 2, 3, 4, 5, 6]
+    def walked(window: int) -> tuple[list[str], dict[str, float]]:
+        """Frames 1 2 4 3 5 6 (3 written late; 5 holds 6) through the model with a delay line of ``window``."""
+        monkeypatch.setattr(trace_model, "REORDER_WINDOW", window)
+        builder = trace_model.TraceBuilder(trace_model.TraceScan("x"))
+        for start, duration in ((1, 1), (2, 1), (4, 1), (3, 1), (5, 3), (6, 1)):
+            builder.frame((1, 1), start, duration, f"actor/f{start}", trace_model.RANGE)
+        scan = builder.finish("x")
+        return scan.problems, {label: r.self_us for label, r in scan.ranges.items()}
+
+    problems, selfs = walked(3)
+    assert problems == [] and selfs["actor/f5"] == 2  # 6 nested in 5, 3 walked before 4
+    assert walked(0)[0] == ["thread 1 of x was not in start order; its events were re-sorted"]
+    assert walked(0)[1] == selfs  # re-sorted at the end: the same totals
 
 
 def test_report_json_follows_its_schema(example_run, capsys):

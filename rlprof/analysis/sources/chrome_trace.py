@@ -2,12 +2,15 @@
 categories (``Operator``, ``Runtime``, ``Kernel``, ``Memcpy``) to current ones, CUDA, ROCm and MTIA devices, one
 rank per file. Read in one streaming pass into the :mod:`rlprof.analysis.trace_model`.
 
-The file is never loaded whole. Kineto writes one event per indented block (``\\n  {`` ... ``\\n  },``); the reader
-cuts the decompressed stream at those boundaries and parses a few megabytes of events at a time with orjson. A trace
-in another layout is streamed by ijson. Damage costs only what it touches: an event with wrong types (``"ts":
-"abc"``, a list as category, a non-object) is skipped and counted, an event orjson cannot parse (``NaN``, nesting
-deeper than 1024) is skipped alone, and a truncated file is read up to the damage. One event larger than
-:data:`MAX_EVENT_BYTES` stops the reading with one line (the events before it are kept).
+The file is never loaded whole. Kineto writes one event per indented block (``\n  {`` ... ``\n  },``); the reader
+cuts the decompressed stream at those boundaries and decodes a megabyte of events at a time with msgspec into
+:class:`Event` structs holding only the fields the model reads (the rest of an event, such as its operator's
+arguments, is skipped, not built). A trace in another layout is streamed by ijson. Damage costs only what it
+touches: an event with wrong types (``"ts": "abc"``, a list as category, a non-object) is skipped and counted, an
+event the decoder cannot take (``NaN``, an integer beyond 64 bits, nesting deeper than 1024) is read alone by
+Python's parser or skipped, and a truncated file is read up to the damage. One event larger than
+:data:`MAX_EVENT_BYTES` stops the reading with one line (the events before it are kept). CPU frames a little out
+of start order are put back in order by the model (:class:`~rlprof.analysis.trace_model.TraceBuilder`).
 """
 
 from __future__ import annotations
@@ -20,18 +23,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Optional
 
-import orjson
+import msgspec
 
 from rlprof.analysis.sources.base import InputFile, ReadOptions, Source, SourceError
 from rlprof.analysis.trace_model import KERNEL, MEMCPY, MEMSET, NESTING, TraceBuilder, TraceScan, frame_kind
 
-CHUNK = 4 << 20
+CHUNK = 1 << 20
 MAX_EVENT_BYTES = 64 << 20
 """The largest single event read; a longer one (a multi-GB string) ends the reading."""
-REORDER_WINDOW = 4096
-"""CPU frames carried from one batch into the next and put back in start order in passing (kineto on a loaded
-machine writes a thread's events a little out of order); a thread disordered more than this is re-sorted whole at
-the end, from compact arrays."""
 
 DEVICE_OPS = {
     "kernel": KERNEL,
@@ -57,6 +56,33 @@ _DEVICE_NAME = re.compile(rb'"deviceProperties"\s*:\s*\[\s*\{[^}]*?"name"\s*:\s*
 
 class TraceError(SourceError):
     """The file is not a readable Chrome trace; the message says why in one line."""
+
+
+class Args(msgspec.Struct):
+    """The arguments of an event that the model reads (any type: a wrong one is the model's to skip)."""
+
+    correlation: Any = None
+    stream: Any = None
+    bytes: Any = None
+    allocated: Any = msgspec.field(default=None, name="Bytes")
+    total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
+
+
+class Event(msgspec.Struct):
+    """One trace event, as much of it as the model reads."""
+
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: Optional[Args] = None
+
+
+_BATCH = msgspec.json.Decoder(list[Event])
+_EVENT = msgspec.json.Decoder(Event)
 
 
 # --------------------------------------------------------------------------------------------- reading events
@@ -116,8 +142,8 @@ def _header(header: bytes, scan: TraceScan) -> None:
         text = line.strip()
         if text.startswith(b'"distributedInfo"'):
             try:
-                info = orjson.loads(text.split(b":", 1)[1].rstrip(b","))
-            except orjson.JSONDecodeError:
+                info = msgspec.json.decode(text.split(b":", 1)[1].rstrip(b","))
+            except msgspec.DecodeError:
                 continue
             if isinstance(info, dict):
                 rank, world = info.get("rank"), info.get("world_size")
@@ -128,13 +154,12 @@ def _header(header: bytes, scan: TraceScan) -> None:
         scan.device = found.group(1).decode("utf-8", "replace")
 
 
-def _parse_events(block: bytes, scan: TraceScan) -> list[Any]:
-    """The events of one batch; when the batch does not parse, event by event, skipping (and counting) the ones
-    that do not."""
+def _parse_events(block: bytes, scan: TraceScan) -> list[Event]:
+    """The events of one batch; when the batch does not decode, event by event: what msgspec cannot take (NaN, an
+    integer beyond 64 bits) by Python's parser, and what that cannot either skipped and counted."""
     try:
-        parsed = orjson.loads(b"[" + block + b"]")
-        return parsed if isinstance(parsed, list) else []
-    except orjson.JSONDecodeError:
+        return _BATCH.decode(b"[" + block + b"]")
+    except (msgspec.DecodeError, msgspec.ValidationError):
         pass
     events = []
     for piece in block.split(b"\n  },\n"):
@@ -143,17 +168,41 @@ def _parse_events(block: bytes, scan: TraceScan) -> list[Any]:
             continue
         if not text.endswith(b"}"):
             text += b"\n  }"
-        try:
-            events.append(orjson.loads(text))
-        except orjson.JSONDecodeError:
-            try:  # Python's parser takes integers beyond 64 bits (and NaN, which the model then skips)
-                events.append(json.loads(text))
-            except (ValueError, RecursionError):
-                scan.skipped += 1
+        event = as_event(text)
+        if event is None:
+            scan.skipped += 1
+        else:
+            events.append(event)
     return events
 
 
-def iter_event_batches(path: Path, scan: TraceScan) -> Iterator[list[Any]]:
+def as_event(text: bytes) -> Optional[Event]:
+    """One event's JSON as an :class:`Event`, or None when it is not an object either parser takes."""
+    try:
+        return _EVENT.decode(text)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        pass
+    try:
+        return _from_object(json.loads(text))
+    except (ValueError, RecursionError):
+        return None
+
+
+def _from_object(value: Any) -> Optional[Event]:
+    """A parsed JSON object as an :class:`Event` (None for anything else)."""
+    if not isinstance(value, dict):
+        return None
+    args = value.get("args")
+    if isinstance(args, dict):
+        value = {**value, "args": Args(args.get("correlation"), args.get("stream"), args.get("bytes"),
+                                      args.get("Bytes"), args.get("Total Allocated"))}  # fmt: skip
+    elif args is not None:
+        value = {**value, "args": None}
+    fields = {key: value.get(key) for key in Event.__struct_fields__}
+    return Event(**fields)
+
+
+def iter_event_batches(path: Path, scan: TraceScan) -> Iterator[list[Event]]:
     """The trace's events, a batch (a few MB of the file) at a time; header facts go into ``scan``."""
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
@@ -231,7 +280,7 @@ def _open(path: Path) -> IO[bytes]:
     return path.open("rb")
 
 
-def _ijson_batches(path: Path, scan: TraceScan) -> Iterator[list[Any]]:
+def _ijson_batches(path: Path, scan: TraceScan) -> Iterator[list[Event]]:
     """Any other layout of a Chrome trace, streamed by ijson (slower; same results), in bounded memory. yajl's C
     parser stops at an integer beyond 64 bits (HTA's ``large_integer_trace``): the file is then read again with
     ijson's pure-Python parser from the event where it stopped."""
@@ -239,15 +288,19 @@ def _ijson_batches(path: Path, scan: TraceScan) -> Iterator[list[Any]]:
 
     yielded = 0
     for backend in (ijson, ijson.get_backend("python")):
-        batch: list[Any] = []
+        batch: list[Event] = []
         try:
             with _open(path) as raw:
                 stream = _Bounded(raw, MAX_EVENT_BYTES, path.name)
-                for index, event in enumerate(backend.items(stream, "traceEvents.item", use_float=True)):
+                for index, item in enumerate(backend.items(stream, "traceEvents.item", use_float=True)):
                     stream.mark()
                     if index < yielded:
                         continue
-                    batch.append(event)
+                    event = _from_object(item)
+                    if event is None:
+                        scan.skipped += 1
+                    else:
+                        batch.append(event)
                     if len(batch) >= 50_000:
                         yielded += len(batch)
                         yield batch
@@ -278,108 +331,57 @@ def _ijson_batches(path: Path, scan: TraceScan) -> Iterator[list[Any]]:
             pass
 
 
-def in_start_order(batches: Iterator[list[Any]]) -> Iterator[list[Any]]:
-    """The same events, with disorder of up to :data:`REORDER_WINDOW` events repaired: a batch (with the last
-    events of the one before) is sorted by start when its CPU frames are out of order on a thread."""
-    carry: list[Any] = []
-    for batch in batches:
-        window = carry + batch
-        if not _in_start_order(window):
-            window.sort(key=_start_key)
-        carry = window[-REORDER_WINDOW:]
-        if len(window) > REORDER_WINDOW:
-            yield window[:-REORDER_WINDOW]
-    if carry:
-        yield carry
-
-
-def _start_key(event: Any) -> tuple[float, float]:
-    """Start order: by start, the longer first on a tie (the one that contains the other)."""
-    try:
-        return float(event.get("ts", 0.0)), -float(event.get("dur", 0.0))
-    except (AttributeError, TypeError, ValueError):
-        return float("inf"), 0.0
-
-
-def _in_start_order(events: list[Any]) -> bool:
-    last: dict[Any, tuple[float, float]] = {}
-    for event in events:
-        try:
-            if event.get("ph") != "X" or event.get("cat") in DEVICE_OPS or event.get("cat") in LAUNCHES:
-                continue
-            thread = (event.get("pid"), event.get("tid"))
-            key = (float(event.get("ts", 0.0)), -float(event.get("dur", 0.0)))
-        except (AttributeError, TypeError, ValueError):
-            continue
-        if key < last.get(thread, key):
-            return False
-        last[thread] = key
-    return True
-
-
 # --------------------------------------------------------------------------------------------- into the model
 
 
-def feed(builder: TraceBuilder, events: list[Any]) -> None:
+def feed(builder: TraceBuilder, events: list[Event]) -> None:
     """Hand each event of a batch to the builder (the hot loop of ``rlprof report``: local names on purpose)."""
-    scan = builder.scan
     frame, launch, device_op = builder.frame, builder.launch, builder.device_op
-    device_ops, launches, annotations, operators, nesting = DEVICE_OPS, LAUNCHES, ANNOTATIONS, OPERATORS, NESTED
+    device_ops, launches, annotations, operators, nested = DEVICE_OPS, LAUNCHES, ANNOTATIONS, OPERATORS, NESTED
     kind_of = frame_kind
     counted = skipped = 0
     for event in events:
         try:
-            if event.get("ph") != "X":
-                if event.get("ph") == "i" and event.get("name") == "[memory]":
-                    args = event.get("args") or {}
-                    builder.memory_event(
-                        (event.get("pid"), event.get("tid")),
-                        float(event.get("ts", 0.0)),
-                        int(args.get("Bytes", 0)),
-                        int(args.get("Total Allocated", 0)),
-                    )
+            if event.ph != "X":
+                memory = event.args
+                if event.ph == "i" and event.name == "[memory]" and memory is not None:
+                    sizes = int(memory.allocated or 0), int(memory.total_allocated or 0)
+                    builder.memory_event((event.pid, event.tid), float(event.ts), *sizes)
                 continue
-            category = event.get("cat", "")
-            start = float(event["ts"])
-            duration = float(event.get("dur", 0.0))
+            category = event.cat
+            start = float(event.ts)
+            duration = float(event.dur or 0.0)
             if start - start != 0.0 or duration - duration != 0.0:  # NaN or infinite
                 raise ValueError("not a finite time")
             counted += 1
-            if category in device_ops:
-                args = event.get("args") or {}
-                correlation, size, stream = args.get("correlation"), args.get("bytes", 0), args.get("stream")
-                if not isinstance(stream, int):
-                    stream = event.get("tid") if isinstance(event.get("tid"), int) else -1
+            if category in operators or category in annotations:
+                name = event.name
+                if name.__class__ is not str:
+                    raise TypeError("name")
+                frame((event.pid, event.tid), start, duration, name, kind_of(name, category in annotations))
+            elif category in launches:
+                correlation = event.args.correlation if event.args is not None else None
+                launch((event.pid, event.tid), start, duration, correlation if correlation.__class__ is int else -1)
+            elif category in device_ops:
+                args = event.args
+                correlation, size, stream = (args.correlation, args.bytes, args.stream) if args else (None, 0, None)
+                if stream.__class__ is not int:
+                    stream = event.tid if event.tid.__class__ is int else -1
                 device_op(
                     start,
                     duration,
-                    str(event.get("name", "")),
+                    str(event.name),
                     device_ops[category],
                     stream,
-                    correlation if isinstance(correlation, int) else None,
-                    size if isinstance(size, int) else 0,
+                    correlation if correlation.__class__ is int else None,
+                    size if size.__class__ is int else 0,
                 )
-            elif category in launches:
-                correlation = (event.get("args") or {}).get("correlation")
-                launch(
-                    (event.get("pid"), event.get("tid")),
-                    start,
-                    duration,
-                    int(correlation) if isinstance(correlation, int) else -1,
-                )
-            elif category in operators or category in annotations:
-                name = event.get("name", "")
-                if not isinstance(name, str):
-                    raise TypeError("name")
-                frame(
-                    (event.get("pid"), event.get("tid")), start, duration, name, kind_of(name, category in annotations)
-                )
-            elif category in nesting:
-                frame((event.get("pid"), event.get("tid")), start, duration, "", NESTING)
-        except (AttributeError, TypeError, ValueError, KeyError, OverflowError):
+            elif category in nested:
+                frame((event.pid, event.tid), start, duration, "", NESTING)
+        except (AttributeError, TypeError, ValueError, OverflowError):
             skipped += 1
-    scan.events += counted
-    scan.skipped += skipped
+    builder.scan.events += counted
+    builder.scan.skipped += skipped
 
 
 def scan_trace(path: str | Path) -> TraceScan:
@@ -387,7 +389,7 @@ def scan_trace(path: str | Path) -> TraceScan:
     path = Path(path)
     scan = TraceScan(str(path))
     builder = TraceBuilder(scan)
-    for batch in in_start_order(iter_event_batches(path, scan)):
+    for batch in iter_event_batches(path, scan):
         feed(builder, batch)
     if scan.rank is None:
         scan.rank = rank_from_name(path.name)
