@@ -5,21 +5,40 @@ Each :class:`Rule` has a name, a title, its thresholds and a check that reads th
 returns a :class:`Finding` with the evidence numbers and the exact overrides, or None. The advice follows the seed's
 tuning table (rollout slow -> raise ``max_num_batched_tokens``; training slow -> adjust
 ``ppo_micro_batch_size_per_gpu``; memory-limited -> ``use_dynamic_bsz``; OOM -> entropy chunking/checkpointing,
-gradient checkpointing) and the trainer's knobs (docs/performance_tuning.md). Add a rule with :func:`register_rule`.
+gradient checkpointing) and the trainer's knobs (docs/performance_tuning.md); the GPU rules read the traces' device
+analyses (:mod:`rlprof.analysis.gpu`). Add a rule with :func:`register_rule`.
+
+A rule that makes the run faster (``purpose="speed"``) does not offer an override that this project measured slower
+on the run's kind of machine (:data:`MEASURED_SLOWER`); the finding names it as not offered, with the measurement.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from rlprof.analysis.model import Finding, Report, ReportOptions
+from rlprof.analysis.gpu import GpuSummary
+from rlprof.analysis.model import Finding, Report, ReportOptions, WindowTrace
 from rlprof.analysis.run import Run
 
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
 MODEL = "actor_rollout_ref.model"
+
+
+MEASURED_SLOWER: dict[tuple[str, str], str] = {
+    (f"{MODEL}.use_remove_padding=true", "cpu"): (
+        "measured 1.51x slower per step on a 2-core CPU by rlprof_train.tune (PyTorch's math attention over the "
+        "packed row; README, Tuning)"
+    ),
+    (f"{MODEL}.enable_gradient_checkpointing=true", "cpu"): (
+        "measured 1.40x slower per step by rlprof_train.tune and 0.78x-0.87x the update speed by the knob "
+        "benchmark on a 2-core CPU (each layer runs twice)"
+    ),
+}
+"""(override, device kind) -> what was measured: overrides that a speed rule does not offer on that kind of machine.
+Device kinds: cpu, cuda (see :func:`device_kind`)."""
 
 
 @dataclass(frozen=True)
@@ -28,11 +47,34 @@ class Rule:
     title: str
     thresholds: dict[str, float]
     check: Callable[[Rule, Report, Run, ReportOptions], Optional[Finding]]
+    purpose: str = "speed"
+    """speed (its overrides make a step faster: measured-slower ones are dropped) or memory (they trade speed)."""
     summary: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def finding(self, message: str, evidence: dict[str, float], overrides: list[str]) -> Finding:
         return Finding(self.name, self.title, message, {k: round(v, 4) for k, v in evidence.items()}, overrides)
+
+
+def device_kind(report: Report) -> str:
+    """cuda when the run's metrics or traces show a GPU, else cpu (the kind of machine the run measured)."""
+    if report.memory is not None and report.memory.device == "cuda":
+        return "cuda"
+    if any(t.gpu is not None for t in report.traces):
+        return "cuda"
+    return "cpu"
+
+
+def _offered(finding: Finding, rule: Rule, device: str) -> Finding:
+    """``finding`` without the overrides measured slower on ``device`` (speed rules only)."""
+    if rule.purpose != "speed":
+        return finding
+    slower = {o: MEASURED_SLOWER[(o, device)] for o in finding.overrides if (o, device) in MEASURED_SLOWER}
+    if not slower:
+        return finding
+    kept = [o for o in finding.overrides if o not in slower]
+    not_offered = [f"{o}: {why}" for o, why in slower.items()]
+    return replace(finding, overrides=kept, not_offered=finding.not_offered + not_offered)
 
 
 def _int(run: Run, key: str, default: int) -> int:
@@ -209,12 +251,92 @@ def overhead_bound(rule: Rule, report: Report, run: Run, options: ReportOptions)
     )
 
 
+def _gpu_windows(report: Report, rule: Rule) -> list[tuple[WindowTrace, GpuSummary]]:
+    """The traces whose device ran long enough to judge (span at least ``min_span_ms``)."""
+    return [
+        (t, t.gpu) for t in report.traces if t.gpu is not None and t.gpu.span_us >= 1e3 * rule.thresholds["min_span_ms"]
+    ]
+
+
+def _where(trace: WindowTrace) -> str:
+    return f"rank {trace.rank}" + (f", {trace.window}" if trace.window else "")
+
+
+def gpu_idle(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
+    """The device waits for the host: idle (no kernel, copy or set on any stream) for most of the traced span."""
+    windows = [(t, g) for t, g in _gpu_windows(report, rule) if (g.idle_share or 0.0) >= rule.thresholds["idle"]]
+    if not windows:
+        return None
+    trace, gpu = max(windows, key=lambda w: w[1].idle_share or 0.0)
+    idle = gpu.idle_share or 0.0
+    evidence = {"gpu_idle_share": idle, "gpu_span_ms": gpu.span_us / 1e3, "traces_idle": float(len(windows))}
+    if gpu.launch_delay_us is not None:
+        evidence["launch_delay_p50_us"] = gpu.launch_delay_us.p50
+    if gpu.operations:
+        evidence["busy_us_per_operation"] = gpu.busy_us / gpu.operations
+    overrides = []
+    micro = _int(run, f"{ACTOR}.ppo_micro_batch_size_per_gpu", 32)
+    mini = _int(run, f"{ACTOR}.ppo_mini_batch_size", 32) * _int(run, f"{ROLLOUT}.n", 1)
+    if not run.setting(f"{ACTOR}.use_dynamic_bsz", False) and micro < mini:
+        overrides.append(f"{ACTOR}.ppo_micro_batch_size_per_gpu={min(2 * micro, mini)}")
+    if run.setting(f"{ROLLOUT}.name") == "vllm" and run.setting(f"{ROLLOUT}.enforce_eager", True):
+        overrides.append(f"{ROLLOUT}.enforce_eager=false")
+    message = (
+        f"GPU idle: on {_where(trace)} the device is idle {_pct(idle)} of the {gpu.span_us / 1e3:.3g} ms it was traced"
+        f" ({len(windows)} of {len(report.traces)} traces at least {_pct(rule.thresholds['idle'])}); the host does not"
+        " keep it fed: the launches (many small kernels: larger micro-batches, CUDA graphs) or the data loading and"
+        " Python work between them (see the top operators by self time)"
+    )
+    return rule.finding(message, evidence, overrides)
+
+
+def communication_exposed(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
+    """Collectives (NCCL/RCCL kernels) take a large part of the device's busy time and compute rarely runs beside
+    them: the ranks wait for each other's gradients instead of computing."""
+    windows = []
+    for trace, gpu in _gpu_windows(report, rule):
+        comm = gpu.time_by_kind.get("communication", 0.0)
+        share = comm / gpu.busy_us if gpu.busy_us > 0 else 0.0
+        overlap = gpu.communication_overlap
+        if share >= rule.thresholds["share"] and overlap is not None and overlap < rule.thresholds["overlap"]:
+            windows.append((trace, gpu, share, overlap))
+    if not windows:
+        return None
+    trace, gpu, share, overlap = max(windows, key=lambda w: w[2] * (1 - w[3]))
+    evidence = {
+        "communication_share_of_busy": share,
+        "communication_overlap": overlap,
+        "communication_ms": gpu.time_by_kind.get("communication", 0.0) / 1e3,
+    }
+    overrides = []
+    zero_stage = _int(run, f"{ACTOR}.zero_stage", 1)
+    if zero_stage > 0 and not run.setting(f"{ACTOR}.overlap_comm"):
+        overrides.append(f"{ACTOR}.overlap_comm=true")
+    micro = _int(run, f"{ACTOR}.ppo_micro_batch_size_per_gpu", 32)
+    mini = _int(run, f"{ACTOR}.ppo_mini_batch_size", 32) * _int(run, f"{ROLLOUT}.n", 1)
+    if not run.setting(f"{ACTOR}.use_dynamic_bsz", False) and micro < mini:
+        overrides.append(f"{ACTOR}.ppo_micro_batch_size_per_gpu={min(2 * micro, mini)}")
+    message = (
+        f"communication exposed: on {_where(trace)} collectives take {_pct(share)} of the device's busy time and "
+        f"compute runs beside them only {_pct(overlap)} of it; reduce gradients during backward, and fewer, larger "
+        "micro-batches mean fewer reductions waited for"
+    )
+    return rule.finding(message, evidence, overrides)
+
+
 RULES: list[Rule] = [
     Rule("rollout-bound", "Generation dominates the step", {"share": 0.6, "over": 1.75}, rollout_bound),
     Rule("training-bound", "Training passes dominate the step", {"share": 0.6, "over": 1.75}, training_bound),
-    Rule("memory-bound", "Memory is near its limit (or ran out)", {"fraction": 0.9}, memory_bound),
+    Rule("memory-bound", "Memory is near its limit (or ran out)", {"fraction": 0.9}, memory_bound, "memory"),
     Rule("straggler-bound", "One rank holds the others back", {"ratio": 1.25, "share": 0.05}, straggler_bound),
     Rule("overhead-bound", "Time outside the training work", {"idle": 0.25, "unaccounted": 0.2}, overhead_bound),
+    Rule("gpu-idle", "The GPU waits for the host", {"idle": 0.5, "min_span_ms": 10.0}, gpu_idle),
+    Rule(
+        "communication-exposed",
+        "Collectives not overlapped with compute",
+        {"share": 0.1, "overlap": 0.3, "min_span_ms": 10.0},
+        communication_exposed,
+    ),
 ]
 """Every rule the diagnosis applies, in order."""
 
@@ -227,9 +349,10 @@ def register_rule(rule: Rule) -> Rule:
 
 def diagnose(report: Report, run: Run, options: ReportOptions) -> list[Finding]:
     """The findings of every rule that fires, in rule order."""
+    device = device_kind(report)
     findings = []
     for rule in RULES:
         found = rule.check(rule, report, run, options)
         if found is not None:
-            findings.append(found)
+            findings.append(_offered(found, rule, device))
     return findings

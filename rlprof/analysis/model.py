@@ -142,6 +142,8 @@ class Finding:
     message: str
     evidence: dict[str, float]
     overrides: list[str]
+    not_offered: list[str] = field(default_factory=list)
+    """Overrides the rule would name that were measured slower on this kind of machine: ``override: measurement``."""
 
 
 @dataclass(frozen=True)

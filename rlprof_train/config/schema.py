@@ -119,6 +119,9 @@ class ActorConfig:
     """ZeRO >= 1: optimizer state on the host (DeepSpeedCPUAdam)."""
     offload_param: bool = False
     """ZeRO 3: parameters on the host."""
+    overlap_comm: Optional[bool] = None
+    """ZeRO >= 1: reduce gradients while backward still runs (DeepSpeed's ``zero_optimization.overlap_comm``);
+    null: DeepSpeed's default (on at ZeRO 3, off at 1 and 2)."""
     ppo_mini_batch_size: int = field(default=32, metadata=bounds(ge=1))
     """Prompts per optimizer step (times ``rollout.n`` responses), over all ranks."""
     ppo_micro_batch_size_per_gpu: int = field(default=32, metadata=bounds(ge=1))
@@ -269,6 +272,8 @@ class CriticConfig:
     """Where the value model starts from."""
     zero_stage: Literal[0, 1, 2, 3] = 1
     """DeepSpeed ZeRO stage of the critic (defaults to the actor's)."""
+    overlap_comm: Optional[bool] = None
+    """Gradient reduction during backward, as the actor's (defaults to the actor's)."""
     ppo_mini_batch_size: int = field(default=32, metadata=bounds(ge=1))
     """Prompts per critic optimizer step over all ranks (defaults to the actor's)."""
     ppo_micro_batch_size_per_gpu: int = field(default=32, metadata=bounds(ge=1))

@@ -45,6 +45,7 @@ class ActorWorker:
             dtype=model.dtype,
             world_size=env.world_size,
             zero_checkpoint=zero_checkpoint,
+            overlap_comm=cfg.overlap_comm,
         )
         self.update_batching = MicroBatching(
             cfg.ppo_micro_batch_size_per_gpu,

@@ -41,6 +41,7 @@ class CriticWorker:
             dtype=model.dtype,
             world_size=env.world_size,
             zero_checkpoint=zero_checkpoint,
+            overlap_comm=cfg.overlap_comm,
         )
         packed = model.use_remove_padding
         self.forward_batching = MicroBatching(

@@ -121,6 +121,7 @@ def deepspeed_config(
     dtype: str,
     world_size: int,
     hidden_size: Optional[int] = None,
+    overlap_comm: Optional[bool] = None,
 ) -> dict[str, Any]:
     """The engine config: the caller owns gradient accumulation (one ``step()`` per mini-batch, however many
     micro-batches it had), so batch sizes here are nominal. ``zero_stage`` is the stage to run
@@ -131,8 +132,10 @@ def deepspeed_config(
     model, measured with ``rlprof memory`` on the host allocation timeline of a ZeRO-Offload run of the tiny model.
     ZeRO 3's other sizes stay DeepSpeed's: with transformers' "auto" prefetch bucket and persistence threshold,
     DeepSpeed 0.19.8 fails with "Cannot partition a param in flight" in the two-rank ZeRO-3 run of
-    ``tests/rlprof_train/test_trainer_e2e.py``."""
+    ``tests/rlprof_train/test_trainer_e2e.py``. ``overlap_comm`` None leaves DeepSpeed's default."""
     zero: dict[str, Any] = {"stage": zero_stage}
+    if overlap_comm is not None and zero_stage > 0:
+        zero["overlap_comm"] = overlap_comm
     if hidden_size:
         zero["reduce_bucket_size"] = hidden_size * hidden_size
     if offload_optimizer:
@@ -163,6 +166,7 @@ def make_engine(
     dtype: str,
     world_size: int,
     zero_checkpoint: bool = False,
+    overlap_comm: Optional[bool] = None,
 ) -> Any:
     """A DeepSpeed engine around ``module`` at :func:`zero_stage_to_run`'s stage, with AdamW: DeepSpeed's CPU Adam
     when the optimizer is offloaded; otherwise torch's AdamW (no extension build), its fused kernel where
@@ -172,7 +176,7 @@ def make_engine(
     stage = zero_stage_to_run(zero_stage, world_size, dtype, offload_optimizer or offload_param, zero_checkpoint)
     hidden_size = getattr(getattr(module, "config", None), "hidden_size", None)
     config = deepspeed_config(
-        stage, offload_optimizer, offload_param, grad_clip, dtype, world_size, hidden_size=hidden_size
+        stage, offload_optimizer, offload_param, grad_clip, dtype, world_size, hidden_size, overlap_comm
     )
     if offload_optimizer:
         params = dict(lr=optim.lr, weight_decay=optim.weight_decay, betas=list(optim.betas))

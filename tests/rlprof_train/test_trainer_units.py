@@ -266,6 +266,27 @@ def test_the_zero_gradient_bucket_is_sized_to_the_model_as_transformers_sizes_au
     assert deepspeed_config(1, False, False, 1.0, "float32", 1)["zero_optimization"] == {"stage": 1}  # no model size
 
 
+def test_overlap_comm_reaches_deepspeed_and_null_keeps_its_default():
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    from rlprof_train.config.load import load_trainer_config
+    from rlprof_train.workers.engine import deepspeed_config
+
+    def overlapped(stage: int, overlap: object) -> bool:
+        zero = deepspeed_config(stage, False, False, 1.0, "float32", 2, overlap_comm=overlap)["zero_optimization"]
+        return bool(DeepSpeedZeroConfig(**zero).overlap_comm)
+
+    assert [overlapped(s, None) for s in (1, 2, 3)] == [False, False, True]  # DeepSpeed's own default
+    assert [overlapped(s, True) for s in (1, 2, 3)] == [True, True, True]
+    assert overlapped(3, False) is False
+    assert (
+        "overlap_comm"
+        not in deepspeed_config(0, False, False, 1.0, "float32", 1, overlap_comm=True)["zero_optimization"]
+    )
+    cfg = load_trainer_config(["actor_rollout_ref.actor.overlap_comm=true"])
+    assert cfg.actor_rollout_ref.actor.overlap_comm is True and cfg.critic.overlap_comm is True  # the critic follows
+
+
 def test_only_zero_1_and_2_on_one_fp32_process_without_offload_run_as_stage_0_where_the_optimizer_clips():
     from rlprof_train.workers.engine import deepspeed_config, zero_stage_to_run
 

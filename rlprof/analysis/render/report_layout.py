@@ -3,11 +3,13 @@ and its charts (step time per phase, the heaviest range's operators, memory)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlprof.analysis.document import Document, Section, Table
 from rlprof.analysis.gpu import GpuSummary
 from rlprof.analysis.model import Report
 from rlprof.analysis.render.memory_layout import timeline_charts, timeline_line
-from rlprof.analysis.render.units import human_bytes, ms, pct, seconds, trend
+from rlprof.analysis.render.units import human_bytes, ms, pct, seconds, short_name, trend
 
 
 def document(report: Report) -> Document:
@@ -60,6 +62,7 @@ def _diagnosis(report: Report) -> Section:
         section.lines.append(f"    evidence: {evidence}")
         if finding.overrides:
             section.lines.append(f"    try: {' '.join(finding.overrides)}")
+        section.lines += [f"    not offered: {line}" for line in finding.not_offered]
     return section
 
 
@@ -113,7 +116,7 @@ def _traces(report: Report) -> Section:
         columns = ["range", "count", "total ms", "self ms", *(["gpu ms", "gpu span ms"] if device else [])]
         rows = [
             [
-                r.label,
+                short_name(r.label),
                 str(r.count),
                 ms(r.total_ms),
                 ms(r.self_ms),
@@ -123,7 +126,7 @@ def _traces(report: Report) -> Section:
         ]
         section.tables.append(Table(columns, rows, f"{RANGE_TITLES[window.range_kind]}, {where}"))
         operators = [
-            [r.label, o.name, o.device, str(o.count), ms(o.self_ms)]
+            [short_name(r.label), short_name(o.name), o.device, str(o.count), ms(o.self_ms)]
             for r in window.ranges
             for o in [*r.top_ops, *r.top_kernels]
         ]
@@ -204,7 +207,7 @@ def _gpu_tables(gpu: GpuSummary, by_step: dict[int, GpuSummary], where: str) -> 
     tables.append(
         Table(
             ["kernel", "kind", "count", "total ms"],
-            [[k.name, k.kind, str(k.count), ms(k.total_us / 1000)] for k in gpu.top_kernels],
+            [[short_name(k.name), k.kind, str(k.count), ms(k.total_us / 1000)] for k in gpu.top_kernels],
             f"Top kernels, {where}",
         )
     )
@@ -318,7 +321,9 @@ def report_charts(report: Report) -> dict[str, list[str]]:
         if heaviest is not None and heaviest.top_ops:
             ops = list(reversed(heaviest.top_ops))
             figure = go.Figure(
-                go.Bar(x=[o.self_ms for o in ops], y=[f"{o.name} ({o.device})" for o in ops], orientation="h")
+                go.Bar(
+                    x=[o.self_ms for o in ops], y=[f"{short_name(o.name)} ({o.device})" for o in ops], orientation="h"
+                )
             )
             figure.update_layout(
                 title=f"Top operators in {heaviest.label} ({window.window}, rank {window.rank}), self ms",
@@ -326,9 +331,34 @@ def report_charts(report: Report) -> dict[str, list[str]]:
                 margin={"l": 260},
             )
             charts[TRACES_TITLE] = [figure_html(figure)]
+        temporal = _gpu_temporal_chart(report)
+        if temporal is not None:
+            charts.setdefault(TRACES_TITLE, []).append(figure_html(temporal))
     if report.memory is not None:
         charts["Memory"] = memory_charts(report)
     return charts
+
+
+def _gpu_temporal_chart(report: Report) -> Any:
+    """HTA's temporal breakdown per rank and step: compute, non-compute (communication, copies, sets not under
+    compute) and idle, which add up to the device's span."""
+    import plotly.graph_objects as go
+
+    bars: list[tuple[str, GpuSummary]] = []
+    for window in report.traces:
+        steps = window.gpu_by_step or ({} if window.gpu is None else {-1: window.gpu})
+        for step, gpu in steps.items():
+            bars.append((f"rank {window.rank}" + (f" #{step}" if step >= 0 else f" {window.window}"), gpu))
+    if not bars:
+        return None
+    figure = go.Figure()
+    labels = [label for label, _ in bars]
+    for name, part in (("compute", "compute_us"), ("non-compute", "non_compute_us"), ("idle", "idle_us")):
+        figure.add_bar(x=labels, y=[getattr(gpu, part) / 1e3 for _, gpu in bars], name=name)
+    figure.update_layout(
+        barmode="stack", title="GPU time per rank and step (ms): compute, non-compute, idle", height=380
+    )
+    return figure
 
 
 def memory_charts(report: Report) -> list[str]:
