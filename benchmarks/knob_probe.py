@@ -24,7 +24,7 @@ import torch
 from rlprof.metrics import MetricAggregator
 from rlprof.tools.host_memory import read_rss, reset_peak
 from rlprof_train.batch import MicroBatching, RolloutBatch
-from rlprof_train.config import load_trainer_config
+from rlprof_train.config.load import load_trainer_config
 from rlprof_train.workers.actor import ActorWorker
 from rlprof_train.workers.engine import init_distributed
 

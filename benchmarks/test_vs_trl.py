@@ -117,7 +117,7 @@ def run_rlprof(geometry: Geometry, seed: int, folder: Path) -> dict:
 
 def step_prompts(geometry: Geometry, seed: int, model: Path) -> list[list[dict]]:
     """The prompts rlprof_train trains on at each step, as text with their token ids."""
-    from rlprof_train.config import load_trainer_config
+    from rlprof_train.config.load import load_trainer_config
     from rlprof_train.data import StepBatches, load_datasets
     from rlprof_train.models import load_tokenizer
 
@@ -206,7 +206,7 @@ def table(geometry: Geometry, pairs: list[dict]) -> str:
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is not installed (scripts/setup.sh does)")
 @pytest.mark.parametrize("geometry", [DEMO, LONG], ids=lambda g: g.name.split(":")[0])
 def test_rlprof_train_steps_faster_than_trl_and_learns_the_same(benchmark, tmp_path, geometry):
-    from rlprof_train.setup import EMBEDDED_MODEL_DIR
+    from rlprof_train.prepare import EMBEDDED_MODEL_DIR
     from rlprof_train.tiny_model import ensure_tiny_model
 
     model = ensure_tiny_model(ROOT / EMBEDDED_MODEL_DIR, geometry.task_size, geometry.task)

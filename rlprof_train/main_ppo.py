@@ -18,7 +18,8 @@ from typing import Optional
 import rlprof
 from rlprof.schema import ConfigError
 from rlprof.session import new_run_id
-from rlprof_train.config import as_dict, load_trainer_config, validate
+from rlprof_train.config import as_dict
+from rlprof_train.config.load import load_trainer_config, validate
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -19,7 +19,7 @@ from rlprof.metrics import (
     timing_shares,
     timing_spread,
 )
-from rlprof.metrics.seed import training_aliases
+from rlprof.metrics.dashboard_keys import training_aliases
 from rlprof_train.batch import RolloutBatch
 from rlprof_train.workers.engine import DistEnv
 

@@ -5,7 +5,7 @@
 Every phase runs under ``marked_timer`` (its time into ``timing_s/*`` and an rlprof range of its role), each step
 under ``rlprof.step``. Ranks are data-parallel: each takes its share of the step's prompts; DeepSpeed averages the
 gradients; metrics are reduced across ranks (:mod:`rlprof_train.step_metrics`) and logged by rank 0. What a run
-prepares before its first step is in :mod:`rlprof_train.setup`.
+prepares before its first step is in :mod:`rlprof_train.prepare`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 import rlprof
 from rlprof.metrics import MetricAggregator, Reduce
-from rlprof_train import algos, checkpoint, setup
+from rlprof_train import algos, checkpoint, prepare
 from rlprof_train.batch import MicroBatching, RolloutBatch
 from rlprof_train.config import TrainerConfig
 from rlprof_train.data import StepBatches, load_datasets, shard
@@ -38,8 +38,8 @@ class PPOTrainer:
     def __init__(self, cfg: TrainerConfig, env: DistEnv, run_id: str, log: Callable[[str], None] = print) -> None:
         self.cfg, self.env, self.log = cfg, env, log
         arr, algorithm, trainer = cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
-        self.run_directory = setup.open_run_directory(cfg, env, log)
-        model_path = setup.prepare_model(cfg, env, log)
+        self.run_directory = prepare.open_run_directory(cfg, env, log)
+        model_path = prepare.prepare_model(cfg, env, log)
         self.tokenizer = load_tokenizer(model_path)
 
         train, self.val_examples, notes = load_datasets(cfg.data, self.tokenizer, trainer.seed)
@@ -60,7 +60,7 @@ class PPOTrainer:
             cfg.custom_reward_function.path, cfg.custom_reward_function.name, cfg.custom_reward_function.timeout_s
         )
         self.reward = RewardWorker(reward, self.tokenizer)
-        resumed_from = setup.resume_point(cfg, env, log)
+        resumed_from = prepare.resume_point(cfg, env, log)
         self.actor = ActorWorker(arr.actor, arr.model, model_path, env, checkpoint.saved_by_zero(resumed_from, "actor"))
         needs_ref = arr.actor.use_kl_loss or algorithm.use_kl_in_reward
         self.ref = RefWorker(arr.ref, arr.model, model_path) if needs_ref else None
@@ -84,8 +84,8 @@ class PPOTrainer:
                     f"{key}={requested} runs as stage 0: on one float32 process ZeRO has nothing to partition "
                     "(the same updates, without its gradient buckets)"
                 )
-        self.rollout = setup.make_rollout(cfg, env, model_path, self.actor, self.tokenizer, log)
-        self.reuse_log_probs = setup.reuses_on_policy_log_probs(cfg, log)
+        self.rollout = prepare.make_rollout(cfg, env, model_path, self.actor, self.tokenizer, log)
+        self.reuse_log_probs = prepare.reuses_on_policy_log_probs(cfg, log)
         self.kl_ctrl = algos.KLController(
             algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.type, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon
         )
@@ -97,9 +97,9 @@ class PPOTrainer:
         )
 
         self.start_step = self.resume(resumed_from) if resumed_from else 1
-        setup.record_run(cfg, env, run_id, self.start_step, resumed_from)
+        prepare.record_run(cfg, env, run_id, self.start_step, resumed_from)
         self.tracker = (
-            setup.make_tracker(cfg, self.total_steps, self.start_step if resumed_from else None)
+            prepare.make_tracker(cfg, self.total_steps, self.start_step if resumed_from else None)
             if env.is_main
             else None
         )

@@ -77,6 +77,17 @@ def _offered(finding: Finding, rule: Rule, device: str) -> Finding:
     return replace(finding, overrides=kept, not_offered=finding.not_offered + not_offered)
 
 
+def _rollout_reads(run: Run, setting: str) -> bool:
+    """Whether the run's rollout backend uses ``actor_rollout_ref.rollout.<setting>``: as rlprof_train's run record
+    says (``run.json``: ``rollout.reads``, from the backend's registration). A run recorded elsewhere (verl) names an
+    engine in ``rollout.name`` (vllm, sglang), which reads verl's engine settings; only its ``hf`` does not."""
+    record = run.record.get("rollout") if isinstance(run.record, dict) else None
+    if isinstance(record, dict) and isinstance(record.get("reads"), list):
+        return setting in record["reads"]
+    name = run.setting(f"{ROLLOUT}.name")
+    return isinstance(name, str) and name != "hf"
+
+
 def _int(run: Run, key: str, default: int) -> int:
     value = run.setting(key, default)
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
@@ -101,7 +112,7 @@ def rollout_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) 
         return None
     gen = next((p for p in b.phases if p.phase == "gen"), None)
     evidence = {"rollout_share": share, **({"gen_median_s": gen.median_s} if gen else {})}
-    if run.setting(f"{ROLLOUT}.name") == "vllm":
+    if _rollout_reads(run, "max_num_batched_tokens"):
         tokens = _int(run, f"{ROLLOUT}.max_num_batched_tokens", 8192)
         overrides = [f"{ROLLOUT}.max_num_batched_tokens={2 * tokens}"]
         utilization = run.setting(f"{ROLLOUT}.gpu_memory_utilization", 0.5)
@@ -279,7 +290,7 @@ def gpu_idle(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Op
     mini = _int(run, f"{ACTOR}.ppo_mini_batch_size", 32) * _int(run, f"{ROLLOUT}.n", 1)
     if not run.setting(f"{ACTOR}.use_dynamic_bsz", False) and micro < mini:
         overrides.append(f"{ACTOR}.ppo_micro_batch_size_per_gpu={min(2 * micro, mini)}")
-    if run.setting(f"{ROLLOUT}.name") == "vllm" and run.setting(f"{ROLLOUT}.enforce_eager", True):
+    if _rollout_reads(run, "enforce_eager") and run.setting(f"{ROLLOUT}.enforce_eager", True):
         overrides.append(f"{ROLLOUT}.enforce_eager=false")
     message = (
         f"GPU idle: on {_where(trace)} the device is idle {_pct(idle)} of the {gpu.span_us / 1e3:.3g} ms it was traced"

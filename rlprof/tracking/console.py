@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from rlprof.metrics.seed import KL_KEYS
+from rlprof.metrics.dashboard_keys import KL_KEYS
 from rlprof.tracking.base import Backend, BackendContext, first_present, register_backend
 
 LOSS_KEYS = ("actor/pg_loss", "critic/vf_loss")

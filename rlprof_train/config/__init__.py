@@ -1,6 +1,6 @@
-"""The trainer's configuration: typed schema (:mod:`.schema`), defaults (``ppo_trainer.yaml``), loading."""
+"""The trainer's configuration: the typed schema (:mod:`.schema`) and its defaults (``ppo_trainer.yaml``); loading
+and validation are in :mod:`.load`."""
 
-from rlprof_train.config.load import DEFAULTS, as_dict, load_trainer_config, merged_yaml, validate
-from rlprof_train.config.schema import TrainerConfig
+from rlprof_train.config.schema import TrainerConfig, as_dict
 
-__all__ = ["DEFAULTS", "TrainerConfig", "as_dict", "load_trainer_config", "merged_yaml", "validate"]
+__all__ = ["TrainerConfig", "as_dict"]

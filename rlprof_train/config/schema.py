@@ -8,6 +8,7 @@ fails naming the key, the value and what is allowed. Each worker receives only i
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
@@ -202,8 +203,8 @@ class ValKwargs:
 class RolloutConfig:
     """Generation (HF generate or vLLM) and the old-log-prob pass."""
 
-    name: Literal["hf", "vllm"] = "hf"
-    """Backend: hf (transformers generate) or vllm."""
+    name: str = "hf"
+    """A registered rollout backend: hf (transformers generate), vllm, or your own (``register_rollout``)."""
     temperature: float = field(default=1.0, metadata=bounds(ge=0))
     """Sampling temperature (0: greedy)."""
     top_p: float = field(default=1.0, metadata=bounds(gt=0, le=1))
@@ -411,3 +412,8 @@ class TrainerConfig:
     trainer: TrainerSection = field(default_factory=TrainerSection)
     global_profiler: dict[str, Any] = field(default_factory=dict)
     """rlprof's global block; checked by ``rlprof.config.load_config``."""
+
+
+def as_dict(cfg: TrainerConfig) -> dict[str, Any]:
+    """The configuration as plain nested data (for trackers, the saved run config and rlprof)."""
+    return dataclasses.asdict(cfg)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from rlprof.schema import ConfigError
 from rlprof_train import algos
 from rlprof_train.config.schema import TrainerConfig
+from rlprof_train.workers.rollout import rollout_spec
 
 ARR = "actor_rollout_ref"
 Applies = Callable[[TrainerConfig], bool]
@@ -108,20 +109,18 @@ def _has_ref(cfg: TrainerConfig) -> bool:
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
-def _vllm(cfg: TrainerConfig) -> bool:
-    return cfg.actor_rollout_ref.rollout.name == "vllm"
+def _read_by_rollout(setting: str, device: Optional[str] = None) -> Callable[[TrainerConfig], bool]:
+    """Applies when the run's rollout backend reads ``actor_rollout_ref.rollout.<setting>`` (its registration's
+    ``reads``), and, with ``device``, only on that kind of machine (``cuda`` or ``cpu``)."""
 
+    def applies(cfg: TrainerConfig) -> bool:
+        import torch
 
-def _vllm_on_gpu(cfg: TrainerConfig) -> bool:
-    import torch
+        if setting not in rollout_spec(cfg.actor_rollout_ref.rollout.name).reads:
+            return False
+        return device is None or (device == "cuda") == torch.cuda.is_available()
 
-    return _vllm(cfg) and torch.cuda.is_available()
-
-
-def _vllm_on_cpu(cfg: TrainerConfig) -> bool:
-    import torch
-
-    return _vllm(cfg) and not torch.cuda.is_available()
+    return applies
 
 
 def _mini(cfg: TrainerConfig) -> int:
@@ -149,9 +148,17 @@ KNOBS = (
     flag(f"{ARR}.actor.entropy_checkpointing", _always),
     flag(f"{ARR}.actor.entropy_from_logits_with_chunking", _always),
     flag(f"{ARR}.ref.entropy_from_logits_with_chunking", _has_ref),
-    choices(f"{ARR}.rollout.max_num_batched_tokens", (2048, 4096, 8192, 16384, 32768), _vllm),
-    choices(f"{ARR}.rollout.gpu_memory_utilization", (0.3, 0.5, 0.7, 0.9), _vllm_on_gpu),
-    choices(f"{ARR}.rollout.kv_cache_space_gb", (1, 2, 4), _vllm_on_cpu),
+    choices(
+        f"{ARR}.rollout.max_num_batched_tokens",
+        (2048, 4096, 8192, 16384, 32768),
+        _read_by_rollout("max_num_batched_tokens"),
+    ),
+    choices(
+        f"{ARR}.rollout.gpu_memory_utilization",
+        (0.3, 0.5, 0.7, 0.9),
+        _read_by_rollout("gpu_memory_utilization", "cuda"),
+    ),
+    choices(f"{ARR}.rollout.kv_cache_space_gb", (1, 2, 4), _read_by_rollout("kv_cache_space_gb", "cpu")),
 )
 TUNABLE = tuple(part for knob in KNOBS for part in knob.key.split("+"))
 """Every key a trial may change."""

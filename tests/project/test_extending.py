@@ -1,17 +1,20 @@
-"""docs/extending.md's three worked examples, run as written: a tool, a backend and an advantage estimator added
-from user code with one registration each, then used through the public config."""
+"""docs/extending.md's worked examples, run as written: a tool, a tracking backend, an advantage estimator, a
+rollout backend, a diagnosis rule and an input source, each added from user code with one registration and then used
+through the public config or command line."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 
+import pytest
 import torch
 
 import rlprof
 from rlprof.manifest import read_manifest
 
-from conftest import ROOT
+from conftest import ROOT, subprocess_env, trainer_command
 
 BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "extending.md").read_text(), re.S)
 
@@ -24,7 +27,7 @@ def run_blocks(*indices, **names):
 
 
 def test_the_documents_examples_are_all_here():
-    assert len(BLOCKS) == 4
+    assert len(BLOCKS) == 7
 
 
 def test_a_tool_registered_from_user_code_records_through_the_public_config(tmp_path):
@@ -45,7 +48,7 @@ def test_a_tool_registered_from_user_code_records_through_the_public_config(tmp_
 def test_a_backend_registered_from_user_code_receives_the_metrics(tmp_path):
     run_blocks(2, log_dir=tmp_path)
     assert (tmp_path / "metrics.csv").read_text() == "1,reward/mean,0.5\n"
-    from rlprof_train.config import load_trainer_config, validate
+    from rlprof_train.config.load import load_trainer_config, validate
 
     validate(load_trainer_config(["trainer.logger=[console,csv]"]))  # and the trainer accepts its name
 
@@ -63,3 +66,70 @@ def test_an_estimator_registered_from_user_code_is_used_by_the_trainer_config(ca
         assert "grpo_max_baseline compares the n responses of a prompt; use n >= 2" in capsys.readouterr().err
     finally:
         del algos.ADV_ESTIMATORS["grpo_max_baseline"]
+
+
+def test_a_rollout_registered_in_the_reward_file_trains_by_name(tmp_path):
+    code = tmp_path / "oracle.py"
+    code.write_text(BLOCKS[4])
+    command = trainer_command(
+        tmp_path,
+        f"custom_reward_function.path={code}",
+        "actor_rollout_ref.rollout.name=oracle",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=4096",  # a vLLM setting the oracle does not read
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.rollout.n=2",
+    )
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    assert "the oracle backend ignores the vLLM engine settings max_num_batched_tokens=4096" in out
+    steps = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    scores = [r["critic/score/mean"] for r in steps if "critic/score/mean" in r]
+    assert scores == [1.0, 1.0]  # every response is its prompt's answer
+    record = json.loads((tmp_path / "logs" / "run.json").read_text())
+    assert record["rollout"] == {"name": "oracle", "reads": [], "returns_log_probs": False}
+
+
+def test_a_rule_registered_from_user_code_fires_in_the_report(tmp_path):
+    from rlprof.analysis import diagnose
+    from rlprof.analysis.model import ReportOptions
+    from rlprof.analysis.report import build_report
+    from rlprof.analysis.run import find_run
+    from rlprof.tracking import Tracker
+
+    run_blocks(5)
+    try:
+        with Tracker("p", "long-tail", ["file"], log_dir=tmp_path) as tracker:
+            for step in range(1, 21):
+                seconds = 3.0 if step % 5 == 0 else 1.0  # every fifth step three times as long
+                tracker.log({"timing_s/step": seconds, "timing_s/gen": seconds / 2}, step=step)
+        report = build_report(find_run([tmp_path]), ReportOptions())
+        (finding,) = [f for f in report.findings if f.rule == "long-tail"]
+        assert finding.evidence["p90_over_median"] == pytest.approx(3.0)
+    finally:
+        diagnose.RULES[:] = [r for r in diagnose.RULES if r.name != "long-tail"]
+
+
+def test_a_source_registered_from_user_code_is_read_by_rlprof_report(tmp_path, capsys):
+    from rlprof.analysis import sources
+    from rlprof.cli import main
+
+    run_blocks(6)
+    try:
+        rows = ["thread,name,start_us,duration_us", "main,rollout/gen,0,500", "main,actor/update,600,300"]
+        rows += ["main,rollout/gen,1000,700", "loader,prefetch,0,900"]
+        (tmp_path / "ranges.csv").write_text("\n".join(rows) + "\n")
+        assert main(["report", str(tmp_path), "--format", "json"]) == 0
+        (trace,) = json.loads(capsys.readouterr().out)["traces"]
+        totals = {r["label"]: (r["count"], r["total_ms"]) for r in trace["ranges"]}
+        assert trace["source"] == "range_csv" and trace["range_kind"] == "range"
+        assert totals == {"rollout/gen": (2, 1.2), "actor/update": (1, 0.3)}
+        (tmp_path / "ranges.csv").write_text("thread,name,start_us,duration_us\nmain,rollout/gen,soon,5\n")
+        assert main(["report", str(tmp_path / "ranges.csv"), "--format", "json"]) == 2
+        assert "ranges.csv:2: start_us and duration_us must be numbers" in capsys.readouterr().err
+    finally:
+        del sources._SOURCES["range_csv"]

@@ -355,7 +355,7 @@ def test_data_metrics_explain_the_values_and_count_aborted_responses():
 
 
 def test_seed_dashboard_aliases_come_from_the_verl_names():
-    from rlprof.metrics.seed import training_aliases
+    from rlprof.metrics.dashboard_keys import training_aliases
 
     assert training_aliases(
         {

@@ -9,7 +9,7 @@ import torch
 from rlprof.metrics import MetricAggregator
 from rlprof_train import algos
 from rlprof_train.batch import RolloutBatch, pack, padded_budget_micro_batches, token_budget_micro_batches
-from rlprof_train.config import load_trainer_config
+from rlprof_train.config.load import load_trainer_config
 from rlprof_train.models import ValueModel, load_causal_lm, response_log_probs
 from rlprof_train.tiny_model import build_tiny_llama, build_tokenizer
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from rlprof.config import ConfigError
-from rlprof_train.config import as_dict, load_trainer_config, validate
+from rlprof_train.config import as_dict
+from rlprof_train.config.load import load_trainer_config, validate
 from rlprof_train.main_ppo import main
 
 
@@ -50,7 +51,8 @@ def test_schema_and_yaml_agree_key_by_key():
 
     from omegaconf import OmegaConf
 
-    from rlprof_train.config import DEFAULTS, TrainerConfig
+    from rlprof_train.config import TrainerConfig
+    from rlprof_train.config.load import DEFAULTS
 
     def yaml_keys(node, prefix=""):
         out = set()
@@ -164,7 +166,7 @@ def test_missing_model_directory_without_config_json(tmp_path, capsys):
     ],
 )
 def test_reusing_on_policy_log_probs_applies_only_where_the_update_is_on_policy(overrides, reason):
-    from rlprof_train.setup import reuses_on_policy_log_probs
+    from rlprof_train.prepare import reuses_on_policy_log_probs
 
     lines: list[str] = []
     cfg = load_trainer_config(["actor_rollout_ref.actor.reuse_on_policy_log_probs=true", *overrides])

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from rlprof_train.config import load_trainer_config
+from rlprof_train.config.load import load_trainer_config
 from rlprof_train.tune.cli import main
 from rlprof_train.tune.space import KNOBS, TUNABLE, knobs_for
 

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import torch
 
-from rlprof_train.config import load_trainer_config
+from rlprof_train.config.load import load_trainer_config
 from rlprof_train.data import Example
 from rlprof_train.workers.rollout.base import SamplingParams
 

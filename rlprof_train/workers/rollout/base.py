@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -24,9 +23,26 @@ class SamplingParams:
 
 
 class Rollout(ABC):
-    """Generates responses for prompts; ``sync_weights`` makes it sample from the actor's current weights."""
+    """Generates responses for prompts; ``sync_weights`` makes it sample from the actor's current weights.
+
+    The contract (register a backend with :func:`~rlprof_train.workers.rollout.registry.register_rollout`):
+
+    - ``generate(prompts, sampling)`` returns a :class:`RolloutBatch` of ``len(prompts) * sampling.n`` rows, prompt
+      ``i``'s responses at rows ``i*n .. i*n+n-1``, each cut after its first EOS and right-padded to
+      ``sampling.response_length`` (:func:`build_rollout_batch` assembles exactly that from token ids). It runs on
+      every rank with that rank's prompts, inside the trainer's ``rollout/gen`` range, so every rlprof tool's window
+      covers it with nothing to do; a backend registered with ``returns_log_probs`` also sets
+      ``batch.extras["rollout_log_probs"]`` ([B, T], the sampling distribution's log-probs, 0 outside the response).
+    - ``sync_weights()`` runs after every actor update (inside ``rollout/update_weights``) and after a resume.
+    - ``close()`` runs once at the end, also after a failure.
+    - A backend whose engine records on its own (an engine-side profiler) follows rlprof's windows as a
+      :class:`rlprof.window.WindowListener` (``rlprof.get_session().add_window_listener(self)``), publishes what the
+      engine wrote with ``session.record_output(..., format=...)`` so ``rlprof report`` finds it, and removes itself
+      in ``close()`` (see :mod:`~rlprof_train.workers.rollout.vllm`).
+    """
 
     name = "rollout"
+    """The registered name (set by the registry)."""
 
     @abstractmethod
     def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch: ...
@@ -67,9 +83,3 @@ def build_rollout_batch(
         n=n,
         temperature=sampling.temperature,
     )
-
-
-def ignored_knobs_note(rollout_cfg: Any, backend: str, knobs: tuple[str, ...]) -> str:
-    """One log line naming the vLLM knobs a backend does not use, with their values."""
-    values = ", ".join(f"{k}={getattr(rollout_cfg, k)}" for k in knobs)
-    return f"rollout: the {backend} backend ignores the vLLM engine settings {values}"

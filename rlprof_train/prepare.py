@@ -22,8 +22,10 @@ from rlprof_train import checkpoint
 from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.run_dir import RunLock, stale_note, write_run_record
 from rlprof_train.tiny_model import embedded_model_name, ensure_tiny_model
+from rlprof_train.workers.actor import ActorWorker
 from rlprof_train.workers.engine import DistEnv
-from rlprof_train.workers.rollout import Rollout
+from rlprof_train.workers.rollout import Rollout, RolloutContext, create_rollout, rollout_spec
+from rlprof_train.workers.rollout.registry import backend_facts, ignored_settings
 
 EMBEDDED_MODEL_DIR = Path("outputs/models")
 Log = Callable[[str], None]
@@ -94,6 +96,7 @@ def record_run(cfg: TrainerConfig, env: DistEnv, run_id: str, start_step: int, r
         else None,
         start_step=start_step,
         resumed_from=str(resumed_from) if resumed_from else None,
+        rollout=backend_facts(rollout_spec(cfg.actor_rollout_ref.rollout.name)),
     )
 
 
@@ -135,32 +138,16 @@ def model_digest(folder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def make_rollout(cfg: TrainerConfig, env: DistEnv, model_path: str, actor: Any, tokenizer: Any, log: Log) -> Rollout:
-    """The rollout backend named by ``actor_rollout_ref.rollout.name``."""
+def make_rollout(
+    cfg: TrainerConfig, env: DistEnv, model_path: str, actor: ActorWorker, tokenizer: Any, log: Log
+) -> Rollout:
+    """The rollout backend registered as ``actor_rollout_ref.rollout.name``; the engine settings it ignores that the
+    config changed are named once."""
     rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name == "vllm":
-        from rlprof_train.workers.rollout.vllm import VLLMRollout
-
-        return VLLMRollout(
-            rollout,
-            model_path,
-            actor,
-            tokenizer,
-            zero_stage=cfg.actor_rollout_ref.actor.zero_stage,
-            max_prompt_length=cfg.data.max_prompt_length,
-            seed=cfg.trainer.seed,
-        )
-    from rlprof_train.workers.rollout.base import ignored_knobs_note
-    from rlprof_train.workers.rollout.hf import VLLM_ONLY_KNOBS, HFRollout
-
     if env.is_main:
-        log(ignored_knobs_note(rollout, "hf", VLLM_ONLY_KNOBS))
-    return HFRollout(
-        lambda: actor.module,
-        tokenizer,
-        cfg.actor_rollout_ref.actor.zero_stage,
-        rollout.micro_batch_size,
-    )
+        for line in ignored_settings(rollout_spec(rollout.name), rollout):
+            log(line)
+    return create_rollout(RolloutContext(cfg, env, model_path, actor, tokenizer, log))
 
 
 def reuses_on_policy_log_probs(cfg: TrainerConfig, log: Log) -> bool:
@@ -180,8 +167,9 @@ def reuses_on_policy_log_probs(cfg: TrainerConfig, log: Log) -> bool:
         )
     if cfg.algorithm.use_kl_in_reward:
         reasons.append("algorithm.use_kl_in_reward needs the old log-probs before the update")
-    if cfg.actor_rollout_ref.rollout.name == "vllm":
-        reasons.append("the vllm rollout's log-probs are compared with them (rollout/log_prob_abs_diff)")
+    backend = cfg.actor_rollout_ref.rollout.name
+    if rollout_spec(backend).returns_log_probs:
+        reasons.append(f"the {backend} rollout's log-probs are compared with them (rollout/log_prob_abs_diff)")
     if reasons:
         log(f"{key}=true is not applied: " + "; ".join(reasons))
         return False

@@ -1,0 +1,157 @@
+"""The one registry of rollout backends: a name, what the backend reads and returns, and a factory.
+
+::
+
+    @register_rollout("echo")
+    class EchoRollout(Rollout):
+        def __init__(self, context: RolloutContext): ...
+        def generate(self, prompts, sampling): ...
+
+The name becomes a valid ``actor_rollout_ref.rollout.name``; the factory (a :class:`Rollout` subclass or any
+function ``(RolloutContext) -> Rollout``) is what the trainer starts. What the trainer, ``tune`` and ``rlprof report``
+need to know about a backend is a property of its registration, never a test of its name:
+
+- ``reads``: the engine settings of ``actor_rollout_ref.rollout`` it uses, beyond the sampling settings every
+  backend reads (``n``, ``temperature``, ``top_p``, ``top_k``, ``response_length``). A setting another backend
+  reads and this one does not is named once in the log when it is not at its default; ``tune`` searches only the
+  settings the backend reads; the run record lists them for ``rlprof report``'s advice.
+- ``returns_log_probs``: the backend puts the sampling distribution's log-probs of the responses in
+  ``batch.extras["rollout_log_probs"]`` ([B, T], zero outside the response mask). The trainer then logs
+  ``rollout/log_prob_abs_diff`` against the actor's and keeps the old-log-prob pass.
+- ``preflight``: ``(TrainerConfig) -> problem or None``, run when the config is validated, before any model loads
+  (e.g. "vLLM is not installed").
+
+The contract of the backend itself is :class:`~rlprof_train.workers.rollout.base.Rollout`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
+
+from rlprof.schema import ConfigError
+from rlprof_train.config.schema import RolloutConfig, TrainerConfig
+from rlprof_train.workers.engine import DistEnv
+from rlprof_train.workers.rollout.base import Rollout
+
+if TYPE_CHECKING:
+    from rlprof_train.workers.actor import ActorWorker
+
+T = TypeVar("T")
+KEY = "actor_rollout_ref.rollout.name"
+
+
+@dataclass(frozen=True)
+class RolloutContext:
+    """What a backend is built from."""
+
+    cfg: TrainerConfig
+    """The run's whole configuration (the backend's own block: ``cfg.actor_rollout_ref.rollout``)."""
+    env: DistEnv
+    """This process's rank, world size and collectives."""
+    model_path: str
+    """The policy's model directory (the same on every rank)."""
+    actor: ActorWorker
+    """The policy: ``actor.module`` holds its current weights (gathered under ZeRO 3 with
+    ``deepspeed.zero.GatheredParameters``); a backend with its own copy reloads them in ``sync_weights``."""
+    tokenizer: Any
+    """The policy's tokenizer (``pad_token_id`` and ``eos_token_id`` set)."""
+    log: Callable[[str], None]
+    """One line to the trainer's log (rank 0 prints it)."""
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    name: str
+    factory: Callable[[RolloutContext], Rollout]
+    title: str
+    """How the log names the backend (``vLLM``)."""
+    reads: tuple[str, ...]
+    """The engine settings of ``actor_rollout_ref.rollout`` it uses (see the module doc)."""
+    returns_log_probs: bool
+    """It fills ``batch.extras["rollout_log_probs"]``."""
+    preflight: Optional[Callable[[TrainerConfig], Optional[str]]]
+
+
+_ROLLOUTS: dict[str, RolloutSpec] = {}
+
+
+def register_rollout(
+    name: str,
+    *,
+    title: Optional[str] = None,
+    reads: tuple[str, ...] = (),
+    returns_log_probs: bool = False,
+    preflight: Optional[Callable[[TrainerConfig], Optional[str]]] = None,
+) -> Callable[[T], T]:
+    """Register a :class:`Rollout` subclass taking a :class:`RolloutContext` (or a factory function) as ``name``."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"register_rollout: name={name!r} must be an identifier such as 'hf' or 'my_engine'")
+    settings = {f.name for f in dataclasses.fields(RolloutConfig)}
+    unknown = [key for key in reads if key not in settings]
+    if unknown:
+        raise ValueError(f"register_rollout({name!r}): reads={unknown} are not keys of actor_rollout_ref.rollout")
+
+    def register(factory: T) -> T:
+        if not callable(factory):
+            raise TypeError(f"register_rollout({name!r}): {factory!r} is neither a Rollout class nor a factory")
+        if isinstance(factory, type) and not issubclass(factory, Rollout):
+            raise TypeError(f"register_rollout({name!r}): {factory.__name__} does not subclass Rollout")
+        _ROLLOUTS[name] = RolloutSpec(name, factory, title or name, tuple(reads), returns_log_probs, preflight)
+        return factory
+
+    return register
+
+
+def rollout_names() -> list[str]:
+    return list(_ROLLOUTS)
+
+
+def rollout_spec(name: str) -> RolloutSpec:
+    try:
+        return _ROLLOUTS[name]
+    except KeyError:
+        raise ConfigError(
+            f"{KEY}: {name!r} is not a registered rollout; choose one of: {', '.join(rollout_names())}"
+        ) from None
+
+
+def check_rollout(cfg: TrainerConfig) -> None:
+    """The backend is registered and its preflight finds nothing (a :class:`ConfigError` naming the key)."""
+    name = cfg.actor_rollout_ref.rollout.name
+    spec = rollout_spec(name)
+    problem = spec.preflight(cfg) if spec.preflight else None
+    if problem:
+        raise ConfigError(f"{KEY}={name!r}: {problem}")
+
+
+def create_rollout(context: RolloutContext) -> Rollout:
+    """Start the backend named by the config; the instance's ``name`` is the registered one."""
+    spec = rollout_spec(context.cfg.actor_rollout_ref.rollout.name)
+    rollout = spec.factory(context)
+    rollout.name = spec.name
+    return rollout
+
+
+def ignored_settings(spec: RolloutSpec, rollout: RolloutConfig) -> list[str]:
+    """One line per other backend whose engine settings this one does not read and the config changed."""
+    defaults = {f.name: f.default for f in dataclasses.fields(RolloutConfig)}
+    lines = []
+    for other in _ROLLOUTS.values():
+        changed = [
+            f"{key}={getattr(rollout, key)}"
+            for key in other.reads
+            if key not in spec.reads and getattr(rollout, key) != defaults[key]
+        ]
+        if other is not spec and changed:
+            lines.append(
+                f"rollout: the {spec.name} backend ignores the {other.title} engine settings {', '.join(changed)}"
+            )
+    return lines
+
+
+def backend_facts(spec: RolloutSpec) -> dict[str, Any]:
+    """What the run record says about the backend (``run.json``: ``rollout``), for ``rlprof report``."""
+    return {"name": spec.name, "reads": list(spec.reads), "returns_log_probs": spec.returns_log_probs}
