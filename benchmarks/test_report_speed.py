@@ -3,8 +3,9 @@
 - **Start-up**: ``rlprof report`` on a small trace recorded on a GPU (the corpus's ``hta_event_sync_trace``) in a
   fresh process: its peak RSS (VmHWM, the whole process) under 100 MB, and no torch imported.
 - **Large traces**: a GPU trace from the corpus (``hta_trace_diff_v100_rank1``: V100, NCCL, one kernel or copy in
-  four events) tiled to ``RLPROF_BENCH_TRACE_MB`` uncompressed (default 400; the README's figures are from 1024:
-  ``RLPROF_BENCH_TRACE_MB=1024 .venv/bin/python -m pytest benchmarks/test_report_speed.py -s``), as written and with
+  four events) tiled to ``RLPROF_BENCH_TRACE_MB`` uncompressed (default 400; the 1 GB figures of
+  docs/performance_tuning.md: ``RLPROF_BENCH_TRACE_MB=1024 .venv/bin/python -m pytest benchmarks/test_report_speed.py
+  -s``), as written and with
   its busiest thread written in reverse order. Each is read in a fresh process by rlprof's one pass (ranges, self
   times, operators, steps, device time per range, the GPU summaries) and by HTA (load, per-annotation totals,
   temporal and kernel breakdowns). Targets: rlprof at least 10x faster, whole-process peak RSS at most 256 MiB.

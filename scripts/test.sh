@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set up (if needed), check lint, format and types (ruff, mypy), run every test, the slow end-to-end ones included,
-# then the benchmarks.
+# Set up (if needed), check lint, format and types (ruff, mypy), the import graph and the documentation site (mkdocs
+# --strict: a broken link fails), run every test, the slow end-to-end ones included, then the benchmarks.
 # Quick loop while developing: .venv/bin/python -m pytest -m "not slow"
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,5 +9,6 @@ bash scripts/setup.sh
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 .venv/bin/python scripts/import_graph.py
+.venv/bin/mkdocs build --strict --quiet
 .venv/bin/python -m pytest tests --durations=15 "$@"
 .venv/bin/python -m pytest benchmarks -p no:cacheprovider --benchmark-columns=min,mean,rounds -q -s

@@ -30,7 +30,7 @@ MODEL = "actor_rollout_ref.model"
 MEASURED_SLOWER: dict[tuple[str, str], str] = {
     (f"{MODEL}.use_remove_padding=true", "cpu"): (
         "measured 1.51x slower per step on a 2-core CPU by rlprof_train.tune (PyTorch's math attention over the "
-        "packed row; README, Tuning)"
+        "packed row; docs/tuning.md)"
     ),
     (f"{MODEL}.enable_gradient_checkpointing=true", "cpu"): (
         "measured 1.40x slower per step by rlprof_train.tune and 0.78x-0.87x the update speed by the knob "

@@ -1,5 +1,5 @@
-"""rlprof report on the README demo's run (the real trainer, torch tool on steps 2-3 with memory): every section,
-the HTML page opened offline in Chromium, and the per-annotation totals against Holistic Trace Analysis."""
+"""rlprof report on the demo's run (scripts/demo.sh: the real trainer, torch tool on steps 2-3 with memory): every
+section, the HTML page opened offline in Chromium, and the per-annotation totals against Holistic Trace Analysis."""
 
 from __future__ import annotations
 

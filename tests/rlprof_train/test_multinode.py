@@ -3,7 +3,7 @@ directory (no shared outputs/, so each builds its own copy of the embedded model
 node's save_path holds its own rank's trace with a manifest naming host and rank, and rlprof report given both save
 paths reports both ranks. A checkpoint folder that is not shared stops every rank at start with one line, no hang.
 
-The command is the README's multi-node recipe with both nodes' addresses set to this machine."""
+The command is the multi-node recipe of docs/multinode.md with both nodes' addresses set to this machine."""
 
 from __future__ import annotations
 

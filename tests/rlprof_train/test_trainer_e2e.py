@@ -74,7 +74,7 @@ def assert_learns(curve: list[float], label: str, plateau_steps: int = 50) -> No
 
 
 def test_grpo_learns_the_arithmetic_task(tmp_path):
-    run_trainer(tmp_path, "trainer.test_freq=100")  # the README demo's settings: GRPO, 300 steps
+    run_trainer(tmp_path, "trainer.test_freq=100")  # the demo's settings: GRPO, 300 steps
     assert_learns(rewards(tmp_path), "GRPO")
     val = [
         r for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl") if "val-core/rlprof/arithmetic/reward/mean@1" in r
@@ -84,8 +84,8 @@ def test_grpo_learns_the_arithmetic_task(tmp_path):
 
 
 def test_gae_actor_critic_learns_the_arithmetic_task(tmp_path):
-    # the README's command: one response per prompt makes the curve noisier than GRPO's, so the plateau is the mean
-    # of the last 100 steps; the README also states the low entropy from step 200 and the 25-step means after 125
+    # docs/trainer.md's command: one response per prompt makes the curve noisier than GRPO's, so the plateau is the mean
+    # of the last 100 steps; the page also states the low entropy from step 200 and the 25-step means after 125
     result = run_trainer(
         tmp_path,
         "algorithm.adv_estimator=gae",

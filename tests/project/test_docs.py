@@ -1,0 +1,53 @@
+"""The documentation's own promises: the claims map names tests that exist, the guide pages name none (the map is
+the one place), the README is a short guide that starts with the two commands, and every page is in the site."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from conftest import ROOT
+
+DOCS = ROOT / "docs"
+REFERENCE = re.compile(r"`((?:tests|benchmarks)/[\w/]+\.py)::(\w+)`")
+
+
+def test_every_test_the_claims_map_names_exists():
+    references = REFERENCE.findall((DOCS / "claims.md").read_text())
+    assert len(references) > 100
+    missing = []
+    for path, name in references:
+        source = ROOT / path
+        if not source.is_file() or not re.search(rf"^def {name}\(", source.read_text(), re.M):
+            missing.append(f"{path}::{name}")
+    assert missing == []
+
+
+def test_the_guide_pages_name_no_test_files():
+    pages = [ROOT / "README.md", *(p for p in DOCS.glob("*.md") if p.name != "claims.md")]
+    named = {p.name: re.findall(r"tests/[\w/]+\.py", p.read_text()) for p in pages}
+    assert {name: found for name, found in named.items() if found} == {}
+
+
+def test_the_readme_is_a_short_guide_with_the_two_commands():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200
+    assert (
+        lines[:5]
+        == [
+            "# rlprof",
+            "",
+            "```bash",
+            lines[3],
+            lines[4],
+        ]
+        and lines[3].startswith("bash scripts/demo.sh")
+        and lines[4].startswith("bash scripts/test.sh")
+    )
+
+
+def test_every_page_is_in_the_site_navigation():
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    listed = {page for entry in nav for page in entry.values()}
+    assert listed == {p.name for p in DOCS.glob("*.md")}
