@@ -87,6 +87,7 @@ def main(name: str, shape: str, overrides: list[str]) -> None:
         small_model(path, shape)
         cfg = load_trainer_config(
             [
+                "--config-name=demo",
                 f"actor_rollout_ref.model.path={path}",
                 "actor_rollout_ref.actor.zero_stage=0",
                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",

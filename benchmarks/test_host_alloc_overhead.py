@@ -28,6 +28,7 @@ def trainer_run(folder: Path, *overrides: str) -> tuple[float, float]:
         sys.executable,
         "-m",
         "rlprof_train.main_ppo",
+        "--config-name=demo",
         f"trainer.log_dir={folder / 'logs'}",
         f"trainer.default_local_dir={folder / 'ckpt'}",
         'trainer.logger=["file"]',

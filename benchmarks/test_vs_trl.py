@@ -67,6 +67,7 @@ LONG = Geometry(  # the 4-layer reverse model; prompts of 9-38 tokens, responses
 def trainer_overrides(geometry: Geometry, seed: int, folder: Path) -> list[str]:
     micro = geometry.micro_batch
     return [
+        "--config-name=demo",
         f"data.task={geometry.task}",
         f"data.task_max_operand={geometry.task_size}",
         f"data.max_prompt_length={geometry.prompt_length}",

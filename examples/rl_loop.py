@@ -31,6 +31,7 @@ DEFAULTS = """
 global_profiler:
   tool: null
   steps: null
+  profile_continuous_steps: false
   save_path: outputs/example_profile
 role_profiler: {enable: true, all_ranks: false, ranks: [0]}
 rollout: {profiler: "${role_profiler}"}

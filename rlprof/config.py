@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -82,7 +83,11 @@ class GlobalProfilerConfig:
     tool: Optional[str] = None
     """Which tool records: null (none) or a registered tool (nsys, torch, torch_memory, range_times, or your own)."""
     steps: Optional[list[int]] = None
-    """Training steps to record; contiguous runs form one window each. null: the tool's step window, or all steps."""
+    """Training steps to record, each step its own window (see ``profile_continuous_steps``). null: the tool's step
+    window (``step_start``..``step_end``, one window), or all steps."""
+    profile_continuous_steps: bool = False
+    """verl's: consecutive ``steps`` form one window (one capture, one trace), recording what runs between them;
+    false: each step is a window of its own."""
     save_path: str = "outputs/profile"
     """Folder for traces, snapshots and manifest.jsonl."""
     global_tool_config: ToolConfigs = field(default_factory=lambda: ToolConfigs(_default_tool_settings()))
@@ -126,6 +131,8 @@ class StepSelection:
     steps: Optional[frozenset[int]] = None
     start: Optional[int] = None
     end: Optional[int] = None
+    continuous: bool = False
+    """Consecutive ``steps`` form one window (a step window always is one)."""
 
     def __contains__(self, step: int) -> bool:
         if self.steps is not None:
@@ -138,6 +145,10 @@ class StepSelection:
     def selects_all(self) -> bool:
         return self.steps is None and self.start is None and self.end is None
 
+    def joins(self, step: int) -> bool:
+        """Whether ``step`` continues the window of ``step - 1`` (both selected, in one window)."""
+        return step in self and step - 1 in self and (self.steps is None or self.continuous)
+
     def last(self) -> Optional[int]:
         """The last selected step, or None when the selection is open-ended."""
         if self.steps is not None:
@@ -149,7 +160,7 @@ class StepSelection:
         if self.steps is not None:
             runs: list[tuple[int, int]] = []
             for step in sorted(self.steps):
-                if runs and step == runs[-1][1] + 1:
+                if runs and self.joins(step) and step == runs[-1][1] + 1:
                     runs[-1] = (runs[-1][0], step)
                 else:
                     runs.append((step, step))
@@ -353,7 +364,8 @@ def resolve_step_selection(gp: GlobalProfilerConfig) -> StepSelection:
                 f"global_profiler.steps={sorted(steps)} conflicts with global_profiler.global_tool_config."
                 f"{gp.tool}.step_start={start}, step_end={end}; give either the list of steps or the window"
             )
-    return StepSelection(steps=steps)
+        return StepSelection(steps=steps, continuous=True)  # the steps spell out the window: one window
+    return StepSelection(steps=steps, continuous=gp.profile_continuous_steps)
 
 
 def validate(config: ProfilerConfig, world_size: Optional[int] = None) -> None:
@@ -378,9 +390,12 @@ def validate(config: ProfilerConfig, world_size: Optional[int] = None) -> None:
     resolve_step_selection(gp)
     for name, role in config.roles.items():
         for i, rank in enumerate(role.ranks):
-            if rank < 0 or (world_size is not None and rank >= world_size):
-                allowed = f"0..{world_size - 1}" if world_size is not None else "integers >= 0"
-                raise ConfigError(
-                    f"{name}.profiler.ranks[{i}]: rank {rank} is outside the world "
-                    f"(world_size={world_size}); allowed: {allowed}"
+            if rank < 0:
+                raise ConfigError(f"{name}.profiler.ranks[{i}]: rank {rank} is negative; ranks are integers >= 0")
+            if world_size is not None and rank >= world_size:  # a script moved to fewer GPUs: verl records nothing
+                warnings.warn(
+                    f"{name}.profiler.ranks[{i}]: rank {rank} is outside the world (world_size={world_size}, ranks "
+                    f"0..{world_size - 1}): nothing is recorded for it",
+                    RuntimeWarning,
+                    stacklevel=2,
                 )

@@ -16,12 +16,14 @@ Unknown keys are refused with the nearest valid key suggested. Every error is on
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import difflib
 import math
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, Optional, TypeVar, Union
 
 T = TypeVar("T")
@@ -38,6 +40,29 @@ def bounds(
     return {"bounds": {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}}
 
 
+_PROBLEMS: contextvars.ContextVar[Optional[list[str]]] = contextvars.ContextVar("rlprof_schema_problems", default=None)
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[list[str]]:
+    """Within the block, :func:`build` records each key's problem in the yielded list and goes on with that key's
+    default, so that one message can name every problem of a config."""
+    problems: list[str] = []
+    token = _PROBLEMS.set(problems)
+    try:
+        yield problems
+    finally:
+        _PROBLEMS.reset(token)
+
+
+def one_message(problems: list[str]) -> str:
+    """Several problems as one line: ``3 problems: (1) ...; (2) ...; (3) ...`` (one problem: itself)."""
+    unique = list(dict.fromkeys(problems))
+    if len(unique) == 1:
+        return unique[0]
+    return f"{len(unique)} problems: " + "; ".join(f"({i}) {p}" for i, p in enumerate(unique, 1))
+
+
 def build(schema: type[T], data: Any, path: str) -> T:
     """Instantiate dataclass ``schema`` from the mapping ``data`` (missing keys take their defaults)."""
     if data is None:
@@ -47,11 +72,17 @@ def build(schema: type[T], data: Any, path: str) -> T:
     fields = {f.name: f for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
     hints = typing.get_type_hints(schema)
     kwargs = {}
+    sink = _PROBLEMS.get()
     for key, value in data.items():
-        if key not in fields:
-            raise ConfigError(unknown_key_message(f"{path}.{key}" if path else str(key), str(key), list(fields)))
         key_path = f"{path}.{key}" if path else str(key)
-        kwargs[key] = check_bounds(fields[key], coerce(hints[key], value, key_path), key_path)
+        try:
+            if key not in fields:
+                raise ConfigError(unknown_key_message(key_path, str(key), list(fields)))
+            kwargs[key] = check_bounds(fields[key], coerce(hints[key], value, key_path), key_path)
+        except ConfigError as exc:
+            if sink is None:
+                raise
+            sink.append(str(exc))
     return schema(**kwargs)
 
 

@@ -9,8 +9,10 @@ Which roles record: with no role blocks in the config, every role records on ran
 roles they govern (``rollout`` and ``ref`` follow ``actor`` unless they have their own), each on its ``ranks`` (or
 every rank with ``all_ranks``). A rank where no role records starts no tool and writes no file.
 
-Windows: contiguous selected steps form one :class:`~rlprof.window.StepWindow`, from the start of its first step to
-the end of its last; what runs between two of its steps is recorded inside a ``step/between_steps`` range. Code
+Windows: each selected step is one :class:`~rlprof.window.StepWindow`; with ``profile_continuous_steps`` (verl's
+key) or a step window (``step_start``..``step_end``) consecutive selected steps form one, from the start of its first
+step to the end of its last, and what runs between two of its steps is recorded inside a ``step/between_steps``
+range. Code
 that follows windows (an engine's own profiler) subscribes with :meth:`Session.add_window_listener` and asks
 :func:`rlprof.is_recording`. The session writes an open window's files at shutdown, at interpreter exit and on
 SIGTERM/SIGINT (then hands the signal on to the handler that was there before); a forked child records nothing.
@@ -186,7 +188,7 @@ class Session:
             if self.tool is None:
                 return
             window = self.window
-            if window is not None and (step != window.last + 1 or step not in self.selection):
+            if window is not None and (step != window.last + 1 or not self.selection.joins(step)):
                 self._stop_window()
                 window = None
             if step in self.selection:
@@ -205,7 +207,7 @@ class Session:
             self.step_open = False
             if self.window is None or self.current_step is None:
                 return
-            if self.current_step + 1 in self.selection:
+            if self.selection.joins(self.current_step + 1):
                 self._open_gap()
             else:
                 self._stop_window()

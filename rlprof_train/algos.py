@@ -72,20 +72,32 @@ class AdvantageEstimator:
     needs_critic: bool
     """Needs the critic's values (the trainer then runs a critic)."""
     needs_groups: bool
-    """Compares the n responses of each prompt (needs ``rollout.n >= 2``)."""
+    """Compares the n responses of each prompt (needs the group ids, and ``rollout.n >= 2`` unless
+    ``groups_of_one``)."""
+    groups_of_one: bool = False
+    """Defined for ``rollout.n = 1`` too (a group of one: mean 0, std 1, as verl computes it)."""
+    needs_baseline: bool = False
+    """Needs ``reward_baselines`` ``[B]``: the score of a greedy response to each row's prompt (ReMax); the trainer
+    then samples one greedy response per prompt each step."""
 
 
 ADV_ESTIMATORS: dict[str, AdvantageEstimator] = {}
 
 
 def register_adv_estimator(
-    name: str, *, needs_critic: bool = False, needs_groups: bool = False
+    name: str,
+    *,
+    needs_critic: bool = False,
+    needs_groups: bool = False,
+    groups_of_one: bool = False,
+    needs_baseline: bool = False,
 ) -> Callable[[AdvantageFn], AdvantageFn]:
     """Register an advantage estimator under ``name`` (a value of ``algorithm.adv_estimator``), as verl's
-    ``register_adv_est``: the trainer's config check and the critic's presence follow the flags."""
+    ``register_adv_est``: the trainer's config check, the critic's presence and the greedy baseline rollout follow
+    the flags."""
 
     def register(fn: AdvantageFn) -> AdvantageFn:
-        ADV_ESTIMATORS[name] = AdvantageEstimator(name, fn, needs_critic, needs_groups)
+        ADV_ESTIMATORS[name] = AdvantageEstimator(name, fn, needs_critic, needs_groups, groups_of_one, needs_baseline)
         return fn
 
     return register
@@ -159,7 +171,7 @@ def group_mean_std(scores: Tensor, index: GroupIndex) -> tuple[Tensor, Tensor, T
     return mean[ids], std[ids], size[ids]
 
 
-@register_adv_estimator("grpo", needs_groups=True)
+@register_adv_estimator("grpo", needs_groups=True, groups_of_one=True)
 def grpo_advantages(
     token_level_rewards: Tensor,
     mask: Tensor,
@@ -171,8 +183,9 @@ def grpo_advantages(
     """GRPO: each response's score ``s_i = Σ_t r_it`` against its prompt's group of n samples.
 
     ``A_i = (s_i - mean_g) / (std_g + eps)``, or ``s_i - mean_g`` with ``norm_adv_by_std=False`` (Dr.GRPO);
-    broadcast to every response token. token_level_rewards, mask: ``[B, T]``; index: ``[B]`` group ids
-    (same id = same prompt). Returns (A, A), each ``[B, T]``.
+    broadcast to every response token. A group of one (``rollout.n=1``) has mean 0 and std 1, so ``A_i = s_i / (1 +
+    eps)``, as verl computes it. token_level_rewards, mask: ``[B, T]``; index: ``[B]`` group ids (same id = same
+    prompt). Returns (A, A), each ``[B, T]``.
     """
     scores = masked_sum(token_level_rewards, mask, dim=-1)
     mean, std, _ = group_mean_std(scores, index)
@@ -183,7 +196,7 @@ def grpo_advantages(
     return advantages, advantages
 
 
-@register_adv_estimator("rloo", needs_groups=True)
+@register_adv_estimator("rloo", needs_groups=True, groups_of_one=True)
 def rloo_advantages(
     token_level_rewards: Tensor, mask: Tensor, index: GroupIndex, **_ignored: Any
 ) -> tuple[Tensor, Tensor]:
@@ -220,7 +233,7 @@ def reinforce_plus_plus_advantages(
     return masked_whiten(returns, mask) * mask, returns
 
 
-@register_adv_estimator("reinforce_plus_plus_baseline", needs_groups=True)
+@register_adv_estimator("reinforce_plus_plus_baseline", needs_groups=True, groups_of_one=True)
 def reinforce_plus_plus_baseline_advantages(
     token_level_rewards: Tensor, mask: Tensor, index: GroupIndex, **_ignored: Any
 ) -> tuple[Tensor, Tensor]:
@@ -234,6 +247,21 @@ def reinforce_plus_plus_baseline_advantages(
     return advantages, advantages
 
 
+@register_adv_estimator("remax", needs_baseline=True)
+def remax_advantages(
+    token_level_rewards: Tensor, mask: Tensor, reward_baselines: Tensor, **_ignored: Any
+) -> tuple[Tensor, Tensor]:
+    """ReMax (Li et al., 2023): REINFORCE with the score of the prompt's greedy response as the baseline.
+
+    ``returns_t = Σ_{t' >= t} r_t'·m_t'`` (the return to go over the response), ``A_t = returns_t - b·m_t``, with
+    ``b`` the greedy response's score (verl's ``compute_remax_outcome_advantage``). token_level_rewards, mask:
+    ``[B, T]``; reward_baselines: ``[B]``. Returns (A, returns), each ``[B, T]``.
+    """
+    returns = (token_level_rewards * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    advantages = returns - reward_baselines[:, None] * mask
+    return advantages, returns
+
+
 def compute_advantage(
     estimator: str,
     token_level_rewards: Tensor,
@@ -244,6 +272,7 @@ def compute_advantage(
     gamma: float = 1.0,
     lam: float = 1.0,
     norm_adv_by_std_in_grpo: bool = True,
+    reward_baselines: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """(advantages, returns) by ``algorithm.adv_estimator``; see each estimator for its formula."""
     spec = adv_estimator(estimator)
@@ -251,6 +280,8 @@ def compute_advantage(
         raise ValueError(f"algorithm.adv_estimator={estimator} needs critic values (enable the critic)")
     if spec.needs_groups and index is None:
         raise ValueError(f"algorithm.adv_estimator={estimator} needs group ids (the prompt of each response)")
+    if spec.needs_baseline and reward_baselines is None:
+        raise ValueError(f"algorithm.adv_estimator={estimator} needs reward_baselines (a greedy response's score)")
     return spec.fn(
         token_level_rewards=token_level_rewards,
         mask=mask,
@@ -259,6 +290,7 @@ def compute_advantage(
         gamma=gamma,
         lam=lam,
         norm_adv_by_std=norm_adv_by_std_in_grpo,
+        reward_baselines=reward_baselines,
     )
 
 

@@ -160,7 +160,8 @@ class MicroBatching:
     rows). ``packed``: the pass runs on packed rows (``use_remove_padding``); padded micro-batches are trimmed to
     their own width."""
 
-    size: int
+    size: Optional[int]
+    """None only with ``dynamic`` (the config check makes sure)."""
     dynamic: bool = False
     token_budget: int = 16384
     packed: bool = False
@@ -168,6 +169,7 @@ class MicroBatching:
     def rows(self, batch: RolloutBatch) -> list[list[int]]:
         """The row groups of ``batch``."""
         if not self.dynamic:
+            assert self.size is not None, "a micro-batch size or a token budget"
             if self.packed:  # a packed micro-batch computes no padding whichever rows it holds
                 return fixed_micro_batches(batch.size, self.size)
             return length_grouped_micro_batches(

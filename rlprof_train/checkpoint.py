@@ -57,8 +57,8 @@ def save(
     if is_main and target.exists():  # an earlier attempt at this step that never completed
         shutil.rmtree(target)
     barrier()
-    for tag, engine in engines.items():
-        engine.save_checkpoint(str(target), tag=tag, save_latest=False)
+    for tag, engine in engines.items():  # frozen base weights (LoRA) are in the model directory already
+        engine.save_checkpoint(str(target), tag=tag, save_latest=False, exclude_frozen_parameters=_has_frozen(engine))
     barrier()  # every rank's shards are on disk
     if is_main:
         _write_atomic(target / STATE, json.dumps({**state, "global_step": step}))
@@ -136,6 +136,10 @@ def find_resume_dir(root: Path, resume_mode: str) -> Optional[Path]:
     return None
 
 
+def _has_frozen(engine: Any) -> bool:
+    return any(not p.requires_grad for p in engine.module.parameters())
+
+
 def saved_by_zero(path: Optional[Path], tag: str) -> bool:
     """Whether the ``tag`` state of checkpoint ``path`` was saved by a ZeRO engine (its optimizer state in ZeRO's
     per-rank files), which only a ZeRO engine loads."""
@@ -147,7 +151,11 @@ def load(path: Path, engines: dict[str, Any]) -> dict[str, Any]:
     for tag, engine in engines.items():
         try:
             loaded, _ = engine.load_checkpoint(
-                str(path), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+                str(path),
+                tag=tag,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=True,
+                load_module_strict=not _has_frozen(engine),  # LoRA: the saved state holds the adapters only
             )
         except Exception as exc:
             raise CheckpointError(

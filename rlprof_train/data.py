@@ -205,10 +205,12 @@ def build_examples(
 def load_datasets(data_cfg: Any, tokenizer: Any, seed: int) -> tuple[list[Example], list[Example], list[str]]:
     """(train, val, notes) from ``data.*`` settings; notes are log lines about what was done."""
     notes = []
+    filtered = data_cfg.filter_overlong_prompts  # verl drops them when loading, so truncation never sees them
+    dropping = "data.filter_overlong_prompts" if filtered else "data.truncation=filter"
     common = dict(
         prompt_key=data_cfg.prompt_key,
         max_prompt_length=data_cfg.max_prompt_length,
-        truncation=data_cfg.truncation,
+        truncation="filter" if filtered else data_cfg.truncation,
         use_template=data_cfg.apply_chat_template,
     )
     if data_cfg.train_files is None:
@@ -225,12 +227,12 @@ def load_datasets(data_cfg: Any, tokenizer: Any, seed: int) -> tuple[list[Exampl
         val_rows = read_rows(data_cfg.val_files) if data_cfg.val_files is not None else []
     train, dropped = build_examples(train_rows, tokenizer, source_name="data.train_files", **common)
     if dropped:
-        notes.append(f"data: dropped {dropped} over-long training prompts (data.truncation=filter)")
+        notes.append(f"data: dropped {dropped} over-long training prompts ({dropping})")
     val: list[Example] = []
     if val_rows:
         val, dropped = build_examples(val_rows, tokenizer, source_name="data.val_files", **common)
         if dropped:
-            notes.append(f"data: dropped {dropped} over-long validation prompts (data.truncation=filter)")
+            notes.append(f"data: dropped {dropped} over-long validation prompts ({dropping})")
     return train, val, notes
 
 

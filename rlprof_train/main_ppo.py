@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Optional
 
 import rlprof
 from rlprof.schema import ConfigError
 from rlprof.session import new_run_id
 from rlprof_train.config import as_dict
-from rlprof_train.config.load import load_trainer_config, validate
+from rlprof_train.config.load import load, validate
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -36,7 +37,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     try:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        cfg = load_trainer_config(argv)
+        loaded = load(argv, world_size)
+        cfg = loaded.cfg
         validate(cfg, world_size)
     except (ConfigError, ValueError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
@@ -51,7 +53,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     env = init_distributed(device)
     run_id = env.gather(new_run_id())[0]
     rlprof.init(as_dict(cfg), run_id=run_id)
-    log = (lambda line: print(f"[INFO] {line}", file=sys.stderr, flush=True)) if env.is_main else (lambda line: None)
+    log: Callable[[str], None] = (
+        (lambda line: print(f"[INFO] {line}", file=sys.stderr, flush=True)) if env.is_main else (lambda line: None)
+    )
+    for note in loaded.notes:  # what became of verl's spellings
+        log(f"config: {note}")
     code = 0
     try:
         PPOTrainer(cfg, env, run_id, log).fit()

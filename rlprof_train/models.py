@@ -26,14 +26,72 @@ def load_tokenizer(path: str | Path) -> Any:
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def load_causal_lm(path: str | Path, dtype: str = "float32", gradient_checkpointing: bool = False) -> Any:
+def load_causal_lm(
+    path: str | Path, dtype: str = "float32", gradient_checkpointing: bool = False, lora: Any = None
+) -> Any:
+    """A local causal LM in training mode; with ``lora`` (a :class:`~rlprof_train.config.schema.ModelConfig` whose
+    ``lora_rank > 0``) wrapped in PEFT LoRA adapters, only they trainable (:func:`with_lora`)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=TORCH_DTYPES[dtype])
     model.train()  # from_pretrained returns eval mode, where transformers skips gradient checkpointing
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora is not None and lora.lora_rank > 0:
+        model = with_lora(model, lora)
     return model
+
+
+def with_lora(model: Any, cfg: Any) -> Any:
+    """``model`` with PEFT LoRA adapters (rank ``cfg.lora_rank``, scale ``lora_alpha / lora_rank``, on
+    ``target_modules`` but ``exclude_modules``), or the saved adapter at ``cfg.lora_adapter_path``: a
+    ``peft.PeftModel`` whose only trainable parameters are the adapters'."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if cfg.lora_adapter_path:
+        return PeftModel.from_pretrained(model, cfg.lora_adapter_path, is_trainable=True)
+    config = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        target_modules=cfg.target_modules,
+        exclude_modules=cfg.exclude_modules,
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def merged_state_dict(module: Any) -> dict[str, torch.Tensor]:
+    """The weights as the base model names them: for a PEFT model each adapted layer's ``W + ΔW`` (PEFT's
+    ``get_delta_weight``: ``B·A·lora_alpha/r``), computed beside the layer so the trained weights are left bit for bit
+    as they were (merging in place and back would round them); anything else's own state dict."""
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+
+    if not isinstance(module, PeftModel):
+        return dict(module.state_dict())
+    base = module.get_base_model()
+    merged = {
+        name.replace(".base_layer.", "."): tensor.detach()
+        for name, tensor in base.state_dict().items()
+        if ".lora_" not in name
+    }
+    with torch.no_grad():
+        for name, layer in base.named_modules():
+            if isinstance(layer, LoraLayer):
+                adapted: Any = layer  # a Linear / Embedding / Conv LoRA layer: each defines get_delta_weight
+                for adapter in adapted.active_adapters:
+                    merged[f"{name}.weight"] = merged[f"{name}.weight"] + adapted.get_delta_weight(adapter)
+    return merged
+
+
+def trainable_parameters(module: Any) -> tuple[int, int]:
+    """(trainable, all) parameter counts (whole tensors: ZeRO 3 keeps a partition in ``numel`` and the size in
+    ``ds_numel``)."""
+    params = list(module.parameters())
+    sizes = [getattr(p, "ds_numel", None) or p.numel() for p in params]
+    return sum(n for p, n in zip(params, sizes, strict=True) if p.requires_grad), sum(sizes)
 
 
 class ValueModel(torch.nn.Module):

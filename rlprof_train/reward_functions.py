@@ -107,6 +107,7 @@ class RewardFunction:
         self, custom_path: Optional[str] = None, custom_name: str = "compute_score", timeout_s: Optional[float] = None
     ) -> None:
         self.fn = load_custom_reward(custom_path, custom_name) if custom_path else default_compute_score
+        self.is_custom = custom_path is not None
         where = f"{custom_path}" if custom_path else "rlprof_train/reward_functions.py"
         self.description = f"reward function {getattr(self.fn, '__name__', custom_name)} ({where})"
         self.timeout_s = timeout_s

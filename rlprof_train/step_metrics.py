@@ -82,9 +82,12 @@ def step_metrics(
             gen_seconds=timing.get("gen"),
         )
     )
-    metrics.update(
-        mfu_metrics("actor", facts.model_config, seq_lens * facts.ppo_epochs, timing["update_actor"], env.world_size)
-    )
+    if "update_actor" in timing:  # not during trainer.critic_warmup
+        metrics.update(
+            mfu_metrics(
+                "actor", facts.model_config, seq_lens * facts.ppo_epochs, timing["update_actor"], env.world_size
+            )
+        )
     metrics.update(compute_memory_metrics(reset_peaks=True))
     metrics.update(training_aliases(metrics))
     metrics.update(

@@ -1,6 +1,9 @@
 """The PPO loop, one step at a time:
 
-    gen -> reward -> old_log_prob -> ref -> values -> adv -> update_critic -> update_actor (-> update_weights)
+    gen (-> gen_max) -> reward -> old_log_prob -> ref -> values -> adv -> update_critic -> update_actor
+    (-> update_weights)
+
+(``gen_max``: ReMax's greedy baseline response per prompt; ``update_actor`` waits for ``trainer.critic_warmup``.)
 
 Every phase runs under ``marked_timer`` (its time into ``timing_s/*`` and an rlprof range of its role), each step
 under ``rlprof.step``. Ranks are data-parallel: each takes its share of the step's prompts; DeepSpeed averages the
@@ -21,15 +24,16 @@ from rlprof.metrics import MetricAggregator, Reduce
 from rlprof_train import algos, checkpoint, prepare
 from rlprof_train.batch import MicroBatching, RolloutBatch
 from rlprof_train.config import TrainerConfig
-from rlprof_train.data import StepBatches, load_datasets, shard
+from rlprof_train.data import Example, StepBatches, load_datasets, shard
 from rlprof_train.guards import NonFiniteGuard
-from rlprof_train.models import load_tokenizer
+from rlprof_train.models import load_tokenizer, trainable_parameters
 from rlprof_train.reward_functions import RewardFunction
 from rlprof_train.step_metrics import StepFacts, step_metrics
 from rlprof_train.workers.actor import ActorWorker
 from rlprof_train.workers.critic import CriticWorker
 from rlprof_train.workers.engine import DistEnv
 from rlprof_train.workers.ref import RefWorker
+from rlprof_train.workers.reward_model import reward_model
 from rlprof_train.workers.reward_worker import RewardWorker
 from rlprof_train.workers.rollout import SamplingParams
 
@@ -56,14 +60,32 @@ class PPOTrainer:
             arr.model.use_remove_padding,
         )
 
+        self.estimator = algos.adv_estimator(algorithm.adv_estimator)
+        resumed_from = prepare.resume_point(cfg, env, log)
+        self.actor = ActorWorker(arr.actor, arr.model, model_path, env, checkpoint.saved_by_zero(resumed_from, "actor"))
+        if arr.model.lora_rank > 0:
+            trained, total = trainable_parameters(self.actor.module)
+            log(
+                f"model: LoRA rank {arr.model.lora_rank} (alpha {arr.model.lora_alpha}) on {arr.model.target_modules}: "
+                f"{trained:,} of {total:,} parameters train ({100 * trained / total:.2f}%)"
+            )
         reward = RewardFunction(
             cfg.custom_reward_function.path, cfg.custom_reward_function.name, cfg.custom_reward_function.timeout_s
         )
-        self.reward = RewardWorker(reward, self.tokenizer)
-        resumed_from = prepare.resume_point(cfg, env, log)
-        self.actor = ActorWorker(arr.actor, arr.model, model_path, env, checkpoint.saved_by_zero(resumed_from, "actor"))
+        self.reward = RewardWorker(
+            reward, self.tokenizer, reward_model(cfg.reward_model, next(self.actor.module.parameters()).device)
+        )
+        if cfg.reward_model.enable:
+            log(
+                f"reward: custom_reward_function {cfg.custom_reward_function.path} scores responses; "
+                "reward_model.model is not used (verl's precedence)"
+                if reward.is_custom
+                else f"reward: the reward model at {cfg.reward_model.model.path} scores responses (the rule reward "
+                "is not computed, as verl)"
+            )
         needs_ref = arr.actor.use_kl_loss or algorithm.use_kl_in_reward
-        self.ref = RefWorker(arr.ref, arr.model, model_path) if needs_ref else None
+        lora_policy = self.actor.engine if arr.model.lora_rank > 0 else None  # the base model: adapters disabled
+        self.ref = RefWorker(arr.ref, arr.model, model_path, lora_policy) if needs_ref else None
         needs_critic = algos.adv_estimator(algorithm.adv_estimator).needs_critic
         if cfg.critic.enable if cfg.critic.enable is not None else needs_critic:
             self.critic: Optional[CriticWorker] = CriticWorker(
@@ -136,6 +158,9 @@ class PPOTrainer:
             prompts = shard(self.batches.batch(step), self.env.rank, self.env.world_size)
             with rlprof.marked_timer("gen", timing, role="rollout"):
                 batch = self.rollout.generate(prompts, self.sampling)
+            if self.estimator.needs_baseline:
+                with rlprof.marked_timer("gen_max", timing, role="rollout"):
+                    batch.extras["reward_baselines"] = self.greedy_baselines(prompts)
             with rlprof.marked_timer("reward", timing, role="reward"):
                 batch.token_level_scores, reward_metrics = self.reward.score(batch)
                 workers.merge(reward_metrics)
@@ -163,10 +188,11 @@ class PPOTrainer:
             if self.critic is not None:
                 with rlprof.marked_timer("update_critic", timing, role="critic"):
                     workers.merge(self.critic.update(batch))
-            with rlprof.marked_timer("update_actor", timing, role="actor"):
-                workers.merge(self.actor.update(batch))
-            with rlprof.marked_timer("update_weights", timing, role="rollout"):
-                self.rollout.sync_weights()
+            if step >= self.cfg.trainer.critic_warmup:  # before it, only the critic trains (verl's critic_warmup)
+                with rlprof.marked_timer("update_actor", timing, role="actor"):
+                    workers.merge(self.actor.update(batch))
+                with rlprof.marked_timer("update_weights", timing, role="rollout"):
+                    self.rollout.sync_weights()
         return step_metrics(self.env, self._facts(step), batch, timing, workers)
 
     def compute_advantages(self, batch: RolloutBatch) -> MetricAggregator:
@@ -199,8 +225,16 @@ class PPOTrainer:
             gamma=algorithm.gamma,
             lam=algorithm.lam,
             norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo,
+            reward_baselines=batch.extras.get("reward_baselines"),
         )
         return metrics
+
+    def greedy_baselines(self, prompts: list[Example]) -> torch.Tensor:
+        """ReMax's baseline: the score of one greedy response per prompt, for each of its n rows ``[P * n]``."""
+        greedy = SamplingParams(1, 0.0, 1.0, -1, self.sampling.response_length)
+        baseline = self.rollout.generate(prompts, greedy)
+        scores = self.reward.score(baseline)[0].sum(-1)
+        return scores.repeat_interleave(self.sampling.n)
 
     def validate(self) -> dict[str, float]:
         """Mean reward per data source on the validation prompts (``val_kwargs`` sampling)."""
@@ -209,9 +243,13 @@ class PPOTrainer:
         val_kwargs = self.cfg.actor_rollout_ref.rollout.val_kwargs
         sampling = SamplingParams(val_kwargs.n, val_kwargs.temperature, 1.0, -1, self.sampling.response_length)
         prompts = self.val_examples[self.env.rank :: self.env.world_size]
-        batch = self.rollout.generate(prompts, sampling)
-        scores = self.reward.score(batch)[0].sum(-1).tolist()
-        results = [pair for r in self.env.gather(list(zip(batch.data_source, scores, strict=False))) for pair in r]
+        per_call = max(1, (self.cfg.data.val_batch_size or len(self.val_examples)) // self.env.world_size)
+        pairs = []
+        for start in range(0, len(prompts), per_call):
+            batch = self.rollout.generate(prompts[start : start + per_call], sampling)
+            scores = self.reward.score(batch)[0].sum(-1).tolist()
+            pairs += list(zip(batch.data_source, scores, strict=False))
+        results = [pair for r in self.env.gather(pairs) for pair in r]
         per_source: dict[str, list[float]] = {}
         for source, score in results:
             per_source.setdefault(source, []).append(score)

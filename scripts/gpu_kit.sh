@@ -51,7 +51,7 @@ prepare() {
 steps() {
   cat <<'EOF'
 300|pytest -m gpu: every CUDA-only path|python3 -m pytest -m gpu tests -p no:cacheprovider -q -rs --junitxml="$OUT/junit.xml" --basetemp="$WORK/pytest"
-90|trainer on CUDA, torch_memory on step 2|python3 -m rlprof_train.main_ppo trainer.device=cuda trainer.total_training_steps=3 trainer.test_freq=-1 trainer.val_before_train=false 'trainer.logger=["file"]' trainer.log_dir="$WORK/run/logs" trainer.default_local_dir="$WORK/run/ckpt" global_profiler.tool=torch_memory 'global_profiler.steps=[2]' global_profiler.save_path="$WORK/run/profile"
+90|trainer on CUDA, torch_memory on step 2|python3 -m rlprof_train.main_ppo --config-name demo trainer.device=cuda trainer.total_training_steps=3 trainer.test_freq=-1 trainer.val_before_train=false 'trainer.logger=["file"]' trainer.log_dir="$WORK/run/logs" trainer.default_local_dir="$WORK/run/ckpt" global_profiler.tool=torch_memory 'global_profiler.steps=[2]' global_profiler.save_path="$WORK/run/profile"
 30|rlprof report on that run|python3 -m rlprof.cli report "$WORK/run/logs" --format json > "$OUT/report.json"
 30|rlprof memory on its snapshot|python3 -m rlprof.cli memory "$(find "$WORK/run/profile" -name '*.pickle' | head -1)" --format json > "$OUT/snapshot.json"
 EOF

@@ -61,11 +61,39 @@ def trainer_command(folder: Path, *overrides: str, prefix: tuple[str, ...] = (sy
     return [
         *prefix,
         "rlprof_train.main_ppo",
+        "--config-name=demo",
         f"trainer.log_dir={folder / 'logs'}",
         f"trainer.default_local_dir={folder / 'ckpt'}",
         'trainer.logger=["file"]',
         *overrides,
     ]
+
+
+def build_reward_model(folder: Path, corpus: list[str]) -> Path:
+    """A two-layer Llama sequence classifier (one label) with a tokenizer trained on ``corpus``, random but seeded:
+    a reward model built locally."""
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from rlprof_train.tiny_model import build_tokenizer
+
+    tokenizer = build_tokenizer(corpus)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        num_labels=1,
+    )
+    LlamaForSequenceClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
 
 
 def torchrun(nproc: int) -> tuple[str, ...]:

@@ -150,9 +150,15 @@ def command_config(command: list[str]) -> Any:
     if "rlprof_train.main_ppo" in command:
         spec = importlib.util.find_spec("rlprof_train")
         if spec is not None and spec.submodule_search_locations:
-            defaults = Path(next(iter(spec.submodule_search_locations))) / "config" / "ppo_trainer.yaml"
-            if defaults.exists():
-                base = OmegaConf.load(defaults)
+            shipped = Path(next(iter(spec.submodule_search_locations))) / "config"
+            if (shipped / "ppo_trainer.yaml").exists():
+                base = OmegaConf.load(shipped / "ppo_trainer.yaml")
+            named = _hydra_config(command, shipped)
+            if named is not None:
+                tree = OmegaConf.to_container(OmegaConf.load(named))
+                if isinstance(tree, dict):
+                    settings = {k: v for k, v in tree.items() if k not in ("hydra", "defaults")}
+                    base = OmegaConf.merge(base, OmegaConf.create(settings))
     if "--config" in command:
         index = command.index("--config")
         if index + 1 >= len(command):
@@ -164,6 +170,23 @@ def command_config(command: list[str]) -> Any:
         if "=" in token and not token.startswith("-") and "." in token.split("=", 1)[0]
     ]
     return OmegaConf.merge(base, OmegaConf.from_dotlist(overrides))
+
+
+def _hydra_config(command: list[str], shipped: Path) -> Optional[Path]:
+    """The trainer's ``--config-path DIR --config-name NAME`` file (``--config-name`` alone: a shipped config)."""
+    values: dict[str, str] = {}
+    for i, token in enumerate(command):
+        option, has_value, value = token.partition("=")
+        if option in ("--config-path", "--config-name"):
+            values[option] = value if has_value else (command[i + 1] if i + 1 < len(command) else "")
+    name = values.get("--config-name")
+    if not name:
+        return None
+    folder = Path(values["--config-path"]).expanduser() if "--config-path" in values else shipped
+    file = folder / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+    if not file.is_file():
+        raise LaunchError(f"--config-name={name} in the command: no such file {file}")
+    return file
 
 
 def plan(command: list[str], nsys_options: list[str], cuda: bool) -> CapturePlan:

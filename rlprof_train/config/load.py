@@ -1,26 +1,30 @@
-"""Load the trainer's configuration: ``ppo_trainer.yaml`` plus verl-style dotted overrides, into the typed schema.
+"""Load the trainer's configuration: ``ppo_trainer.yaml``, a verl-style ``--config-path/--config-name`` YAML over it,
+then dotted ``key=value`` overrides, into the typed schema.
 
-Overrides are ``key=value`` (the key must exist; an unknown key suggests the nearest valid one). Types and ranges
-come from :mod:`rlprof_train.config.schema`; :func:`validate` then checks what spans several keys or needs the
-file system (batch arithmetic, files, the model directory, the reward function). Every error is one
-:class:`~rlprof.schema.ConfigError` line naming the key, the value and what is allowed, before any work starts.
+verl's keys that are spelt differently here, have no effect here, or are not supported are sorted by
+:mod:`rlprof_train.config.verl_compat`. Types and ranges come from :mod:`rlprof_train.config.schema`; :func:`validate`
+then checks what spans several keys or needs the file system (batch arithmetic, files, the model directory, the
+reward function). Every problem found is named in one :class:`~rlprof.schema.ConfigError` line (the key, the value
+and what is allowed), before any work starts.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlprof.config import load_config as load_profiler_config
-from rlprof.schema import ConfigError, build
+from rlprof.schema import ConfigError, build, collecting, one_message
 from rlprof.tracking import parse_backends
 from rlprof_train import algos
+from rlprof_train.config import verl_compat
 from rlprof_train.config.schema import TrainerConfig, as_dict
 from rlprof_train.workers.rollout.registry import check_rollout
 
@@ -40,39 +44,139 @@ def _keys(node: Any, prefix: str = "") -> list[str]:
     return keys
 
 
-def merged_yaml(overrides: Sequence[str] = (), defaults: Path = DEFAULTS) -> DictConfig:
-    """The defaults with ``overrides`` applied, interpolations unresolved (``${...}`` follow later overrides)."""
+@dataclass
+class LoadedConfig:
+    cfg: TrainerConfig
+    notes: list[str]
+    """What the loader did with verl's keys (aliases applied, settings with no effect here): one log line each."""
+
+
+def split_config_args(argv: Sequence[str]) -> tuple[Optional[Path], list[str]]:
+    """verl's Hydra options (``--config-path DIR --config-name NAME``, or ``=`` forms) -> (the YAML file, the
+    ``key=value`` overrides). ``--config-name`` alone names a config shipped in ``rlprof_train/config/``."""
+    path: Optional[str] = None
+    name: Optional[str] = None
+    overrides: list[str] = []
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        option, has_value, value = arg.partition("=")
+        if option in ("--config-path", "-cp", "--config-name", "-cn"):
+            if not has_value:
+                if not args:
+                    raise ConfigError(f"{option}: expected a value")
+                value = args.pop(0)
+            if option in ("--config-path", "-cp"):
+                path = value
+            else:
+                name = value
+        elif arg.startswith("-"):
+            raise ConfigError(
+                f"{arg}: not an option of the trainer; overrides are key=value, a config file is --config-path DIR "
+                "--config-name NAME"
+            )
+        else:
+            overrides.append(arg)
+    if name is None:
+        if path is not None:
+            raise ConfigError(f"--config-path={path}: also give --config-name (the YAML file's name in that folder)")
+        return None, overrides
+    folder = Path(path).expanduser() if path else DEFAULTS.parent
+    file = folder / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+    if not file.is_file():
+        shipped = ", ".join(sorted(p.stem for p in DEFAULTS.parent.glob("*.yaml") if p != DEFAULTS))
+        raise ConfigError(f"--config-name={name}: no such file {file}" + (f" (shipped: {shipped})" if not path else ""))
+    return file, overrides
+
+
+def _config_file_pairs(file: Path, problems: list[str]) -> list[tuple[str, Any]]:
+    """The (dotted key, value) settings of a user's YAML, as verl's Hydra reads them: ``hydra:`` and the
+    ``defaults:`` list (verl's ``ppo_trainer`` and ``_self_``, or a config shipped here) are not settings."""
+    try:
+        tree = OmegaConf.to_container(OmegaConf.load(file), resolve=False)
+    except (OmegaConfBaseException, OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"--config-name: {file} is not readable YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"--config-name: {file} holds no mapping of settings")
+    tree.pop("hydra", None)
+    pairs: list[tuple[str, Any]] = []
+    for entry in tree.pop("defaults", None) or []:
+        if entry in ("_self_", "ppo_trainer"):
+            continue
+        shipped = DEFAULTS.parent / f"{entry}.yaml" if isinstance(entry, str) else None
+        if shipped is not None and shipped.is_file() and shipped != DEFAULTS:
+            pairs += _config_file_pairs(shipped, problems)
+        else:
+            problems.append(
+                f"{file}: defaults entry {entry!r} is not supported (only ppo_trainer, _self_ and the configs "
+                "shipped in rlprof_train/config)"
+            )
+    return pairs + verl_compat.flatten(tree)
+
+
+def _parsed(override: str) -> tuple[str, Any]:
+    """``key=value`` with the value read as OmegaConf reads a command line (``[1,2]``, ``True``, ``null``, ``${x}``)."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r}: expected key=value")
+    key, raw = override.split("=", 1)
+    if key.startswith("~"):
+        raise ConfigError(f"override {override!r}: deleting keys is not supported; set the key to null instead")
+    key = key.removeprefix("+").removeprefix("+")
+    try:
+        parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={raw}"]), resolve=False)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"override {override!r}: {' '.join(str(exc).split())}") from None
+    assert isinstance(parsed, dict)
+    return key, parsed["value"]
+
+
+def load(argv: Sequence[str] = (), world_size: int = 1, defaults: Path = DEFAULTS) -> LoadedConfig:
+    """The typed configuration from a command line: the defaults, a ``--config-path/--config-name`` YAML over them,
+    then the ``key=value`` overrides; verl's keys translated (:mod:`.verl_compat`), interpolations resolved, every
+    key's type and range checked. Every problem found is in one :class:`ConfigError`."""
+    file, overrides = split_config_args(argv)
     base = OmegaConf.load(defaults)
     known = set(_keys(base))
-    dotlist = []
+    problems: list[str] = []
+    pairs = _config_file_pairs(file, problems) if file else []
     for override in overrides:
-        if "=" not in override:
-            raise ConfigError(f"override {override!r}: expected key=value")
-        key, value = override.split("=", 1)
-        if key.startswith("~"):
-            raise ConfigError(f"override {override!r}: deleting keys is not supported; set the key to null instead")
-        key = key.removeprefix("+")
-        if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown config key {key!r}{hint} (see rlprof_train/config/ppo_trainer.yaml)")
-        dotlist.append(f"{key}={value}")
+        try:
+            pairs.append(_parsed(override))
+        except ConfigError as exc:
+            problems.append(str(exc))
+    translation = verl_compat.translate(pairs, known, world_size)
+    problems += translation.problems
+    for key, value in translation.pairs:
+        try:
+            OmegaConf.update(base, key, value, merge=True)
+        except OmegaConfBaseException as exc:
+            problems.append(f"{key}: {' '.join(str(exc).split())}")
     try:
-        merged = OmegaConf.merge(base, OmegaConf.from_dotlist(dotlist))
+        tree = OmegaConf.to_container(base, resolve=True)
     except OmegaConfBaseException as exc:
-        raise ConfigError(f"overrides: {' '.join(str(exc).split())}") from None
-    assert isinstance(merged, DictConfig)
-    return merged
+        problems.append(f"config: {' '.join(str(exc).split())}")
+        raise ConfigError(one_message(problems)) from None
+    with collecting() as typed:
+        cfg = build(TrainerConfig, tree, "")
+    problems += typed
+    problems += verl_compat.mirror_problems(translation.mirrors, lambda key: _setting(tree, key))
+    if problems:
+        raise ConfigError(one_message(problems))
+    return LoadedConfig(cfg, translation.notes)
 
 
-def load_trainer_config(overrides: Sequence[str] = (), defaults: Path = DEFAULTS) -> TrainerConfig:
-    """The typed configuration: defaults, overrides, interpolations resolved, every key's type and range checked."""
-    merged = merged_yaml(overrides, defaults)
-    try:
-        tree = OmegaConf.to_container(merged, resolve=True)
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"config: {' '.join(str(exc).split())}") from None
-    return build(TrainerConfig, tree, "")
+def _setting(tree: Any, dotted: str) -> Any:
+    node = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def load_trainer_config(overrides: Sequence[str] = (), defaults: Path = DEFAULTS, world_size: int = 1) -> TrainerConfig:
+    """:func:`load` without its notes."""
+    return load(overrides, world_size, defaults).cfg
 
 
 def _fail(key: str, value: Any, allowed: str) -> ConfigError:
@@ -81,14 +185,26 @@ def _fail(key: str, value: Any, allowed: str) -> ConfigError:
 
 def validate(cfg: TrainerConfig, world_size: int = 1) -> None:
     """Reject a config that cannot run, before any model is loaded or process group used."""
-    _import_user_code(cfg)
-    _check_strategy(cfg)
-    _check_batches(cfg, world_size)
-    _check_algorithm(cfg)
-    _check_names_and_paths(cfg)
-    _check_inputs(cfg)
-    parse_backends(cfg.trainer.logger)
-    load_profiler_config(as_dict(cfg), world_size=world_size)
+    problems = []
+    checks = (
+        lambda: _import_user_code(cfg),
+        lambda: _check_strategy(cfg),
+        lambda: check_rollout(cfg),
+        lambda: _check_batches(cfg, world_size),
+        lambda: _check_algorithm(cfg),
+        lambda: _check_names_and_paths(cfg),
+        lambda: _check_inputs(cfg),
+        lambda: _check_reward_model(cfg),
+        lambda: parse_backends(cfg.trainer.logger),
+        lambda: load_profiler_config(as_dict(cfg), world_size=world_size),
+    )
+    for check in checks:  # each group stops at its first problem; the groups are independent
+        try:
+            check()
+        except ValueError as exc:  # ConfigError, and the data and reward loaders' ValueErrors
+            problems.append(str(exc))
+    if problems:
+        raise ConfigError(one_message(problems))
 
 
 def _import_user_code(cfg: TrainerConfig) -> None:
@@ -128,7 +244,11 @@ def _check_strategy(cfg: TrainerConfig) -> None:
         raise _fail("actor_rollout_ref.actor.offload_param", True, "parameter offload needs zero_stage=3")
     if actor.offload_optimizer and actor.zero_stage == 0:
         raise _fail("actor_rollout_ref.actor.offload_optimizer", True, "optimizer offload needs zero_stage >= 1")
-    check_rollout(cfg)
+    critic = cfg.critic
+    if critic.offload_param and critic.zero_stage != 3:
+        raise _fail("critic.offload_param", True, "parameter offload needs critic.zero_stage=3")
+    if critic.offload_optimizer and critic.zero_stage == 0:
+        raise _fail("critic.offload_optimizer", True, "optimizer offload needs critic.zero_stage >= 1")
 
 
 def _check_batches(cfg: TrainerConfig, world_size: int) -> None:
@@ -145,6 +265,51 @@ def _check_batches(cfg: TrainerConfig, world_size: int) -> None:
         raise _fail(
             "data.train_batch_size", data.train_batch_size, f"must be a multiple of the number of ranks ({world_size})"
         )
+    missing = [f"{key}=null" for key in _unsized_passes(cfg)]
+    if missing:
+        raise ConfigError(
+            f"{', '.join(missing)}: set each pass's micro-batch size (responses per forward on one rank) or its "
+            "token budget (use_dynamic_bsz / log_prob_use_dynamic_bsz), as verl requires"
+        )
+
+
+def _unsized_passes(cfg: TrainerConfig) -> list[str]:
+    """The micro-batch keys of the passes this run makes that have neither a size nor a token budget."""
+    arr, critic = cfg.actor_rollout_ref, cfg.critic
+    passes = [
+        (
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+            arr.actor.ppo_micro_batch_size_per_gpu,
+            arr.actor.use_dynamic_bsz,
+        ),
+    ]
+    if not arr.actor.reuse_on_policy_log_probs:
+        passes.append(
+            (
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                arr.rollout.log_prob_micro_batch_size_per_gpu,
+                arr.rollout.log_prob_use_dynamic_bsz,
+            )
+        )
+    if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+        passes.append(
+            (
+                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+                arr.ref.log_prob_micro_batch_size_per_gpu,
+                arr.ref.log_prob_use_dynamic_bsz,
+            )
+        )
+    estimator = algos.ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
+    if critic.enable or (critic.enable is None and estimator is not None and estimator.needs_critic):
+        passes += [
+            ("critic.ppo_micro_batch_size_per_gpu", critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz),
+            (
+                "critic.forward_micro_batch_size_per_gpu",
+                critic.forward_micro_batch_size_per_gpu,
+                critic.use_dynamic_bsz,
+            ),
+        ]
+    return [key for key, size, dynamic in passes if size is None and not dynamic]
 
 
 def _check_algorithm(cfg: TrainerConfig) -> None:
@@ -154,7 +319,7 @@ def _check_algorithm(cfg: TrainerConfig) -> None:
         raise _fail(
             "algorithm.adv_estimator", algorithm.adv_estimator, f"choose one of: {', '.join(algos.ADV_ESTIMATORS)}"
         )
-    if estimator.needs_groups and rollout.n < 2:
+    if estimator.needs_groups and not estimator.groups_of_one and rollout.n < 2:
         raise _fail(
             "actor_rollout_ref.rollout.n",
             rollout.n,
@@ -189,6 +354,19 @@ def _check_names_and_paths(cfg: TrainerConfig) -> None:
             )
         if not target.is_dir():
             raise _fail("trainer.resume_mode", trainer.resume_mode, "no such checkpoint directory")
+
+
+def _check_reward_model(cfg: TrainerConfig) -> None:
+    reward_model = cfg.reward_model
+    if not reward_model.enable:
+        return
+    if reward_model.model.path is None:
+        raise _fail("reward_model.model.path", None, "reward_model.enable=true needs a sequence-classification model")
+    folder = Path(reward_model.model.path)
+    if not (folder / "config.json").is_file():
+        raise _fail("reward_model.model.path", reward_model.model.path, "no model directory (config.json) there")
+    if reward_model.model.use_remove_padding:
+        raise _fail("reward_model.model.use_remove_padding", True, "only false: responses are scored padded here")
 
 
 def _check_inputs(cfg: TrainerConfig) -> None:

@@ -47,16 +47,18 @@ class DataConfig:
     """Built-in task: number of validation prompts."""
     prompt_key: str = "prompt"
     """Column holding the prompt (a string or a list of chat messages)."""
-    max_prompt_length: int = field(default=16, metadata=bounds(ge=1))
+    max_prompt_length: int = field(default=512, metadata=bounds(ge=1))
     """Prompt tokens; longer prompts follow ``truncation``."""
-    max_response_length: int = field(default=4, metadata=bounds(ge=1))
+    max_response_length: int = field(default=512, metadata=bounds(ge=1))
     """Tokens generated per response."""
     truncation: Literal["error", "left", "right", "filter"] = "error"
     """Over-long prompts: error, left (keep the end), right (keep the start) or filter (drop the row)."""
-    train_batch_size: int = field(default=32, metadata=bounds(ge=1))
+    filter_overlong_prompts: bool = False
+    """Drop prompts longer than ``max_prompt_length`` when the data is loaded, before ``truncation`` applies (verl)."""
+    train_batch_size: int = field(default=1024, metadata=bounds(ge=1))
     """Prompts per training step over all ranks; each yields ``rollout.n`` responses."""
-    val_batch_size: int = field(default=64, metadata=bounds(ge=1))
-    """Prompts per validation generation batch."""
+    val_batch_size: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """Validation prompts per generation call over all ranks; null: the whole validation set at once (verl)."""
     shuffle: bool = True
     """Shuffle prompts each epoch (deterministic from ``trainer.seed`` and the epoch)."""
     apply_chat_template: Union[bool, Literal["auto"]] = "auto"
@@ -72,23 +74,34 @@ class ModelConfig:
 
     path: Optional[str] = None
     """Local Hugging Face causal-LM directory; null: build the embedded tiny model."""
-    enable_gradient_checkpointing: bool = False
+    enable_gradient_checkpointing: bool = True
     """Recompute activations in backward (less memory, more compute)."""
     enable_activation_offload: bool = False
     """Keep saved activations on the host (GPU only; a no-op on CPU)."""
-    use_remove_padding: bool = False
+    use_remove_padding: bool = True
     """Sequence packing: forward passes over real tokens only."""
     dtype: Dtype = "float32"
     """Parameters and compute dtype of actor, critic and reference."""
+    lora_rank: int = field(default=0, metadata=bounds(ge=0))
+    """LoRA adapters of this rank on the policy (PEFT); only they train, the reference is the base model with the
+    adapters disabled, vLLM gets the merged weights. 0: full fine-tuning."""
+    lora_alpha: float = field(default=16, metadata=bounds(gt=0))
+    """LoRA scaling numerator (the adapters' update is scaled by ``lora_alpha / lora_rank``)."""
+    target_modules: Union[str, list[str]] = "all-linear"
+    """Modules that get adapters: ``all-linear`` (every linear layer but the output head) or a list of names."""
+    exclude_modules: Optional[Union[str, list[str]]] = None
+    """Modules left without adapters (names or a regex)."""
+    lora_adapter_path: Optional[str] = None
+    """Start from this saved PEFT adapter (a folder with ``adapter_config.json``) instead of new adapters."""
 
 
 @dataclass
 class OptimConfig:
     """AdamW settings."""
 
-    lr: float = field(default=5e-4, metadata=bounds(gt=0))
+    lr: float = field(default=1e-6, metadata=bounds(gt=0))
     """Learning rate."""
-    weight_decay: float = field(default=0.0, metadata=bounds(ge=0))
+    weight_decay: float = field(default=0.01, metadata=bounds(ge=0))
     """Weight decay."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     """Adam betas."""
@@ -123,10 +136,11 @@ class ActorConfig:
     overlap_comm: Optional[bool] = None
     """ZeRO >= 1: reduce gradients while backward still runs (DeepSpeed's ``zero_optimization.overlap_comm``);
     null: DeepSpeed's default (on at ZeRO 3, off at 1 and 2)."""
-    ppo_mini_batch_size: int = field(default=32, metadata=bounds(ge=1))
+    ppo_mini_batch_size: int = field(default=256, metadata=bounds(ge=1))
     """Prompts per optimizer step (times ``rollout.n`` responses), over all ranks."""
-    ppo_micro_batch_size_per_gpu: int = field(default=32, metadata=bounds(ge=1))
-    """Responses per forward/backward on one rank (a speed/memory knob: the gradient is the same)."""
+    ppo_micro_batch_size_per_gpu: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """Responses per forward/backward on one rank (a speed/memory knob: the gradient is the same); null: set it, or
+    ``use_dynamic_bsz`` (verl requires one of them too)."""
     use_dynamic_bsz: bool = False
     """Micro-batches by token budget instead of a fixed size."""
     ppo_max_token_len_per_gpu: int = field(default=16384, metadata=bounds(ge=1))
@@ -143,9 +157,9 @@ class ActorConfig:
     rollout (``rollout/log_prob_abs_diff`` compares them with the engine's)."""
     clip_ratio: float = field(default=0.2, metadata=bounds(gt=0))
     """PPO ratio clip epsilon (both sides unless the two below are set)."""
-    clip_ratio_low: Optional[float] = field(default=None, metadata=bounds(gt=0))
+    clip_ratio_low: Optional[float] = field(default=0.2, metadata=bounds(gt=0))
     """Lower clip epsilon."""
-    clip_ratio_high: Optional[float] = field(default=None, metadata=bounds(gt=0))
+    clip_ratio_high: Optional[float] = field(default=0.2, metadata=bounds(gt=0))
     """Upper clip epsilon (DAPO's clip-higher)."""
     clip_ratio_c: Optional[float] = field(default=3.0, metadata=bounds(gt=1))
     """Dual-clip bound for negative advantages (> 1); null disables dual clip."""
@@ -157,9 +171,9 @@ class ActorConfig:
     """Recompute the entropy's softmax in backward instead of keeping it."""
     entropy_from_logits_with_chunking: bool = False
     """Compute the actor's entropies a chunk of positions at a time (lower peak memory)."""
-    use_kl_loss: bool = True
+    use_kl_loss: bool = False
     """Add KL(actor || ref) to the loss (GRPO style)."""
-    kl_loss_coef: float = field(default=0.1, metadata=bounds(ge=0))
+    kl_loss_coef: float = field(default=0.001, metadata=bounds(ge=0))
     """Weight of the KL loss."""
     kl_loss_type: KLType = "low_var_kl"
     """KL estimator of the loss: kl (k1), abs, mse (k2), low_var_kl (k3)."""
@@ -177,8 +191,8 @@ class ActorConfig:
 class RefConfig:
     """The frozen reference policy's log-prob pass."""
 
-    log_prob_micro_batch_size_per_gpu: int = field(default=64, metadata=bounds(ge=1))
-    """Responses per reference forward on one rank."""
+    log_prob_micro_batch_size_per_gpu: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """Responses per reference forward on one rank; null: set it, or ``log_prob_use_dynamic_bsz``."""
     log_prob_use_dynamic_bsz: bool = False
     """Micro-batches by token budget (defaults to ``actor.use_dynamic_bsz``)."""
     log_prob_max_token_len_per_gpu: int = field(default=16384, metadata=bounds(ge=1))
@@ -211,15 +225,15 @@ class RolloutConfig:
     """Nucleus sampling: keep the most likely tokens up to this probability mass."""
     top_k: int = field(default=-1, metadata=bounds(ge=-1))
     """Top-k sampling; -1 = off."""
-    n: int = field(default=8, metadata=bounds(ge=1))
+    n: int = field(default=1, metadata=bounds(ge=1))
     """Responses per prompt (GRPO/RLOO groups)."""
-    response_length: int = field(default=4, metadata=bounds(ge=1))
+    response_length: int = field(default=512, metadata=bounds(ge=1))
     """New tokens per response (defaults to ``data.max_response_length``)."""
     micro_batch_size: Optional[int] = field(default=None, metadata=bounds(ge=1))
     """hf: prompts per ``generate`` call; null = the whole batch, as verl's hf rollout (the chunking changes which
     random numbers each sample draws, so it changes the samples: not a pure speed knob)."""
-    log_prob_micro_batch_size_per_gpu: int = field(default=64, metadata=bounds(ge=1))
-    """Responses per old-log-prob forward on one rank."""
+    log_prob_micro_batch_size_per_gpu: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """Responses per old-log-prob forward on one rank; null: set it, or ``log_prob_use_dynamic_bsz``."""
     log_prob_use_dynamic_bsz: bool = False
     """Old-log-prob micro-batches by token budget (defaults to ``actor.use_dynamic_bsz``)."""
     log_prob_max_token_len_per_gpu: int = field(default=16384, metadata=bounds(ge=1))
@@ -234,6 +248,12 @@ class RolloutConfig:
     """vLLM: no periodic engine statistics in the log."""
     enforce_eager: bool = True
     """vLLM: no CUDA graphs / compilation (fast start)."""
+    max_num_seqs: int = field(default=256, metadata=bounds(ge=1))
+    """vLLM: sequences per engine step."""
+    enable_chunked_prefill: bool = True
+    """vLLM: split long prefills into chunks of ``max_num_batched_tokens``."""
+    enable_prefix_caching: bool = True
+    """vLLM: reuse the KV cache of shared prompt prefixes (the n responses of a prompt)."""
     max_model_len: Optional[int] = field(default=None, metadata=bounds(ge=1))
     """vLLM: context length; null = prompt + response length."""
     dtype: Dtype = "float32"
@@ -261,6 +281,12 @@ class ActorRolloutRefConfig:
 class CriticModelConfig:
     path: Optional[str] = None
     """Value model initialised from this causal-LM directory (defaults to the policy's)."""
+    enable_gradient_checkpointing: bool = True
+    """Recompute the value model's activations in backward (verl's default for the critic)."""
+    enable_activation_offload: bool = False
+    """Keep the value model's saved activations on the host (GPU only)."""
+    use_remove_padding: bool = False
+    """Sequence packing for the value model's passes (verl's default for the critic: off)."""
 
 
 @dataclass
@@ -275,11 +301,15 @@ class CriticConfig:
     """DeepSpeed ZeRO stage of the critic (defaults to the actor's)."""
     overlap_comm: Optional[bool] = None
     """Gradient reduction during backward, as the actor's (defaults to the actor's)."""
-    ppo_mini_batch_size: int = field(default=32, metadata=bounds(ge=1))
+    offload_optimizer: bool = False
+    """ZeRO >= 1: the critic's optimizer state on the host (verl: ``critic.model.fsdp_config.optimizer_offload``)."""
+    offload_param: bool = False
+    """ZeRO 3: the critic's parameters on the host (verl: ``critic.model.fsdp_config.param_offload``)."""
+    ppo_mini_batch_size: int = field(default=256, metadata=bounds(ge=1))
     """Prompts per critic optimizer step over all ranks (defaults to the actor's)."""
-    ppo_micro_batch_size_per_gpu: int = field(default=32, metadata=bounds(ge=1))
-    """Responses per forward/backward on one rank."""
-    forward_micro_batch_size_per_gpu: int = field(default=32, metadata=bounds(ge=1))
+    ppo_micro_batch_size_per_gpu: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """Responses per forward/backward on one rank; null: set it, or ``use_dynamic_bsz``."""
+    forward_micro_batch_size_per_gpu: Optional[int] = field(default=None, metadata=bounds(ge=1))
     """Responses per value forward (no gradient) on one rank (defaults to ``ppo_micro_batch_size_per_gpu``)."""
     use_dynamic_bsz: bool = False
     """Micro-batches by token budget (defaults to ``actor.use_dynamic_bsz``)."""
@@ -295,16 +325,36 @@ class CriticConfig:
     """Aggregation of the value loss (defaults to the actor's)."""
     grad_clip: float = field(default=1.0, metadata=bounds(gt=0))
     """Gradient norm clip."""
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-3))
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     """The critic's optimizer."""
     profiler: ProfilerBlock = field(default_factory=_role_profiler)
     """rlprof role ``critic``."""
 
 
 @dataclass
+class RewardModelModelConfig:
+    path: Optional[str] = None
+    """A sequence-classification model directory (``AutoModelForSequenceClassification``); its last label's logit
+    for prompt and response is the score."""
+    trust_remote_code: bool = False
+    """Let transformers run the model directory's own code."""
+    use_remove_padding: bool = False
+    """verl's key: responses are scored padded here, so only false is honoured."""
+
+
+@dataclass
 class RewardModelConfig:
+    enable: bool = False
+    """Score responses with ``reward_model.model`` (as verl: that score replaces the rule reward; a
+    ``custom_reward_function.path`` takes precedence over both)."""
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    """The reward model."""
+    micro_batch_size_per_gpu: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """Responses per reward-model forward on one rank (null: all of the rank's batch in one)."""
+    max_length: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """Truncate the reward model's input to this many tokens, from the left (null: no limit)."""
     reward_manager: Literal["naive"] = "naive"
-    """naive: one rule-based score per response, chosen by data_source (the only manager of this trainer)."""
+    """naive: one score per response (the rule reward chosen by data_source, or the reward model's)."""
     profiler: ProfilerBlock = field(default_factory=_role_profiler)
     """rlprof role ``reward``."""
 
@@ -336,7 +386,7 @@ class KLControlConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "grpo"
+    adv_estimator: str = "gae"
     """A registered estimator: gae, grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline or your own."""
     gamma: float = field(default=1.0, metadata=bounds(ge=0, le=1))
     """Discount."""
@@ -365,14 +415,17 @@ class TrainerSection:
     """Tracker experiment / run name (a plain name: no path separators)."""
     logger: Union[list[str], str] = field(default_factory=lambda: ["console", "file"])
     """Tracking backends: console, tensorboard, file, wandb, mlflow (a list, or a string holding one)."""
-    total_epochs: int = field(default=100, metadata=bounds(ge=1))
-    """Passes over the training prompts (total_training_steps usually stops first)."""
-    total_training_steps: Optional[int] = field(default=300, metadata=bounds(ge=1))
+    total_epochs: int = field(default=30, metadata=bounds(ge=1))
+    """Passes over the training prompts (unless ``total_training_steps`` stops the run first)."""
+    total_training_steps: Optional[int] = field(default=None, metadata=bounds(ge=1))
     """Stop after this many steps (null: total_epochs decides)."""
     save_freq: int = -1
     """Checkpoint every N steps and at the end (-1: never)."""
-    test_freq: int = 50
+    test_freq: int = -1
     """Validate every N steps and at the end (-1: never)."""
+    critic_warmup: int = field(default=0, metadata=bounds(ge=0))
+    """Steps before the policy's first update: until step ``critic_warmup`` only the critic trains (verl: the actor
+    updates once ``critic_warmup <= step``)."""
     val_before_train: bool = True
     """Validate once before the first step."""
     default_local_dir: str = "outputs/checkpoints/rlprof/ppo-demo"

@@ -33,7 +33,7 @@ class ActorWorker:
         self.cfg = cfg
         self.model_cfg = model
         self.env = env
-        module = load_causal_lm(model_path, model.dtype, model.enable_gradient_checkpointing)
+        module = load_causal_lm(model_path, model.dtype, model.enable_gradient_checkpointing, lora=model)
         offload = cfg.fsdp_config.offload_policy
         self.engine = make_engine(
             module,

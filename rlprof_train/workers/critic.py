@@ -20,8 +20,8 @@ from rlprof_train.workers.engine import (
 
 
 class CriticWorker:
-    """Owns the value model's engine; reads only ``critic`` and the policy's ``model`` settings (dtype, packing,
-    checkpointing, which the value model shares)."""
+    """Owns the value model's engine; reads only ``critic`` (its ``model`` block: packing, checkpointing, activation
+    offload, as verl's critic has them) and the policy's dtype."""
 
     def __init__(
         self, cfg: CriticConfig, model: ModelConfig, model_path: str, env: DistEnv, zero_checkpoint: bool = False
@@ -30,20 +30,20 @@ class CriticWorker:
         self.cfg = cfg
         self.model_cfg = model
         self.env = env
-        module = ValueModel(model_path, model.dtype, model.enable_gradient_checkpointing)
+        module = ValueModel(model_path, model.dtype, cfg.model.enable_gradient_checkpointing)
         self.engine = make_engine(
             module,
             cfg.optim,
             zero_stage=cfg.zero_stage,
-            offload_optimizer=False,
-            offload_param=False,
+            offload_optimizer=cfg.offload_optimizer,
+            offload_param=cfg.offload_param,
             grad_clip=cfg.grad_clip,
             dtype=model.dtype,
             world_size=env.world_size,
             zero_checkpoint=zero_checkpoint,
             overlap_comm=cfg.overlap_comm,
         )
-        packed = model.use_remove_padding
+        packed = cfg.model.use_remove_padding
         self.forward_batching = MicroBatching(
             cfg.forward_micro_batch_size_per_gpu, cfg.use_dynamic_bsz, cfg.forward_max_token_len_per_gpu, packed
         )
@@ -80,7 +80,7 @@ class CriticWorker:
         mini_loss = 0.0
         for _, micro in self.update_batching.split(mini):
             assert micro.returns is not None and micro.values is not None, "run the earlier phases first"
-            with activation_offload(self.model_cfg.enable_activation_offload):
+            with activation_offload(self.cfg.model.enable_activation_offload):
                 vpreds = self._values(micro, self.update_batching.packed)
                 vf_loss, clipfrac = algos.value_loss(
                     vpreds,

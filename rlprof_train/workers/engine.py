@@ -178,19 +178,18 @@ def make_engine(
     config = deepspeed_config(
         stage, offload_optimizer, offload_param, grad_clip, dtype, world_size, hidden_size, overlap_comm
     )
+    trainable = [p for p in module.parameters() if p.requires_grad]  # with LoRA: the adapters only
     if offload_optimizer:
         params = dict(lr=optim.lr, weight_decay=optim.weight_decay, betas=list(optim.betas))
         config["optimizer"] = {"type": "AdamW", "params": params}
-        engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
+        engine, *_ = deepspeed.initialize(model=module, model_parameters=trainable, config=config)
         return engine
     betas = (float(optim.betas[0]), float(optim.betas[1]))
     kernel: dict[str, Any] = dict(fused=optim.fused, foreach=None if optim.fused else False)
     optimizer = (
-        ClippingAdamW(
-            module.parameters(), grad_clip, lr=optim.lr, betas=betas, weight_decay=optim.weight_decay, **kernel
-        )
+        ClippingAdamW(trainable, grad_clip, lr=optim.lr, betas=betas, weight_decay=optim.weight_decay, **kernel)
         if clips_in_optimizer(stage, dtype)
-        else torch.optim.AdamW(module.parameters(), lr=optim.lr, betas=betas, weight_decay=optim.weight_decay, **kernel)
+        else torch.optim.AdamW(trainable, lr=optim.lr, betas=betas, weight_decay=optim.weight_decay, **kernel)
     )
     engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
     return engine

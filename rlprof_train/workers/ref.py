@@ -1,6 +1,11 @@
-"""The reference policy: a frozen copy of the initial model (no optimizer, no engine: it only runs forward)."""
+"""The reference policy: a frozen copy of the initial model (no optimizer, no engine: it only runs forward), or,
+when the policy trains LoRA adapters, the policy's own module with its adapters disabled (the base model: no
+second copy)."""
 
 from __future__ import annotations
+
+import contextlib
+from typing import Any, Optional
 
 import torch
 
@@ -14,11 +19,17 @@ from rlprof_train.workers.log_prob import log_prob_pass
 
 class RefWorker:
     """Log-probs of the sampled responses under the initial policy; reads only ``actor_rollout_ref.ref`` and
-    ``.model``."""
+    ``.model``. ``lora_policy``: the actor's engine, whose PEFT module gives the base model with
+    ``disable_adapter()`` (used instead of loading a copy when ``model.lora_rank > 0``)."""
 
-    def __init__(self, cfg: RefConfig, model: ModelConfig, model_path: str) -> None:
+    def __init__(self, cfg: RefConfig, model: ModelConfig, model_path: str, lora_policy: Optional[Any] = None) -> None:
         self.cfg = cfg
-        self.model = load_causal_lm(model_path, model.dtype).eval().requires_grad_(False)
+        self.lora_policy = lora_policy
+        self.model = (
+            lora_policy
+            if lora_policy is not None
+            else load_causal_lm(model_path, model.dtype).eval().requires_grad_(False)
+        )
         self.batching = MicroBatching(
             cfg.log_prob_micro_batch_size_per_gpu,
             cfg.log_prob_use_dynamic_bsz,
@@ -28,7 +39,11 @@ class RefWorker:
 
     def compute_ref_log_prob(self, batch: RolloutBatch) -> tuple[torch.Tensor, MetricAggregator]:
         """Reference log-probs ``[B, R]`` and ``ref/entropy`` (chunked: ``ref.entropy_from_logits_with_chunking``)."""
-        log_probs, entropy = log_prob_pass(self.model, batch, self.batching, self.cfg.entropy_from_logits_with_chunking)
+        base = self.lora_policy.module.disable_adapter() if self.lora_policy is not None else contextlib.nullcontext()
+        with base:
+            log_probs, entropy = log_prob_pass(
+                self.model, batch, self.batching, self.cfg.entropy_from_logits_with_chunking
+            )
         metrics = MetricAggregator()
         metrics.add(
             "ref/entropy",

@@ -50,7 +50,9 @@ def test_a_backend_registered_from_user_code_receives_the_metrics(tmp_path):
     assert (tmp_path / "metrics.csv").read_text() == "1,reward/mean,0.5\n"
     from rlprof_train.config.load import load_trainer_config, validate
 
-    validate(load_trainer_config(["trainer.logger=[console,csv]"]))  # and the trainer accepts its name
+    validate(
+        load_trainer_config(["--config-name=demo", "trainer.logger=[console,csv]"])
+    )  # and the trainer accepts its name
 
 
 def test_an_estimator_registered_from_user_code_is_used_by_the_trainer_config(capsys):

@@ -195,15 +195,13 @@ def test_steps_that_spell_out_the_window_are_accepted():
     assert sorted(config.step_selection().steps) == [2, 3, 4]
 
 
-def test_rank_outside_the_world():
-    expect_error(
-        SEED_NSYS.replace("ranks: [0]", "ranks: [0, 4]"),
-        "actor.profiler.ranks[1]",
-        "rank 4",
-        "world_size=4",
-        "0..3",
-        world_size=4,
-    )
+def test_rank_outside_the_world_is_a_warning_as_in_verl_and_a_negative_rank_an_error():
+    """A verl script moved to fewer GPUs keeps its ``ranks=[0,4]``: verl records nothing for rank 4; so does rlprof,
+    and says so."""
+    with pytest.warns(RuntimeWarning, match=r"actor\.profiler\.ranks\[1\]: rank 4 is outside the world \(world_size=4"):
+        config = load_config(OmegaConf.create(SEED_NSYS.replace("ranks: [0]", "ranks: [0, 4]")), world_size=4)
+    assert config.roles["actor"].ranks == [0, 4]
+    expect_error(SEED_NSYS.replace("ranks: [0]", "ranks: [-1]"), "actor.profiler.ranks[0]", "rank -1 is negative")
 
 
 def test_wrong_types_name_the_key():

@@ -37,7 +37,12 @@ RANGES_PER_STEP = Counter(
 
 
 def test_torch_traces_for_steps_2_and_3_are_listed_and_served_by_tensorboard(tmp_path):
-    run_example("global_profiler.tool=torch", "global_profiler.steps=[2,3]", save_path=tmp_path)
+    run_example(
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[2,3]",
+        "global_profiler.profile_continuous_steps=true",
+        save_path=tmp_path,
+    )
     manifest = read_manifest(tmp_path)
     assert [(m["tool"], m["path"], m["steps"], m["rank"]) for m in manifest] == [
         ("torch", "torch/step2-3/rank0.pt.trace.json.gz", [2, 3], 0)
@@ -106,6 +111,7 @@ def test_nsys_records_each_role_range_in_the_selected_steps_only(tmp_path, nsys)
     run_example(
         "global_profiler.tool=nsys",
         "global_profiler.steps=[2,3]",
+        "global_profiler.profile_continuous_steps=true",
         save_path=tmp_path / "out",
         prefix=nsys_profile(nsys, report),
     )

@@ -27,7 +27,8 @@ def update():
     time.sleep(0.01)
 
 {setup}
-rlprof.init({{"global_profiler": {{"tool": "torch", "steps": [1, 2, 3], "save_path": sys.argv[1]}}}})
+rlprof.init({{"global_profiler": {{"tool": "torch", "steps": [1, 2, 3], "profile_continuous_steps": True,
+              "save_path": sys.argv[1]}}}})
 for n in range(1, 4):
     with rlprof.step(n):
         update()

@@ -141,6 +141,7 @@ def test_two_ranks_under_one_nsys_are_one_run_with_a_window_per_rank(tmp_path, n
         str(EXAMPLE),
         "global_profiler.tool=nsys",
         "global_profiler.steps=[2,3]",
+        "global_profiler.profile_continuous_steps=true",
         "role_profiler.all_ranks=true",
         f"global_profiler.save_path={save}",
     ]

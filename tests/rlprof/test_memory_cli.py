@@ -172,7 +172,12 @@ def test_the_html_timeline_renders_offline(snapshot_file, tmp_path, capsys):
 
 
 def test_host_rss_per_range_of_a_real_run(tmp_path, capsys):
-    run_example("global_profiler.tool=torch_memory", "global_profiler.steps=[1,2]", save_path=tmp_path / "profile")
+    run_example(
+        "global_profiler.tool=torch_memory",
+        "global_profiler.steps=[1,2]",
+        "global_profiler.profile_continuous_steps=true",
+        save_path=tmp_path / "profile",
+    )
     (rss,) = (tmp_path / "profile").rglob("*.host_memory.jsonl")
     page = tmp_path / "rss.html"
     assert main(["memory", str(rss), "--format", "md", "--html", str(page)]) == 0

@@ -35,7 +35,7 @@ def grow(megabytes: int) -> int:
 def test_cpu_fallback_warns_once_and_records_rss_per_range(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        rlprof.init(memory_config(tmp_path, steps=[1, 2]))
+        rlprof.init(memory_config(tmp_path, steps=[1, 2], profile_continuous_steps=True))
         for n in range(4):
             with rlprof.step(n):
                 with rlprof.profile_range("outer", role="rollout"):

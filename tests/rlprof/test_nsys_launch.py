@@ -25,6 +25,9 @@ def option(options: list[str], prefix: str) -> list[str]:
 
 def test_with_cuda_one_capture_per_window_is_repeated_as_often_as_there_are_windows(tmp_path):
     command = [*EXAMPLE_COMMAND, "global_profiler.tool=nsys", "global_profiler.steps=[2,3,7]"]
+    each_step = plan([*command, f"global_profiler.save_path={tmp_path}"], [], cuda=True)  # verl's default
+    assert each_step.windows == [(2, 2), (3, 3), (7, 7)] and "--capture-range-end=repeat:3" in each_step.options
+    command.append("global_profiler.profile_continuous_steps=true")
     capture = plan([*command, f"global_profiler.save_path={tmp_path}"], [], cuda=True)
     assert capture.windows == [(2, 3), (7, 7)]
     assert option(capture.options, "--capture-range") == [
@@ -50,12 +53,20 @@ def test_the_users_nsys_options_are_kept(tmp_path):
 
 
 def test_the_trainers_defaults_and_a_yaml_config_are_read_as_the_command_reads_them(tmp_path):
-    trainer = plan([*TRAINER_COMMAND, "global_profiler.tool=nsys", "global_profiler.steps=[299,301]"], [], cuda=True)
+    command = [
+        *TRAINER_COMMAND,
+        "--config-name",
+        "demo",
+        "global_profiler.tool=nsys",
+        "global_profiler.steps=[299,301]",
+    ]
+    trainer = plan(command, [], cuda=True)
     assert trainer.warnings == [
         "window(s) 301 start after trainer.total_training_steps=300: they will never be captured"
-    ]  # 300 is the trainer's default
+    ]  # 300 is the demo config's
+    assert plan([*command[:3], *command[5:]], [], cuda=True).warnings == []  # verl's default: the epochs decide
     config = tmp_path / "profile.yaml"
-    config.write_text("global_profiler:\n  tool: nsys\n  steps: [4, 5]\n")
+    config.write_text("global_profiler:\n  tool: nsys\n  steps: [4, 5]\n  profile_continuous_steps: true\n")
     capture = plan([*EXAMPLE_COMMAND, "--config", str(config)], [], cuda=True)
     assert capture.windows == [(4, 5)] and "--capture-range-end=repeat:1" in capture.options
 

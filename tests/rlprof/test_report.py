@@ -29,6 +29,7 @@ def example_run(tmp_path_factory):
     run_example(
         "global_profiler.tool=torch",
         "global_profiler.steps=[2,3]",
+        "global_profiler.profile_continuous_steps=true",
         "global_profiler.global_tool_config.torch.contents=[cpu,memory]",
         save_path=save_path,
     )

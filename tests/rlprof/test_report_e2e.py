@@ -28,6 +28,7 @@ def demo_run(tmp_path_factory):
         "trainer.experiment_name=demo",
         "global_profiler.tool=torch",
         "global_profiler.steps=[2,3]",
+        "global_profiler.profile_continuous_steps=true",
         "global_profiler.global_tool_config.torch.contents=[cpu,memory]",
         f"global_profiler.save_path={root}/profile",
         "trainer.total_training_steps=40",
@@ -75,7 +76,12 @@ def test_the_html_page_renders_its_charts_with_no_network(demo_run, tmp_path):
 def test_per_annotation_totals_equal_holistic_trace_analysis(tmp_path):
     if not (HTA / "hta").is_dir():
         pytest.skip("Holistic Trace Analysis is not installed in .venv/hta (scripts/setup.sh installs it)")
-    run_example("global_profiler.tool=torch", "global_profiler.steps=[2,3]", save_path=tmp_path / "profile")
+    run_example(
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[2,3]",
+        "global_profiler.profile_continuous_steps=true",
+        save_path=tmp_path / "profile",
+    )
     (trace,) = (tmp_path / "profile" / "torch").rglob("*.pt.trace.json.gz")
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "hta_totals.py"), str(trace.parent)],

@@ -55,6 +55,7 @@ def train(folder: Path, model: Path, *overrides: str, prefix: tuple[str, ...] = 
     command = [
         *prefix,
         "rlprof_train.main_ppo",
+        "--config-name=demo",
         f"actor_rollout_ref.model.path={model}",
         *COMMON,
         f"trainer.log_dir={folder}/logs",

@@ -16,11 +16,12 @@ import rlprof
 from rlprof.manifest import read_manifest
 
 
-def torch_config(save_path: Path, steps=None, roles=None, **torch_cfg):
+def torch_config(save_path: Path, steps=None, roles=None, continuous=False, **torch_cfg):
     cfg = {
         "global_profiler": {
             "tool": "torch",
             "steps": steps,
+            "profile_continuous_steps": continuous,
             "save_path": str(save_path),
             "global_tool_config": {"torch": torch_cfg},
         }
@@ -49,8 +50,19 @@ def run_steps(steps, body=lambda: update(1)):
             body()
 
 
-def test_contiguous_selected_steps_form_one_window_each(tmp_path):
+def test_each_selected_step_is_a_window_of_its_own_by_default_as_in_verl(tmp_path):
     rlprof.init(torch_config(tmp_path, steps=[2, 3, 5]))
+    run_steps(range(1, 7))
+    rlprof.shutdown()
+    assert [m["steps"] for m in read_manifest(tmp_path)] == [[2], [3], [5]]
+    assert [m["path"] for m in read_manifest(tmp_path)][:2] == [
+        "torch/step2/rank0.pt.trace.json.gz",
+        "torch/step3/rank0.pt.trace.json.gz",
+    ]
+
+
+def test_contiguous_selected_steps_form_one_window_each_with_profile_continuous_steps(tmp_path):
+    rlprof.init(torch_config(tmp_path, steps=[2, 3, 5], continuous=True))
     run_steps(range(1, 7))
     rlprof.shutdown()
     files = sorted(m["path"] for m in read_manifest(tmp_path))
@@ -120,9 +132,12 @@ def test_rank_selection_from_role_blocks(tmp_path):
     assert [m["path"] for m in read_manifest(tmp_path)] == ["torch/step1/rank1.pt.trace.json.gz"]
 
 
-def test_rank_outside_the_world_fails_at_init(tmp_path):
-    with pytest.raises(rlprof.ConfigError, match="ranks\\[0\\].*rank 2.*world_size=2"):
+def test_rank_outside_the_world_records_nothing_and_says_so_at_init(tmp_path):
+    with pytest.warns(RuntimeWarning, match="ranks\\[0\\]: rank 2 is outside the world"):
         rlprof.init(torch_config(tmp_path, roles={"actor": {"profiler": {"ranks": [2]}}}), rank=0, world_size=2)
+    run_steps([1])
+    rlprof.shutdown()
+    assert read_manifest(tmp_path) == []
 
 
 class Boom(RuntimeError):
@@ -256,7 +271,7 @@ def test_torch_contents_turn_on_shapes_and_stacks(tmp_path):
 
 
 def test_a_window_records_what_runs_between_its_steps_as_such_and_nothing_after_its_last(tmp_path):
-    rlprof.init(torch_config(tmp_path, steps=[2, 3]))
+    rlprof.init(torch_config(tmp_path, steps=[2, 3], continuous=True))
     for n in range(1, 5):
         with rlprof.step(n):
             update(1)
@@ -329,7 +344,7 @@ def test_is_recording_and_window_listeners_follow_the_windows(tmp_path):
         def window_stopped(self, window):
             seen.append(("stop", window.name, rlprof.is_recording("rollout")))
 
-    session = rlprof.init(torch_config(tmp_path, steps=[2, 3, 5]))
+    session = rlprof.init(torch_config(tmp_path, steps=[2, 3, 5], continuous=True))
     session.add_window_listener(Follower())
     recording = []
     for n in range(1, 7):

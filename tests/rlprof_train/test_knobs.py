@@ -134,7 +134,12 @@ def actor_grads(model_dir, env, batch: RolloutBatch, *overrides: str, layer_call
     from rlprof_train.workers.actor import ActorWorker
 
     cfg = load_trainer_config(
-        [f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.actor.zero_stage=0", *overrides]
+        [
+            "--config-name=demo",
+            f"actor_rollout_ref.model.path={model_dir}",
+            "actor_rollout_ref.actor.zero_stage=0",
+            *overrides,
+        ]
     )
     worker = ActorWorker(cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model, str(model_dir), env)
     if layer_calls is not None:  # count executions (torch suppresses module hooks while recomputing)
@@ -199,6 +204,7 @@ def test_reusing_on_policy_log_probs_gives_the_recomputed_loss_gradient_and_entr
     for reuse in (False, True):
         cfg = load_trainer_config(
             [
+                "--config-name=demo",
                 f"actor_rollout_ref.model.path={model_dir}",
                 "actor_rollout_ref.actor.zero_stage=0",
                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
@@ -367,7 +373,7 @@ def test_the_fused_adamw_kernel_gives_the_loops_update(model_dir, dist_env):
     from rlprof_train.config.schema import OptimConfig
     from rlprof_train.workers.engine import make_engine
 
-    defaults = load_trainer_config([])
+    defaults = load_trainer_config(["--config-name=demo"])
     assert defaults.actor_rollout_ref.actor.optim.fused and defaults.critic.optim.fused
     batches = [ragged_batch(seed=7), ragged_batch(seed=8)]
     results = []
@@ -402,7 +408,7 @@ def test_a_checkpoint_saved_by_zero_resumes_into_a_zero_engine(model_dir, dist_e
     saved = checkpoint.save(tmp_path / "zero", 1, {"actor": zero1}, {"kl_coef": 0.1}, True, lambda: None, None)
     assert checkpoint.saved_by_zero(saved, "actor") and not checkpoint.saved_by_zero(None, "actor")
 
-    cfg = load_trainer_config([f"actor_rollout_ref.model.path={model_dir}"])
+    cfg = load_trainer_config(["--config-name=demo", f"actor_rollout_ref.model.path={model_dir}"])
     actor, model = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model
     fresh = ActorWorker(actor, model, str(model_dir), dist_env)
     assert fresh.engine.zero_optimization_stage() == 0

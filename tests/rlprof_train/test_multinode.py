@@ -52,6 +52,7 @@ def two_nodes(tmp_path: Path, *overrides: str, timeout: float = 600) -> list[tup
             "--rdzv_id=my-run",
             "-m",
             "rlprof_train.main_ppo",
+            "--config-name=demo",
             *overrides,
         ]
         env = subprocess_env(OMP_NUM_THREADS="1")

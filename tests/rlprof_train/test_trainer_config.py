@@ -12,12 +12,18 @@ from rlprof_train.config.load import load_trainer_config, validate
 from rlprof_train.main_ppo import main
 
 
-def test_defaults_validate_and_declare_every_role():
-    cfg = load_trainer_config([])
+def test_the_demo_config_validates_and_declares_every_role_and_verls_defaults_ask_for_the_micro_batches():
+    cfg = load_trainer_config(["--config-name", "demo"])
     validate(cfg)
     from rlprof.config import load_config
 
     assert set(load_config(as_dict(cfg)).roles) == {"actor", "ref", "rollout", "critic", "reward", "trainer"}
+    with pytest.raises(ConfigError) as refused:  # as verl: the passes' micro-batch sizes must be given
+        validate(load_trainer_config([]))
+    assert str(refused.value).startswith(
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null, "
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null, critic.ppo_micro_batch_size_per_gpu=null"
+    )
 
 
 def test_dotted_overrides_and_interpolated_defaults():
@@ -124,7 +130,7 @@ def test_wrong_types_and_ranges_are_named_before_work_starts(override, fragments
         ("trainer.logger=[console,neptune]", ["unknown backend 'neptune'"]),
         ("actor_rollout_ref.model.path=/no/such/model", ["model.path='/no/such/model'", "no such directory"]),
         ("custom_reward_function.path=/no/such/reward.py", ["custom_reward_function.path", "no such file"]),
-        ("actor_rollout_ref.rollout.name=sglang", ["rollout.name: 'sglang'", "hf, vllm"]),
+        ("actor_rollout_ref.rollout.name=sglang", ["rollout.name='sglang'", "use vllm"]),
         ("global_profiler.tool=npu", ["global_profiler.tool", "'npu'", "nsys, range_times, torch, torch_memory"]),
     ],
 )
@@ -169,7 +175,9 @@ def test_reusing_on_policy_log_probs_applies_only_where_the_update_is_on_policy(
     from rlprof_train.prepare import reuses_on_policy_log_probs
 
     lines: list[str] = []
-    cfg = load_trainer_config(["actor_rollout_ref.actor.reuse_on_policy_log_probs=true", *overrides])
+    cfg = load_trainer_config(
+        ["--config-name=demo", "actor_rollout_ref.actor.reuse_on_policy_log_probs=true", *overrides]
+    )
     assert reuses_on_policy_log_probs(cfg, lines.append) is (reason is None)
     assert (reason is None and not lines) or (len(lines) == 1 and reason in lines[0]), lines
-    assert not reuses_on_policy_log_probs(load_trainer_config(overrides), lines.append)  # off by default
+    assert not reuses_on_policy_log_probs(load_trainer_config(["--config-name=demo", *overrides]), lines.append)

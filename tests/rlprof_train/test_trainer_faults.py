@@ -34,6 +34,7 @@ def command(folder: Path, *overrides: str, prefix: tuple[str, ...] = (sys.execut
     return [
         *prefix,
         "rlprof_train.main_ppo",
+        "--config-name=demo",
         *SMALL,
         'trainer.logger=["file"]',
         f"trainer.log_dir={folder}/logs",

@@ -122,7 +122,9 @@ def test_data_without_ground_truth_is_refused_for_the_built_in_rewards(tmp_path,
     custom = reward_file(tmp_path, "def compute_score(*args, **kwargs):\n    return 1.0\n")
     from rlprof_train.config.load import load_trainer_config, validate
 
-    validate(load_trainer_config([f"data.train_files={data}", f"custom_reward_function.path={custom}"]))
+    validate(
+        load_trainer_config(["--config-name=demo", f"data.train_files={data}", f"custom_reward_function.path={custom}"])
+    )
 
 
 # ----------------------------------------------------------------------------------------------- checkpoints on disk

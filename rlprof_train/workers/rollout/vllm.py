@@ -18,7 +18,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,6 +30,7 @@ from rlprof.window import StepWindow, WindowListener
 from rlprof_train.batch import RolloutBatch
 from rlprof_train.config.schema import RolloutConfig, TrainerConfig
 from rlprof_train.data import Example
+from rlprof_train.models import merged_state_dict
 from rlprof_train.workers.rollout.base import Rollout, SamplingParams, build_rollout_batch
 from rlprof_train.workers.rollout.registry import RolloutContext, register_rollout
 
@@ -40,12 +41,24 @@ MEMORY_KNOBS = (
 )
 
 
-def preflight(model_path: str, kv_cache_space_gb: float) -> None:
-    """Refuse, naming the reason, what the engine would only report in its own process's log."""
+def preflight(model_path: str, kv_cache_space_gb: float, max_model_len: int, longest_sequence: int) -> None:
+    """Refuse, naming the reason, what the engine would only report in its own process's log (or after loading)."""
     from transformers import AutoConfig
     from vllm.model_executor.models import ModelRegistry
 
     config = AutoConfig.from_pretrained(model_path)
+    lengths = (
+        f"data.max_prompt_length + actor_rollout_ref.rollout.response_length = {longest_sequence} tokens, "
+        f"actor_rollout_ref.rollout.max_model_len={max_model_len}"
+    )
+    if max_model_len < longest_sequence:
+        raise ConfigError(f"vLLM could not hold the longest sequence: {lengths}; raise max_model_len or leave it null")
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is not None and max_model_len > positions:
+        raise ConfigError(
+            f"the model at {model_path} has {positions} positions (max_position_embeddings) but vLLM would need "
+            f"{max_model_len} ({lengths}); shorten the prompts or responses"
+        )
     supported = set(ModelRegistry.get_supported_archs())
     architectures = list(getattr(config, "architectures", None) or [])
     if not any(arch in supported for arch in architectures):
@@ -86,6 +99,33 @@ def explain_start_failure(exc: BaseException, model_path: str) -> str:
     )
 
 
+def prefill_scheduling(rollout: RolloutConfig, max_model_len: int, on_gpu: bool) -> tuple[bool, int, Optional[str]]:
+    """``(enable_chunked_prefill, max_num_batched_tokens, note)`` the engine starts with.
+
+    Every request is sampled with its own seeded generator (reproducible rollouts). When vLLM splits a prompt's
+    prefill over several engine steps it discards the token sampled for the unfinished part and rewinds that
+    request's generator by its offset, which CPU generators do not have (``RuntimeError: CPU Generator does not use
+    offset`` in step 1 of a batch with more prompt tokens than ``max_num_batched_tokens``). On CPU, prefills are
+    therefore never split: chunked prefill off, and the token budget at least ``max_model_len`` so any one prompt
+    fits a step (vLLM's own rule without chunking). The note says what changed, for the run's log.
+    """
+    if on_gpu:
+        return rollout.enable_chunked_prefill, rollout.max_num_batched_tokens, None
+    batched_tokens = max(rollout.max_num_batched_tokens, max_model_len)
+    changes = []
+    if rollout.enable_chunked_prefill:
+        changes.append("enable_chunked_prefill=false")
+    if batched_tokens != rollout.max_num_batched_tokens:
+        changes.append(f"max_num_batched_tokens={batched_tokens} (max_model_len)")
+    note = None
+    if changes:
+        note = (
+            f"rollout: vLLM on CPU runs with {', '.join(changes)}: a prefill split over engine steps rewinds the "
+            "request's seeded generator, which CPU generators cannot do"
+        )
+    return False, batched_tokens, note
+
+
 @contextlib.contextmanager
 def scoped_environ(**variables: str) -> Iterator[None]:
     """Set environment variables for the ``with`` block only (what children started in it inherit); restore after."""
@@ -114,6 +154,7 @@ class VLLMRollout(Rollout, WindowListener):
         zero_stage: int,
         max_prompt_length: int,
         seed: int,
+        log: Callable[[str], None] = print,
     ) -> None:
         self.actor = actor
         self.tokenizer = tokenizer
@@ -128,7 +169,12 @@ class VLLMRollout(Rollout, WindowListener):
         kv_cache_gb = int(kv_cache) if kv_cache else rollout.kv_cache_space_gb
         from vllm import LLM
 
-        preflight(model_path, kv_cache_gb)
+        longest_sequence = max_prompt_length + rollout.response_length
+        max_model_len = rollout.max_model_len or longest_sequence
+        preflight(model_path, kv_cache_gb, max_model_len, longest_sequence)
+        chunked_prefill, batched_tokens, note = prefill_scheduling(rollout, max_model_len, torch.cuda.is_available())
+        if note:
+            log(note)
         options: dict[str, Any] = dict(
             model=model_path,
             tokenizer=model_path,
@@ -136,9 +182,12 @@ class VLLMRollout(Rollout, WindowListener):
             enforce_eager=rollout.enforce_eager,
             gpu_memory_utilization=rollout.gpu_memory_utilization,
             tensor_parallel_size=rollout.tensor_parallel_size,
-            max_num_batched_tokens=rollout.max_num_batched_tokens,
+            max_num_batched_tokens=batched_tokens,
+            max_num_seqs=rollout.max_num_seqs,
+            enable_chunked_prefill=chunked_prefill,
+            enable_prefix_caching=rollout.enable_prefix_caching,
             disable_log_stats=rollout.disable_log_stats,
-            max_model_len=rollout.max_model_len or max_prompt_length + rollout.response_length,
+            max_model_len=max_model_len,
             seed=seed,
         )
         if session is not None and session.config.global_profiler.tool == "torch":  # the engine's side, same contents
@@ -236,7 +285,7 @@ class VLLMRollout(Rollout, WindowListener):
             paths: list[Path] = []
             bucket: dict[str, torch.Tensor] = {}
             size = 0
-            for name, tensor in module.state_dict().items():
+            for name, tensor in merged_state_dict(module).items():  # LoRA adapters merged in
                 bucket[name] = tensor.detach().to(device="cpu", dtype=self.dtype).contiguous().clone()
                 size += bucket[name].numel() * bucket[name].element_size()
                 if size >= BUCKET_BYTES:
@@ -294,6 +343,9 @@ def _installed(cfg: TrainerConfig) -> Optional[str]:
         "disable_log_stats",
         "enforce_eager",
         "max_model_len",
+        "max_num_seqs",
+        "enable_chunked_prefill",
+        "enable_prefix_caching",
         "kv_cache_space_gb",
     ),
     returns_log_probs=True,
@@ -310,4 +362,5 @@ def vllm_rollout(context: RolloutContext) -> VLLMRollout:
         zero_stage=cfg.actor_rollout_ref.actor.zero_stage,
         max_prompt_length=cfg.data.max_prompt_length,
         seed=cfg.trainer.seed,
+        log=context.log if context.env.is_main else lambda _line: None,
     )

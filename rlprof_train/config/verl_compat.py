@@ -1,0 +1,334 @@
+"""What each of verl's trainer keys means here: one table, read by the loader before anything else.
+
+A verl launch script or config sets keys of verl's trainer (``verl/ppo_trainer.yaml``: verl's own flattened config,
+every key with its default). Each key it sets is one of:
+
+- a key of this trainer: used as it is;
+- an **alias**: the same setting under this trainer's name, the value converted where verl's unit differs (verl's
+  global micro-batch sizes are divided by the number of ranks, as verl divides them);
+- a **mirror**: a verl key that repeats another setting (``critic.model.use_remove_padding``, which here is the
+  policy's): accepted when it agrees, refused naming the key to set when it does not;
+- a **no-op**: an engine, placement or I/O detail with no effect on the experiment here (FSDP wrapping, Ray pools,
+  torch.compile): accepted and named once in the log;
+- **refused**, with the equivalent to use (another launcher flag, another key);
+- anything else of verl's is **not supported**: accepted at verl's default (the experiment is then the same as
+  verl's), refused at any other value, since dropping it would silently run another experiment.
+
+Every problem of a command line and config file is collected and reported at once (:func:`translate`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+VERL_DEFAULTS = Path(__file__).parent / "verl" / "ppo_trainer.yaml"
+ARR = "actor_rollout_ref"
+
+
+@dataclass(frozen=True)
+class Alias:
+    target: str
+    convert: Optional[Callable[[Any, int], Any]] = None
+    """``(value, world_size) -> value here``; raises ValueError with the reason."""
+    implies: tuple[tuple[str, Any], ...] = ()
+    """Settings here that verl's meaning of a true value carries, applied unless the user set them."""
+
+
+@dataclass(frozen=True)
+class Mirror:
+    of: str
+    """The key here that holds the setting."""
+
+
+@dataclass(frozen=True)
+class NoOp:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    equivalent: str
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """``trainer.nnodes`` / ``trainer.n_gpus_per_node``: checked against the processes the launcher started."""
+
+    what: str
+
+
+Rule = Union[Alias, Mirror, NoOp, Refused, Launcher]
+
+FSDP = "an FSDP engine detail; the actor and critic run on DeepSpeed here"
+RAY = "a Ray placement detail; processes are started by torchrun or the deepspeed launcher here"
+IO = "verl's own I/O; nothing to do here"
+
+
+def _per_gpu(value: Any, world_size: int) -> Any:
+    """verl's global micro-batch size -> per rank (verl: ``size // world_size``)."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"must be a positive integer, not {value!r}")
+    if value % world_size:
+        raise ValueError(f"must be a multiple of the number of ranks ({world_size}); verl divides it among them")
+    return value // world_size
+
+
+def _offload(target: str) -> Alias:
+    """FSDP's parameter offload is of fully sharded parameters: ZeRO stage 3 with parameter offload here."""
+    if not target.endswith("offload_param"):
+        return Alias(target)
+    return Alias(target, implies=((target.rsplit(".", 1)[0] + ".zero_stage", 3),))
+
+
+OTHER_ENGINES = {
+    f"{ARR}.rollout.name": {
+        engine: f"verl's {title} engine is not available here; use vllm (it serves the same models and reads the "
+        "engine settings verl scripts pass) or hf"
+        for engine, title in (("sglang", "SGLang"), ("trtllm", "TensorRT-LLM"))
+    },
+}
+"""Values of keys both configs have that name one of verl's engines rlprof_train does not have."""
+
+RULES: list[tuple[str, Rule]] = [
+    # aliases: the same setting, verl's name
+    (f"{ARR}.rollout.tensor_model_parallel_size", Alias(f"{ARR}.rollout.tensor_parallel_size")),
+    (f"{ARR}.actor.fsdp_config.param_offload", _offload(f"{ARR}.actor.offload_param")),
+    (f"{ARR}.actor.fsdp_config.optimizer_offload", _offload(f"{ARR}.actor.offload_optimizer")),
+    ("critic.model.fsdp_config.param_offload", _offload("critic.offload_param")),
+    ("critic.model.fsdp_config.optimizer_offload", _offload("critic.offload_optimizer")),
+    (f"{ARR}.actor.ppo_micro_batch_size", Alias(f"{ARR}.actor.ppo_micro_batch_size_per_gpu", _per_gpu)),
+    (f"{ARR}.rollout.log_prob_micro_batch_size", Alias(f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu", _per_gpu)),
+    (f"{ARR}.ref.log_prob_micro_batch_size", Alias(f"{ARR}.ref.log_prob_micro_batch_size_per_gpu", _per_gpu)),
+    ("critic.ppo_micro_batch_size", Alias("critic.ppo_micro_batch_size_per_gpu", _per_gpu)),
+    ("critic.forward_micro_batch_size", Alias("critic.forward_micro_batch_size_per_gpu", _per_gpu)),
+    ("reward_model.micro_batch_size", Alias("reward_model.micro_batch_size_per_gpu", _per_gpu)),
+    # mirrors: verl repeats these per worker; here they are one setting
+    (f"{ARR}.actor.use_remove_padding", Mirror(f"{ARR}.model.use_remove_padding")),
+    (f"{ARR}.actor.rollout_n", Mirror(f"{ARR}.rollout.n")),
+    (f"{ARR}.ref.rollout_n", Mirror(f"{ARR}.rollout.n")),
+    ("critic.rollout_n", Mirror(f"{ARR}.rollout.n")),
+    (f"{ARR}.rollout.prompt_length", Mirror("data.max_prompt_length")),
+    (f"{ARR}.ref.strategy", Mirror(f"{ARR}.actor.strategy")),
+    ("critic.strategy", Mirror(f"{ARR}.actor.strategy")),
+    ("critic.model.tokenizer_path", Mirror("critic.model.path")),
+    # the launcher's world
+    ("trainer.nnodes", Launcher("nodes")),
+    ("trainer.n_gpus_per_node", Launcher("processes per node")),
+    # refused, with what to use
+    ("*.megatron.*", Refused("Megatron is not an engine here; use actor_rollout_ref.actor.zero_stage=0|1|2|3")),
+    (f"{ARR}.actor.ulysses_sequence_parallel_size", Refused("sequence parallelism is not implemented; leave it 1")),
+    (f"{ARR}.ref.ulysses_sequence_parallel_size", Refused("sequence parallelism is not implemented; leave it 1")),
+    ("critic.ulysses_sequence_parallel_size", Refused("sequence parallelism is not implemented; leave it 1")),
+    # no-ops: engine, placement and I/O details
+    ("*._target_", NoOp("verl's dataclass path")),
+    (f"{ARR}.ref.fsdp_config.param_offload", NoOp("the reference policy is frozen here, with no optimizer state")),
+    ("*.fsdp_config.*", NoOp(FSDP)),
+    (f"{ARR}.actor.fsdp_config", NoOp(FSDP)),
+    (f"{ARR}.actor.use_torch_compile", NoOp("torch.compile is not used here (eager PyTorch)")),
+    (f"{ARR}.ref.use_torch_compile", NoOp("torch.compile is not used here (eager PyTorch)")),
+    (f"{ARR}.actor.checkpoint.*", NoOp("checkpoints always hold the model, optimizer and trainer state here")),
+    ("critic.checkpoint.*", NoOp("checkpoints always hold the model, optimizer and trainer state here")),
+    (f"{ARR}.hybrid_engine", NoOp("the actor and the rollout share one process here")),
+    (f"{ARR}.nccl_timeout", NoOp("see trainer settings for timeouts")),
+    (f"{ARR}.model.use_shm", NoOp("the model loads from its directory")),
+    ("critic.model.use_shm", NoOp("the model loads from its directory")),
+    (
+        f"{ARR}.rollout.mode",
+        NoOp("generation runs in the trainer's processes (verl's sync and async are the same math)"),
+    ),
+    (f"{ARR}.rollout.load_format", NoOp("the engine loads the model directory, then the actor's weights")),
+    (f"{ARR}.rollout.layered_summon", NoOp("weights are synced in buckets here")),
+    (f"{ARR}.rollout.free_cache_engine", NoOp("the engine's cache is kept between steps")),
+    (f"{ARR}.rollout.multi_stage_wake_up", NoOp("an SGLang memory detail")),
+    (f"{ARR}.rollout.skip_tokenizer_init", NoOp("an engine start-up detail")),
+    (f"{ARR}.rollout.prometheus.*", NoOp("the engine's metrics are not exported to Prometheus here")),
+    (f"{ARR}.rollout.trace.*", NoOp("rollout traces are recorded by rlprof's tools here")),
+    ("*.profiler.tool_config.npu.*", NoOp("NPU profiling: not on these machines")),
+    ("*.profiler.tool_config.torch_memory.*", NoOp("torch_memory is configured in global_profiler.global_tool_config")),
+    ("*.profiler.tool_config.torch.*", NoOp("torch profiling is configured in global_profiler.global_tool_config")),
+    ("*.profiler.tool", NoOp("the tool is global_profiler.tool here (one per process)")),
+    ("*.profiler.save_path", NoOp("files go to global_profiler.save_path here")),
+    ("*.profiler.global_tool_config", NoOp("see global_profiler.global_tool_config")),
+    ("global_profiler.global_tool_config.npu.*", NoOp("NPU profiling: not on these machines")),
+    ("global_profiler.global_tool_config.nsys.controller_nsight_options.*", NoOp(RAY)),
+    ("global_profiler.global_tool_config.nsys.worker_nsight_options.*", NoOp(RAY)),
+    ("trainer.use_legacy_worker_impl", NoOp("verl's worker implementation choice")),
+    ("trainer.ray_wait_register_center_timeout", NoOp(RAY)),
+    ("trainer.balance_batch", NoOp("each rank takes a contiguous share of the batch; the update is the same")),
+    ("trainer.default_hdfs_dir", NoOp(IO)),
+    ("trainer.del_local_ckpt_after_load", NoOp(IO)),
+    ("trainer.esi_redundant_time", NoOp("a cloud-preemption detail")),
+    ("reward_model.use_reward_loop", NoOp("the reward model runs in the trainer's processes")),
+    ("reward_model.num_workers", NoOp("the reward model runs in the trainer's processes")),
+    ("reward_model.enable_resource_pool", NoOp(RAY)),
+    ("reward_model.n_gpus_per_node", NoOp(RAY)),
+    ("reward_model.nnodes", NoOp(RAY)),
+    ("reward_model.rollout.*", NoOp("the reward model is a sequence classifier run with transformers here")),
+    ("reward_model.launch_reward_fn_async", NoOp("rewards are computed in the trainer's processes")),
+    ("reward_model.model.input_tokenizer", NoOp("responses are decoded with the policy's tokenizer")),
+    ("reward_model.model.use_shm", NoOp("the model loads from its directory")),
+    ("reward_model.model.fsdp_config.*", NoOp(FSDP)),
+    ("reward_model.strategy", NoOp("the reward model runs with transformers (no engine)")),
+    ("data.dataloader_num_workers", NoOp("prompts are prepared once at start")),
+    ("data.filter_overlong_prompts_workers", NoOp("prompts are prepared once at start")),
+    ("data.use_shm", NoOp(IO)),
+    ("data.return_raw_input_ids", NoOp("the trainer tokenizes prompts itself")),
+    ("data.return_full_prompt", NoOp("the trainer tokenizes prompts itself")),
+    ("data.return_raw_chat", NoOp("the trainer applies the chat template itself")),
+    ("transfer_queue.*", NoOp(RAY)),
+]
+"""(pattern, rule) in order: the first whose ``fnmatch`` pattern matches a dotted key decides."""
+
+
+@dataclass
+class Translation:
+    pairs: list[tuple[str, Any]] = field(default_factory=list)
+    """(key here, value) to apply, in order."""
+    mirrors: list[tuple[str, Any, str]] = field(default_factory=list)
+    """(verl key, value, key here) to compare once the config is merged."""
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def flatten(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Dotted (key, value) leaves of a nested mapping (an empty mapping is a leaf)."""
+    if not isinstance(node, dict) or not node:
+        return [(prefix, node)]
+    out = []
+    for key, value in node.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        out += flatten(value, path)
+    return out
+
+
+@cache
+def verl_defaults() -> dict[str, Any]:
+    """Every key of verl's trainer with its default (dotted), and every section of it (mapped to None)."""
+    tree = yaml.safe_load(VERL_DEFAULTS.read_text())
+    leaves = dict(flatten(tree))
+    sections = {".".join(k.split(".")[:i]): None for k in leaves for i in range(1, k.count(".") + 1)}
+    return {**sections, **leaves}
+
+
+_INTERPOLATION = re.compile(r"^\$\{(?:oc\.select:)?([A-Za-z0-9_.]+)(?:,.*)?\}$")
+
+
+def rule_for(key: str) -> Optional[Rule]:
+    for pattern, rule in RULES:
+        if fnmatch.fnmatchcase(key, pattern):
+            return rule
+    default = verl_defaults().get(key)
+    if isinstance(default, str):
+        found = _INTERPOLATION.match(default)
+        if found and not found.group(1).startswith("."):
+            return Mirror(found.group(1))
+    return None
+
+
+def translate(pairs: list[tuple[str, Any]], ours: set[str], world_size: int) -> Translation:
+    """Sort each (dotted key, value) a user gave into what to apply, what to note and what is wrong."""
+    out = Translation()
+    verl = verl_defaults()
+    ignored: list[str] = []
+    last = dict(pairs)  # a key given twice (a script's value, then the user's "$@"): the later wins, as in Hydra
+    for key, value in last.items():
+        if key in ours:
+            if key in OTHER_ENGINES and value in OTHER_ENGINES[key]:
+                out.problems.append(f"{key}={value!r}: {OTHER_ENGINES[key][value]}")
+            out.pairs.append((key, value))
+            continue
+        if isinstance(value, str) and value.startswith("${"):  # verl's own interpolation: no value of the user's
+            ignored.append(f"{key} (an interpolation)")
+            continue
+        rule = rule_for(key)
+        if isinstance(rule, Alias):
+            try:
+                converted = rule.convert(value, world_size) if rule.convert else value
+            except ValueError as exc:
+                out.problems.append(f"{key}={value!r} {exc}")
+                continue
+            out.pairs.append((rule.target, converted))
+            implied = [(k, v) for k, v in rule.implies if converted is True and k not in last]
+            out.pairs += implied
+            also = "".join(f" with {k}={v!r}" for k, v in implied)
+            out.notes.append(f"{key}={value!r} is {rule.target}={converted!r}{also} here")
+        elif isinstance(rule, Mirror):
+            out.mirrors.append((key, value, rule.of))
+        elif isinstance(rule, NoOp):
+            ignored.append(f"{key} ({rule.reason})")
+        elif isinstance(rule, Refused):
+            if key in verl and _same(value, verl[key]):
+                ignored.append(f"{key} (verl's default; nothing to change)")
+            else:
+                out.problems.append(f"{key}={value!r}: {rule.equivalent}")
+        elif isinstance(rule, Launcher):
+            problem = _launcher_problem(key, value, rule)
+            if problem:
+                out.problems.append(problem)
+        elif key in verl:
+            if _same(value, verl[key]):
+                ignored.append(f"{key} (verl's default; nothing to change)")
+            else:
+                out.problems.append(
+                    f"{key}={value!r}: not supported here (verl's default {verl[key]!r} is what runs); remove it, "
+                    "or run it with verl"
+                )
+        else:
+            out.problems.append(
+                f"unknown config key {key!r}{_hint(key, ours)} (see rlprof_train/config/ppo_trainer.yaml)"
+            )
+    if ignored:
+        out.notes.append("verl settings with no effect here: " + "; ".join(ignored))
+    return out
+
+
+def mirror_problems(mirrors: list[tuple[str, Any, str]], setting: Callable[[str], Any]) -> list[str]:
+    """The mirrored keys that disagree with the key here that holds the setting."""
+    return [
+        f"{key}={value!r}: here that is {of} (={setting(of)!r}); set {of} instead"
+        for key, value, of in mirrors
+        if not _same(value, setting(of))
+    ]
+
+
+def _same(value: Any, default: Any) -> bool:
+    if isinstance(default, str) and default.startswith("${"):
+        return False
+    if isinstance(value, bool) or isinstance(default, bool):
+        return value is default or (isinstance(value, bool) and isinstance(default, bool) and value == default)
+    return bool(value == default)
+
+
+def _launcher_problem(key: str, value: Any, rule: Launcher) -> Optional[str]:
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)) or world)
+    nodes = max(1, world // max(1, per_node))
+    actual = nodes if key.endswith("nnodes") else per_node
+    if value == actual:
+        return None
+    return (
+        f"{key}={value!r}: this launch has {actual} {rule.what} ({world} processes in all); start the trainer with "
+        f"torchrun --nnodes {value if key.endswith('nnodes') else nodes} --nproc_per_node "
+        f"{value if not key.endswith('nnodes') else per_node} -m rlprof_train.main_ppo ..., or set {key}={actual}"
+    )
+
+
+def _hint(key: str, ours: set[str]) -> str:
+    """A suggestion only for a misspelling of a key in the same section (not a different concept)."""
+    import difflib
+
+    parent, _, leaf = key.rpartition(".")
+    siblings = [k.rpartition(".")[2] for k in ours | set(verl_defaults()) if k.rpartition(".")[0] == parent]
+    close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.8)
+    return f"; did you mean {(parent + '.' if parent else '') + close[0]!r}?" if close else ""

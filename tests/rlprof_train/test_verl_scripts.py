@@ -1,0 +1,171 @@
+"""verl's own launch scripts (tests/data/verl_scripts/, Apache-2.0, unchanged) run on rlprof_train.
+
+Each script is run by bash as published; ``python3 -m verl.trainer.main_ppo`` reaches ``python -m
+rlprof_train.main_ppo`` through a ``python3`` first on PATH, and the script's ``$@`` takes the substitutions a user
+makes to move it: model and data paths, GPU counts, sizes. The gsm8k parquet files are written in the schema of
+verl's ``examples/data_preprocess/gsm8k.py``. Each runs 2 steps, or stops at once with one config error that lists
+every key it cannot honour (SGLang rollouts; the multi-turn tool-calling case, until rollouts can call tools)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, build_reward_model, subprocess_env
+from wandb_offline import read_run_history
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = ROOT / "tests" / "data" / "verl_scripts"
+RUNS = {
+    "examples/ppo_trainer/run_deepseek7b_llm.sh": "gae",
+    "examples/ppo_trainer/run_qwen2-7b_seq_balance.sh": "gae",
+    "examples/grpo_trainer/run_qwen2-7b_math.sh": "grpo",
+    "examples/grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora.sh": "grpo",
+    "examples/reinforce_plus_plus_trainer/run_qwen2-7b_math_rf.sh": "reinforce_plus_plus",
+    "examples/rloo_trainer/run_qwen2-7b.sh": "rloo",
+    "examples/remax_trainer/run_qwen2.5-3b_seq_balance.sh": "remax",
+    "examples/ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys.sh": "gae",
+    "examples/tuning/0.5b/qwen2-0.5b_grpo-lora_1_h100_fsdp_vllm.sh": "grpo",
+}
+REFUSED = {  # script -> the keys its one error must name
+    "examples/grpo_trainer/run_qwen2-7b_seq_balance.sh": ("actor_rollout_ref.rollout.name='sglang'",),
+    "examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh": (
+        "actor_rollout_ref.rollout.name='sglang'",
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path=",
+    ),
+}
+QUESTIONS = [(f"What is {a} plus {b}?", a + b) for a in range(4) for b in range(4)]
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+
+PYTHON3_SHIM = """#!/bin/sh
+# verl's entry point, moved: python3 -m verl.trainer.main_ppo ARGS -> python -m rlprof_train.main_ppo ARGS
+if [ "$1" = "-m" ] && [ "$2" = "verl.trainer.main_ppo" ]; then
+    shift 2
+    exec "$RLPROF_PYTHON" -m rlprof_train.main_ppo "$@"
+fi
+exec "$RLPROF_PYTHON" "$@"
+"""
+
+
+def write_gsm8k(folder: Path) -> None:
+    """train/test parquet with the columns verl's gsm8k preprocessing writes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True)
+    for split, rows in (("train", QUESTIONS), ("test", QUESTIONS[:8])):
+        records = [
+            {
+                "data_source": "openai/gsm8k",
+                "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(answer)},
+                "extra_info": {"split": split, "index": i, "answer": f"#### {answer}", "question": question},
+            }
+            for i, (question, answer) in enumerate(rows)
+        ]
+        pq.write_table(pa.Table.from_pylist(records), folder / f"{split}.parquet")
+
+
+@pytest.fixture(scope="module")
+def place(tmp_path_factory):
+    """gsm8k data, the embedded tiny model, a reward model, and the python3 shim."""
+    from rlprof_train.tiny_model import create_tiny_model
+
+    root = tmp_path_factory.mktemp("verl")
+    write_gsm8k(root / "data" / "gsm8k")
+    model = create_tiny_model(root / "model", sft_steps=0)
+    texts = [f"{q} {INSTRUCTION}" for q, _ in QUESTIONS]
+    reward_model = build_reward_model(root / "reward_model", texts)
+    shim = root / "bin" / "python3"
+    shim.parent.mkdir()
+    shim.write_text(PYTHON3_SHIM)
+    shim.chmod(0o755)
+    return root, model, reward_model
+
+
+def substitutions(root: Path, model: Path, reward_model: Path) -> list[str]:
+    """What a user moving a script changes: paths, GPU counts, sizes (appended: the script's ``$@``)."""
+    data = root / "data" / "gsm8k"
+    return [
+        f"actor_rollout_ref.model.path={model}",
+        f"critic.model.path={model}",
+        f"reward_model.model.path={reward_model}",
+        f"data.train_files={data / 'train.parquet'}",
+        f"data.val_files={data / 'test.parquet'}",
+        "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "data.max_prompt_length=192",
+        "data.max_response_length=8",
+        "actor_rollout_ref.rollout.max_model_len=null",
+        "trainer.total_training_steps=2",
+    ]
+
+
+def tally(output: str) -> str:
+    """What became of the script's own keys (the ``set -x`` line, less the substitutions): the closing table's row."""
+    command = next(line for line in output.splitlines() if line.startswith("+ python3 -m verl.trainer.main_ppo"))
+    arguments = shlex.split(command[2:])[3:]
+    own = arguments[: len(arguments) - len(substitutions(Path(), Path(), Path()))]
+    keys = {a.split("=", 1)[0].lstrip("+") for a in own if "=" in a and not a.startswith("-")}
+    aliased = {k for k in keys if re.search(rf"\[INFO\] config: {re.escape(k)}=.* is \S+=", output)}
+    no_effect = re.search(r"verl settings with no effect here: (.*)", output)
+    ignored = {k for k in keys if no_effect and re.search(rf"(^|; ){re.escape(k)} \(", no_effect.group(1))}
+    error = next((line for line in output.splitlines() if line.startswith("config error:")), "")
+    refused = {k for k in keys if re.search(rf"(^config error: |\) ){re.escape(k)}=", error)}
+    accepted = len(keys) - len(aliased) - len(ignored) - len(refused)
+    return (
+        f"{len(keys)} keys: {accepted} accepted, {len(aliased)} aliased, {len(ignored)} no-op, {len(refused)} refused"
+    )
+
+
+def run_script(name: str, place, work: Path) -> subprocess.CompletedProcess:
+    root, model, reward_model = place
+    script = SCRIPTS / name
+    work.mkdir()
+    if "sglang_multiturn" in name:  # the script reads its config from $PWD/examples/sglang_multiturn/config
+        shutil.copytree(SCRIPTS / "examples", work / "examples")
+    env = subprocess_env(  # HOME stays: DeepSpeed's and vLLM's build caches live there (the data paths are given)
+        PATH=f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        RLPROF_PYTHON=sys.executable,
+        WANDB_MODE="offline",
+        WANDB_DIR=str(work),
+        OMP_NUM_THREADS="1",
+    )
+    command = ["bash", str(script), *substitutions(root, model, reward_model)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=work, env=env)
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_verl_script_runs_two_steps(name, place, tmp_path):
+    result = run_script(name, place, tmp_path / "work")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    (record,) = (tmp_path / "work" / "outputs" / "logs").rglob("wandb_run.json")  # the scripts log to wandb
+    history = read_run_history(record.parent / "wandb", json.loads(record.read_text())["run_id"])
+    steps = [row["_step"] for row in history if "critic/score/mean" in row]
+    assert steps == [1, 2], steps
+    print(f"\n{name} ({RUNS[name]}): {tally(output)}, ran 2 steps")
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_verl_script_it_cannot_run_stops_with_one_error_naming_every_key(name, place, tmp_path):
+    result = run_script(name, place, tmp_path / "work")
+    assert result.returncode == 2, (result.stdout + result.stderr)[-6000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("config error:")]
+    assert len(errors) == 1, result.stderr[-4000:]
+    print(f"\n{name}: {tally(result.stderr)}; {errors[0]}")
+    assert [key for key in REFUSED[name] if key not in errors[0]] == []
