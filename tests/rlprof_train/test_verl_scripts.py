@@ -30,6 +30,7 @@ RUNS = {
     "examples/ppo_trainer/run_qwen2-7b_seq_balance.sh": "gae",
     "examples/grpo_trainer/run_qwen2-7b_math.sh": "grpo",
     "examples/grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora.sh": "grpo",
+    "examples/grpo_trainer/run_deepseek7b_llm_seq_balance.sh": "grpo",
     "examples/reinforce_plus_plus_trainer/run_qwen2-7b_math_rf.sh": "reinforce_plus_plus",
     "examples/rloo_trainer/run_qwen2-7b.sh": "rloo",
     "examples/remax_trainer/run_qwen2.5-3b_seq_balance.sh": "remax",
