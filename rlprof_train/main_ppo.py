@@ -21,6 +21,7 @@ from rlprof.schema import ConfigError
 from rlprof.session import new_run_id
 from rlprof_train.config import as_dict
 from rlprof_train.config.load import load, validate
+from rlprof_train.launch import launch_world
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -36,7 +37,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(__doc__)
         return 0
     try:
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        world_size = launch_world().world_size
         loaded = load(argv, world_size)
         cfg = loaded.cfg
         validate(cfg, world_size)

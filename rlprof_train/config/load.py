@@ -126,6 +126,11 @@ def _parsed(override: str) -> tuple[str, Any]:
         parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={raw}"]), resolve=False)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"override {override!r}: {' '.join(str(exc).split())}") from None
+    except yaml.YAMLError as exc:  # e.g. a value starting with '*' or '&' (YAML's alias and anchor marks)
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(
+            f"override {override!r}: the value {raw!r} does not read as YAML ({problem}); quote it: {key}=\"'{raw}'\""
+        ) from None
     assert isinstance(parsed, dict)
     return key, parsed["value"]
 
@@ -331,6 +336,14 @@ def _check_algorithm(cfg: TrainerConfig) -> None:
 
 def _check_names_and_paths(cfg: TrainerConfig) -> None:
     trainer = cfg.trainer
+    profile_path = (cfg.global_profiler or {}).get("save_path")
+    for key, folder in (
+        ("trainer.log_dir", trainer.log_dir),
+        ("trainer.default_local_dir", trainer.default_local_dir),
+        ("global_profiler.save_path", profile_path),
+    ):
+        if folder and Path(folder).exists() and not Path(folder).is_dir():
+            raise _fail(key, folder, "a file is there; give a folder (it is created if missing)")
     for key, name in (
         ("trainer.project_name", trainer.project_name),
         ("trainer.experiment_name", trainer.experiment_name),
@@ -339,8 +352,8 @@ def _check_names_and_paths(cfg: TrainerConfig) -> None:
             raise _fail(
                 key,
                 name,
-                "must be a plain name (letters, digits, . _ - + = @; no path separators, no '..'): "
-                "it names folders and runs",
+                "must be a plain name (ASCII letters and digits, then also . _ - + = @; no path separators, no "
+                "'..'): it names folders and runs",
             )
     if trainer.resume_mode not in ("auto", "disable"):
         root = Path(trainer.default_local_dir).resolve()

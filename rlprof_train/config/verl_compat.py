@@ -20,7 +20,6 @@ Every problem of a command line and config file is collected and reported at onc
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 import yaml
+
+from rlprof_train.launch import launch_world
 
 VERL_DEFAULTS = Path(__file__).parent / "verl" / "ppo_trainer.yaml"
 ARR = "actor_rollout_ref"
@@ -311,16 +312,15 @@ def _same(value: Any, default: Any) -> bool:
 
 
 def _launcher_problem(key: str, value: Any, rule: Launcher) -> Optional[str]:
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)) or world)
-    nodes = max(1, world // max(1, per_node))
-    actual = nodes if key.endswith("nnodes") else per_node
+    launched = launch_world()
+    actual = launched.nodes if key.endswith("nnodes") else launched.per_node
     if value == actual:
         return None
     return (
-        f"{key}={value!r}: this launch has {actual} {rule.what} ({world} processes in all); start the trainer with "
-        f"torchrun --nnodes {value if key.endswith('nnodes') else nodes} --nproc_per_node "
-        f"{value if not key.endswith('nnodes') else per_node} -m rlprof_train.main_ppo ..., or set {key}={actual}"
+        f"{key}={value!r}: this launch has {actual} {rule.what} ({launched.world_size} processes in all); start the "
+        f"trainer with torchrun --nnodes {value if key.endswith('nnodes') else launched.nodes} --nproc_per_node "
+        f"{value if not key.endswith('nnodes') else launched.per_node} -m rlprof_train.main_ppo ..., or set "
+        f"{key}={actual}"
     )
 
 

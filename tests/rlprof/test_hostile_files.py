@@ -1,7 +1,7 @@
 """Files from outside are untrusted: damaged or hostile ones cost what they touch, in bounded time and memory, and
 say so in one line, never with a traceback. Each case is a file someone could send: wrong types inside events, a
 NaN mid-file, nesting deeper than any parser's stack, a 100 MB string, a gzip bomb named like a host allocation
-timeline, and a saved config whose YAML aliases expand exponentially."""
+timeline, a saved config whose YAML aliases expand exponentially, and manifest paths that leave the save path."""
 
 from __future__ import annotations
 
@@ -149,3 +149,37 @@ def test_a_saved_config_with_exponential_yaml_aliases_is_skipped_not_expanded(tm
     run = find_run([tmp_path / "a"])
     assert run.config is None and any("uses YAML aliases" in note for note in run.notes)
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--format", "md"]) == 0
+
+
+def test_manifest_paths_and_links_that_leave_the_save_path_are_not_followed(tmp_path):
+    """A crafted manifest line (``../../secret/...``) and a symbolic link in the save path to a file outside it: the
+    run reads neither, says so, and ``rlprof view`` links neither for TensorBoard to serve."""
+    import shutil
+
+    from rlprof.cli.view import link_logdir
+    from rlprof.manifest import Manifest
+
+    corpus = ROOT / "tests" / "data" / "traces" / "hta_alexnet_trace.json.gz"
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    shutil.copy(corpus, secret / "creds.pt.trace.json.gz")
+    save = tmp_path / "run" / "profile"
+    (save / "torch").mkdir(parents=True)
+    shutil.copy(corpus, save / "torch" / "rank0.pt.trace.json.gz")
+    (save / "torch" / "link.pt.trace.json.gz").symlink_to(secret / "creds.pt.trace.json.gz")
+    manifest = Manifest(save, run="r1")
+    manifest.record("torch", save / "torch" / "rank0.pt.trace.json.gz", steps=[1], rank=0, format="chrome_trace")
+    manifest.record("torch", save / "torch" / "link.pt.trace.json.gz", steps=[2], rank=0, format="chrome_trace")
+    line = json.loads((save / "manifest.jsonl").read_text().splitlines()[-1])
+    line.update(path="../../secret/creds.pt.trace.json.gz", steps=[3])
+    with (save / "manifest.jsonl").open("a") as handle:
+        handle.write(json.dumps(line) + "\n")
+    run = find_run([save], None)
+    assert [t.path.name for t in run.traces] == ["rank0.pt.trace.json.gz"]
+    notes = " ".join(run.notes)
+    assert "'torch/link.pt.trace.json.gz' leaves the save path; not followed" in notes
+    assert "'../../secret/creds.pt.trace.json.gz' leaves the save path; not followed" in notes
+    logdir = tmp_path / "logdir"
+    link_logdir([run], logdir)
+    served = [p.resolve() for p in logdir.rglob("*") if p.is_symlink()]
+    assert served and all(secret not in p.parents for p in served)

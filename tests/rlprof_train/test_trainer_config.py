@@ -132,13 +132,36 @@ def test_wrong_types_and_ranges_are_named_before_work_starts(override, fragments
         ("custom_reward_function.path=/no/such/reward.py", ["custom_reward_function.path", "no such file"]),
         ("actor_rollout_ref.rollout.name=sglang", ["rollout.name='sglang'", "use vllm"]),
         ("global_profiler.tool=npu", ["global_profiler.tool", "'npu'", "nsys, range_times, torch, torch_memory"]),
+        ("trainer.experiment_name=*", ["the value '*' does not read as YAML", "quote it"]),
+        ("trainer.experiment_name=straße", ["experiment_name='straße'", "ASCII letters and digits"]),
+        ("trainer.log_dir=pyproject.toml", ["trainer.log_dir='pyproject.toml': a file is there; give a folder"]),
     ],
 )
 def test_bad_settings_are_rejected_before_any_work(override, fragments, capsys):
     assert main([override]) == 2
     err = capsys.readouterr().err
+    assert err.count("\n") == 1, err  # one line
     for fragment in fragments:
         assert fragment in err, (fragment, err)
+
+
+@pytest.mark.parametrize(
+    "variables, fragment",
+    [
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0: a world needs at least 1 process"),
+        ({"RANK": "0"}, "RANK=0 is set but WORLD_SIZE is not"),
+        ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two': not a whole number"),
+        ({"WORLD_SIZE": "2", "RANK": "5"}, "RANK=5: outside the world (0..1)"),
+    ],
+)
+def test_launcher_variables_that_cannot_form_a_world_are_one_line(variables, fragment, monkeypatch, capsys):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert main(["--config-name=demo"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err and "torchrun" in err, err
 
 
 def test_reward_function_that_does_not_import(tmp_path, capsys):
