@@ -12,6 +12,7 @@ you wrote. Checkpoint folders are resolved strictly inside ``default_local_dir``
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -22,10 +23,57 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
+from rlprof_train.config.verl_compat import flatten
+
 LATEST = "latest_checkpointed_iteration.txt"
 STATE = "trainer_state.json"
 COMPLETE = "COMPLETE"
+CONFIG = "config.json"
 SHARED_MARKER = ".rlprof_shared_check"
+EXPERIMENT_SETTINGS = (
+    "data.train_files",
+    "data.task",
+    "data.task_max_operand",
+    "data.train_batch_size",
+    "data.max_prompt_length",
+    "data.max_response_length",
+    "data.truncation",
+    "data.filter_overlong_prompts",
+    "actor_rollout_ref.model.path",
+    "actor_rollout_ref.model.lora_*",
+    "actor_rollout_ref.model.target_modules",
+    "actor_rollout_ref.model.exclude_modules",
+    "actor_rollout_ref.actor.optim.*",
+    "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "actor_rollout_ref.actor.ppo_epochs",
+    "actor_rollout_ref.actor.clip_ratio*",
+    "actor_rollout_ref.actor.loss_agg_mode",
+    "actor_rollout_ref.actor.entropy_coeff",
+    "actor_rollout_ref.actor.use_kl_loss",
+    "actor_rollout_ref.actor.kl_loss_*",
+    "actor_rollout_ref.actor.grad_clip",
+    "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.rollout.temperature",
+    "actor_rollout_ref.rollout.top_p",
+    "actor_rollout_ref.rollout.top_k",
+    "actor_rollout_ref.rollout.response_length",
+    "critic.enable",
+    "critic.model.path",
+    "critic.optim.*",
+    "critic.ppo_mini_batch_size",
+    "critic.ppo_epochs",
+    "critic.cliprange_value",
+    "algorithm.*",
+    "reward_model.enable",
+    "reward_model.model.path",
+    "custom_reward_function.path",
+    "custom_reward_function.name",
+    "trainer.seed",
+    "trainer.critic_warmup",
+)
+"""The settings that make a run the experiment it is (dotted keys, ``*`` patterns): a resume that changes one from
+the checkpoint's is refused unless ``trainer.resume_allow_changes`` names it. Speed and memory knobs, logging,
+profiling, checkpointing and the run's length are free to change."""
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
@@ -51,8 +99,10 @@ def save(
     is_main: bool,
     barrier: Callable[[], None],
     keep: Optional[int],
+    config: dict[str, Any],
 ) -> Path:
-    """Save every engine (a collective: all ranks call it) and the trainer state, then mark the step complete."""
+    """Save every engine (a collective: all ranks call it), the trainer state and the resolved ``config`` the run
+    trained with, then mark the step complete."""
     target = step_dir(root, step)
     if is_main and target.exists():  # an earlier attempt at this step that never completed
         shutil.rmtree(target)
@@ -62,6 +112,7 @@ def save(
     barrier()  # every rank's shards are on disk
     if is_main:
         _write_atomic(target / STATE, json.dumps({**state, "global_step": step}))
+        _write_atomic(target / CONFIG, json.dumps(config, default=str))
         files = {
             str(p.relative_to(target)): p.stat().st_size
             for p in sorted(target.rglob("*"))
@@ -134,6 +185,18 @@ def find_resume_dir(root: Path, resume_mode: str) -> Optional[Path]:
             return path
         warnings.warn(f"checkpoint {path} is skipped: {reason}; trying the previous one", RuntimeWarning, stacklevel=2)
     return None
+
+
+def changed_settings(path: Path, config: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The :data:`EXPERIMENT_SETTINGS` whose value in ``config`` differs from the one checkpoint ``path`` was trained
+    with: ``{key: (saved, now)}`` (empty for a checkpoint that predates the saved config)."""
+    try:
+        saved = dict(flatten(json.loads((Path(path) / CONFIG).read_text(encoding="utf-8"))))
+    except (OSError, ValueError):
+        return {}
+    now = dict(flatten(json.loads(json.dumps(config, default=str))))
+    keys = {k for k in set(saved) | set(now) if any(fnmatch.fnmatchcase(k, p) for p in EXPERIMENT_SETTINGS)}
+    return {k: (saved.get(k), now.get(k)) for k in sorted(keys) if saved.get(k) != now.get(k)}
 
 
 def _has_frozen(engine: Any) -> bool:

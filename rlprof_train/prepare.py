@@ -196,7 +196,29 @@ def resume_point(cfg: TrainerConfig, env: DistEnv, log: Log) -> Optional[Path]:
             f"{archive}"
         )
     env.barrier()
+    if path is not None:
+        env.agree(resume_changes_problem(Path(path), cfg, log if env.is_main else lambda _line: None), ConfigError)
     return Path(path) if path else None
+
+
+def resume_changes_problem(path: Path, cfg: TrainerConfig, log: Log) -> Optional[str]:
+    """Why resuming from ``path`` with ``cfg`` would not continue the checkpoint's experiment (settings of
+    :data:`checkpoint.EXPERIMENT_SETTINGS` changed and not in ``trainer.resume_allow_changes``), or None; the allowed
+    changes are logged (they are applied: the run record holds them)."""
+    changes = checkpoint.changed_settings(path, as_dict(cfg))
+    allowed = set(cfg.trainer.resume_allow_changes)
+    refused = {k: v for k, v in changes.items() if k not in allowed}
+    for key, (saved, now) in changes.items():
+        if key in allowed:
+            log(f"checkpoint: resuming with {key}={now!r} (the checkpoint trained with {saved!r}; allowed)")
+    if not refused:
+        return None
+    listed = "; ".join(f"{key}: {saved!r} there, {now!r} now" for key, (saved, now) in refused.items())
+    return (
+        f"resuming from {path} would change the experiment it trained: {listed}. Resume with the checkpoint's "
+        f"settings, start afresh (trainer.resume_mode=disable, its checkpoints are kept aside), or allow the change: "
+        f"trainer.resume_allow_changes=[{','.join(refused)}]"
+    )
 
 
 def make_tracker(cfg: TrainerConfig, total_steps: int, resume_step: Optional[int]) -> Tracker:

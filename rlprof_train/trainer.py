@@ -23,7 +23,7 @@ import rlprof
 from rlprof.metrics import MetricAggregator, Reduce
 from rlprof_train import algos, checkpoint, prepare
 from rlprof_train.batch import MicroBatching, RolloutBatch
-from rlprof_train.config import TrainerConfig
+from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.data import Example, StepBatches, load_datasets, shard
 from rlprof_train.guards import NonFiniteGuard
 from rlprof_train.models import load_tokenizer, trainable_parameters
@@ -276,7 +276,15 @@ class PPOTrainer:
 
     def resume(self, path: Path) -> int:
         state = checkpoint.load(path, self._engines())
-        self.kl_ctrl.coef = state["kl_coef"]
+        changed = set(checkpoint.changed_settings(path, as_dict(self.cfg)))  # allowed ones only (checked at start)
+        if not changed & {"algorithm.kl_ctrl.kl_coef", "algorithm.kl_ctrl.type"}:
+            self.kl_ctrl.coef = state["kl_coef"]  # the adaptive controller's state; a changed setting starts anew
+        for role, optim in (("actor", self.cfg.actor_rollout_ref.actor.optim), ("critic", self.cfg.critic.optim)):
+            prefix = "actor_rollout_ref.actor.optim." if role == "actor" else "critic.optim."
+            engine = self._engines().get(role)
+            if engine is not None and any(key.startswith(prefix) for key in changed):
+                for group in engine.optimizer.param_groups:  # the loaded state holds the checkpoint's values
+                    group.update(lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas))
         self.rollout.sync_weights()
         next_step = int(state["global_step"]) + 1
         self.log(f"checkpoint: resumed from {path} (next step {next_step})")
@@ -291,6 +299,7 @@ class PPOTrainer:
             self.env.is_main,
             self.env.barrier,
             self.cfg.trainer.max_actor_ckpt_to_keep,
+            as_dict(self.cfg),
         )
         self.log(f"checkpoint: saved {target}")
 

@@ -434,6 +434,9 @@ class TrainerSection:
     """metrics.jsonl, the run's config and state: what ``rlprof report`` reads."""
     resume_mode: str = "auto"
     """auto (latest complete checkpoint if any), disable, or a global_step_N directory inside default_local_dir."""
+    resume_allow_changes: list[str] = field(default_factory=list)
+    """Settings that change the experiment (optimizer, batch geometry, n, seed, estimator, models, rewards) a resume may
+    change from the checkpoint's, applied for real and logged; any other such difference stops the resume."""
     max_actor_ckpt_to_keep: Optional[int] = field(default=None, metadata=bounds(ge=1))
     """Keep at most this many checkpoints (null: all)."""
     max_critic_ckpt_to_keep: Optional[int] = field(default=None, metadata=bounds(ge=1))
