@@ -2,9 +2,9 @@
 trainer's own state.
 
 A checkpoint is complete only when its ``COMPLETE`` manifest exists (written last, atomically, after every rank
-saved), listing each file and its size. Resuming checks that manifest and falls back to the newest complete
-checkpoint, naming each one it skipped, so a run killed while saving, a truncated file or a deleted folder never
-blocks a resume. ``latest_checkpointed_iteration.txt`` is kept for verl's tools; it is informational.
+saved), listing each file with its size and XXH3 digest. Resuming checks that manifest and falls back to the newest
+complete checkpoint, naming each one it skipped, so a run killed while saving, a truncated or altered file or a deleted
+folder never blocks a resume. ``latest_checkpointed_iteration.txt`` is kept for verl's tools; it is informational.
 
 Resume loads pickled optimizer state (DeepSpeed's ``torch.load(weights_only=False)``): resume only from checkpoints
 you wrote. Checkpoint folders are resolved strictly inside ``default_local_dir``.
@@ -113,17 +113,34 @@ def save(
     if is_main:
         _write_atomic(target / STATE, json.dumps({**state, "global_step": step}))
         _write_atomic(target / CONFIG, json.dumps(config, default=str))
-        files = {
-            str(p.relative_to(target)): p.stat().st_size
-            for p in sorted(target.rglob("*"))
-            if p.is_file() and p.name != COMPLETE
-        }
-        _write_atomic(target / COMPLETE, json.dumps({"global_step": step, "files": files}))
+        mark_complete(target, step)
         _write_atomic(Path(root) / LATEST, str(step))
         if keep:
             prune(root, keep)
     barrier()
     return target
+
+
+def file_digest(path: Path) -> str:
+    """XXH3-128 of a file's bytes, read in 4 MiB blocks: a non-cryptographic hash that finds damage, not tampering
+    (benchmarks/test_checkpoint_digest.py: its cost against writing the checkpoint)."""
+    import xxhash
+
+    digest = xxhash.xxh3_128()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(4 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def mark_complete(target: Path, step: int) -> None:
+    """Write ``COMPLETE``: every file of the checkpoint with its size and digest (the last file written)."""
+    files = {
+        str(p.relative_to(target)): {"bytes": p.stat().st_size, "xxh3_128": file_digest(p)}
+        for p in sorted(target.rglob("*"))
+        if p.is_file() and p.name != COMPLETE
+    }
+    _write_atomic(target / COMPLETE, json.dumps({"global_step": step, "files": files}))
 
 
 def saved_steps(root: Path) -> list[int]:
@@ -154,12 +171,15 @@ def problem(path: Path) -> Optional[str]:
         files = json.loads(marker.read_text(encoding="utf-8"))["files"]
     except (ValueError, KeyError, TypeError):
         return "its COMPLETE manifest is damaged"
-    for name, size in files.items():
+    for name, written in files.items():
         file = path / name
         if not file.exists():
             return f"{name} is missing"
+        size = written["bytes"] if isinstance(written, dict) else written  # an older COMPLETE lists sizes only
         if file.stat().st_size != size:
             return f"{name} has {file.stat().st_size} bytes, {size} were written"
+        if isinstance(written, dict) and file_digest(file) != written.get("xxh3_128"):
+            return f"{name} does not hold what was written (its XXH3 digest differs: changed on disk since the save)"
     try:
         json.loads((path / STATE).read_text(encoding="utf-8"))["global_step"]
     except (OSError, ValueError, KeyError, TypeError):

@@ -44,3 +44,21 @@ def test_a_resume_that_changes_the_experiment_is_refused_or_applied_when_allowed
     assert rows[2]["actor/lr"] == pytest.approx(5e-4) and rows[3]["actor/lr"] == pytest.approx(1e-2)  # applied
     recorded = yaml.safe_load((tmp_path / "logs" / "config.yaml").read_text())
     assert recorded["actor_rollout_ref"]["actor"]["optim"]["lr"] == pytest.approx(1e-2)  # what ran
+
+
+def test_a_checkpoint_whose_weights_changed_on_disk_is_skipped_for_the_previous_one(tmp_path):
+    """An exponent bit flipped in 1024 float32 weights of the newest checkpoint, the file's size unchanged: the
+    resume names the file and resumes from the checkpoint before (it used to load it and train on NaN losses)."""
+    first = run(tmp_path, "trainer.total_training_steps=4")
+    assert first.returncode == 0, first.stderr[-3000:]
+    (weights,) = (tmp_path / "ckpt" / "global_step_4" / "actor").rglob("mp_rank_00_model_states.pt")
+    data = bytearray(weights.read_bytes())
+    middle = len(data) // 2 // 4 * 4
+    for offset in range(middle + 3, middle + 4 * 1024, 4):  # the high byte of each little-endian float32
+        data[offset] ^= 0x40
+    weights.write_bytes(bytes(data))
+    resumed = run(tmp_path, "trainer.total_training_steps=6")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "global_step_4 is skipped: actor/" in resumed.stderr
+    assert "mp_rank_00_model_states.pt does not hold what was written" in resumed.stderr
+    assert "checkpoint: resumed from " in resumed.stderr and "global_step_2 (next step 3)" in resumed.stderr

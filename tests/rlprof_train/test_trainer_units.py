@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -134,19 +135,28 @@ def fake_checkpoint(root, step, files=None):
     """A checkpoint folder as checkpoint.save leaves it, written without engines."""
     target = checkpoint.step_dir(root, step)
     (target / "actor").mkdir(parents=True)
-    for name, data in (files or {"actor/model_states.pt": b"x" * 100}).items():
+    for name, data in (files or {"actor/model_states.pt": struct.pack("<25f", *[0.5] * 25)}).items():
         (target / name).write_bytes(data)
     (target / checkpoint.STATE).write_text(json.dumps({"global_step": step, "kl_coef": 0.1}))
-    listing = {str(p.relative_to(target)): p.stat().st_size for p in target.rglob("*") if p.is_file()}
-    (target / checkpoint.COMPLETE).write_text(json.dumps({"global_step": step, "files": listing}))
+    checkpoint.mark_complete(target, step)
     (root / checkpoint.LATEST).write_text(str(step))
     return target
+
+
+def flip_exponent_bits(target) -> None:
+    """One bit of the exponent of 16 float32 values flipped in place: the same size, NaN-prone weights."""
+    weights = target / "actor/model_states.pt"
+    data = bytearray(weights.read_bytes())
+    for i in range(3, 64, 4):  # the high byte of each little-endian float32
+        data[i] ^= 0x40
+    weights.write_bytes(bytes(data))
 
 
 @pytest.mark.parametrize(
     "damage, reason",
     [
         (lambda t: (t / "actor/model_states.pt").write_bytes(b"x" * 10), "has 10 bytes, 100 were written"),
+        (flip_exponent_bits, "actor/model_states.pt does not hold what was written"),
         (lambda t: (t / checkpoint.STATE).write_text(""), "trainer_state.json"),
         (lambda t: (t / checkpoint.COMPLETE).unlink(), "never completed"),
         (lambda t: (t / checkpoint.COMPLETE).write_text("{"), "COMPLETE manifest is damaged"),
