@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -31,8 +32,24 @@ class RunInUse(ConfigError):
     """Another run holds the folder."""
 
 
+_HELD: set[int] = set()
+"""Descriptors of the locks this process holds: a forked child closes its copies at once (a helper process a reward
+function forks must not keep the folder locked after the run ends; closing a copy leaves the parent's lock held)."""
+
+
+def _forget_locks_in_child() -> None:
+    for fd in _HELD:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks_in_child)
+
+
 class RunLock:
-    """An exclusive lock on a folder for this process's lifetime (or until :meth:`release`)."""
+    """An exclusive lock on a folder for this process's lifetime (or until :meth:`release`); not inherited by
+    children (``O_CLOEXEC`` for programs they run, closed at fork)."""
 
     def __init__(self, folder: Path, setting: str) -> None:
         self.folder = Path(folder)
@@ -40,7 +57,7 @@ class RunLock:
         self.path = self.folder / LOCK
         self.previous: Optional[dict[str, Any]] = None
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -50,6 +67,7 @@ class RunLock:
                 f"{setting}={folder} is in use by another run ({_describe(holder)}); wait for it to "
                 "finish, stop it, or choose another trainer.experiment_name"
             ) from None
+        _HELD.add(self._fd)
         self.previous = _read_holder(self._fd)
         me = {"pid": os.getpid(), "host": socket.gethostname(), "start": time.time(), "command": sys.argv}
         os.ftruncate(self._fd, 0)
@@ -57,6 +75,7 @@ class RunLock:
 
     def release(self) -> None:
         if self._fd is not None:
+            _HELD.discard(self._fd)
             os.ftruncate(self._fd, 0)
             os.close(self._fd)
             self._fd = None  # type: ignore[assignment]

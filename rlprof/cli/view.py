@@ -1,10 +1,15 @@
 """``rlprof view RUN [RUN ...]``: TensorBoard over runs' scalars and torch traces, from one generated log folder of
 symbolic links (never copies: traces can be gigabytes), served on the loopback unless a host is asked for
-explicitly."""
+explicitly. TensorBoard stops with ``rlprof view`` however that ends: Ctrl-C, SIGTERM and SIGHUP (a closed SSH
+session) stop it cleanly; on Linux it also gets SIGTERM when ``rlprof view`` is killed outright, and the next
+``rlprof view`` removes the log folder such a view left."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import json
 import os
 import shutil
 import signal
@@ -23,6 +28,9 @@ from rlprof.analysis.run import Run
 from rlprof.cli.common import UsageError, find_run, say
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+PREFIX = "rlprof-view-"
+OWNER = "owner.json"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 HELP = "TensorBoard over the runs' scalars and torch traces"
 EXAMPLE = "rlprof view outputs/run_a outputs/run_b          # prints the URL; Ctrl-C stops it"
 
@@ -34,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace, console: Console) -> int:
+    remove_abandoned_folders()
     try:
         tensorboard_binary()
     except FileNotFoundError as exc:
@@ -118,12 +127,37 @@ def wait_until_serving(url: str, process: subprocess.Popen[Any], timeout_s: floa
     return False
 
 
+def remove_abandoned_folders() -> None:
+    """Delete the log folders of views that were killed (their owner process is gone)."""
+    import psutil
+
+    for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        try:
+            owner = json.loads((folder / OWNER).read_text(encoding="utf-8"))
+            alive = psutil.pid_exists(owner["pid"]) and psutil.Process(owner["pid"]).create_time() == owner["created"]
+        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+            continue  # not ours to judge (no readable owner record), or it ended between the two looks
+        if not alive:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _die_with_parent() -> None:
+    """In TensorBoard's process before it starts: SIGTERM when ``rlprof view`` dies, even by SIGKILL (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: Ctrl-C, SIGTERM and SIGHUP still stop it
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def serve(runs: list[Run], host: str, port: Optional[int], announce: Any) -> int:
-    """Run TensorBoard until Ctrl-C or SIGTERM; returns its exit status. ``announce(line)`` prints progress."""
-    root = Path(tempfile.mkdtemp(prefix="rlprof-view-"))
+    """Run TensorBoard until Ctrl-C, SIGTERM or SIGHUP; returns its exit status. ``announce(line)`` prints
+    progress."""
+    import psutil
+
+    root = Path(tempfile.mkdtemp(prefix=PREFIX))
+    me = psutil.Process()
+    (root / OWNER).write_text(json.dumps({"pid": me.pid, "created": me.create_time()}), encoding="utf-8")
     logdir, log = root / "logdir", root / "tensorboard.log"
     process: Optional[subprocess.Popen[Any]] = None
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
 
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -137,6 +171,7 @@ def serve(runs: list[Run], host: str, port: Optional[int], announce: Any) -> int
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509  (one libc call before exec, no Python threads in use)
             )
         for sig in previous:
             signal.signal(sig, stop)

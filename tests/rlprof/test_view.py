@@ -74,8 +74,9 @@ def test_the_log_folder_is_links_to_the_runs_files(trainer_run, tmp_path):
         (signal.SIGINT, [], "127.0.0.1"),  # the default: loopback, a free port
         (signal.SIGTERM, ["--port", "{port}"], "127.0.0.1"),
         (signal.SIGINT, ["--host", "0.0.0.0"], "0.0.0.0"),  # only when asked for, with a warning
+        (signal.SIGHUP, [], "127.0.0.1"),  # a closed SSH session
     ],
-    ids=["ctrl-c", "sigterm-port", "explicit-host"],
+    ids=["ctrl-c", "sigterm-port", "explicit-host", "hangup"],
 )
 def test_view_serves_scalars_and_traces_and_stops_cleanly(trainer_run, stop, options, host):
     port = str(free_port())
@@ -111,6 +112,30 @@ def test_view_serves_scalars_and_traces_and_stops_cleanly(trainer_run, stop, opt
             view.kill()
     assert [p.cmdline() for p in served if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
     assert not logdir.parent.exists(), "the generated log folder was left behind"
+
+
+def test_a_killed_view_takes_tensorboard_with_it_and_the_next_view_removes_its_folder(trainer_run, capsys):
+    command = [sys.executable, "-m", "rlprof.cli", "view", str(trainer_run / "logs")]
+    view = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env())
+    try:
+        announced, deadline = "", time.monotonic() + 120
+        while "TensorBoard at" not in announced and time.monotonic() < deadline and view.poll() is None:
+            announced += view.stdout.readline()
+        assert "TensorBoard at" in announced, announced
+        served = [p for p in view_processes() if psutil.Process(view.pid) in p.parents()]
+        cmdline = next(p.cmdline() for p in served if "--logdir" in p.cmdline())
+        folder = Path(cmdline[cmdline.index("--logdir") + 1]).parent
+        view.kill()  # SIGKILL: no handler runs
+        view.wait()
+        _, alive = psutil.wait_procs(served, timeout=30)
+        assert alive == [], [p.cmdline() for p in alive]  # the parent-death signal stopped TensorBoard
+        assert folder.exists()  # nobody could clean up ...
+        assert main(["view", str(trainer_run / "missing")]) == 2
+        assert not folder.exists()  # ... until the next view
+    finally:
+        if view.poll() is None:
+            view.kill()
+    capsys.readouterr()
 
 
 def test_bad_paths_and_empty_runs_are_one_line(tmp_path, capsys):

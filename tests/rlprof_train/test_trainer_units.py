@@ -228,6 +228,31 @@ def test_a_second_holder_is_refused_naming_the_first_and_a_dead_holder_is_taken_
     assert issubclass(RunInUse, ConfigError)
 
 
+def test_a_helper_process_forked_during_the_run_does_not_keep_the_folder_locked(tmp_path):
+    """A reward function that forks a helper (a sandbox server, a pool) used to pass the lock on: the next run on the
+    folder was refused ("in use by another run") after the first ended cleanly."""
+    import multiprocessing
+    import time
+
+    context = multiprocessing.get_context("fork")
+    started = context.Event()
+
+    def serve() -> None:
+        started.set()
+        time.sleep(60)
+
+    lock = RunLock(tmp_path, "trainer.log_dir")
+    helper = context.Process(target=serve, daemon=True)
+    helper.start()
+    try:
+        assert started.wait(30)
+        lock.release()  # the run ends; its helper lives on
+        RunLock(tmp_path, "trainer.log_dir").release()  # the next run takes the folder
+    finally:
+        helper.kill()
+        helper.join()
+
+
 def test_a_single_process_run_listens_on_the_loopback_only():
     code = textwrap.dedent("""
         import psutil
