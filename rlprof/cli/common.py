@@ -65,9 +65,10 @@ def find_run(paths: list[Path], run_id: Optional[str], options: Optional[ReadOpt
     except RunNotFound as exc:
         raise UsageError(str(exc)) from None
     if run.empty:
+        notes = f" ({'; '.join(run.notes)})" if run.notes else ""
         raise UsageError(
-            f"nothing to read in {', '.join(map(str, paths))}: no metrics.jsonl, run.json or "
-            "manifest.jsonl (a trainer's trainer.log_dir or an rlprof global_profiler.save_path)"
+            f"nothing to read in {', '.join(map(str, paths))}: no metrics.jsonl, run.json or usable "
+            f"manifest.jsonl (a trainer's trainer.log_dir or an rlprof global_profiler.save_path){notes}"
         )
     return run
 

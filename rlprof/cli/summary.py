@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TypeGuard
 
 from rich.console import Console
 from rich.table import Table
@@ -32,9 +33,28 @@ def command(args: argparse.Namespace, console: Console) -> int:
             justify="right" if column in ("rank", "size") else "left",
             overflow="fold" if column == "path" else "ellipsis",
         )
+    skipped = 0
     for r in records:
-        steps = r["steps"]
-        span = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
-        table.add_row(r["tool"], span, str(r["rank"]), r["role"] or "", r["path"], human_bytes(r["bytes"]))
+        path = r.get("path")
+        if not isinstance(path, str) or not path:
+            skipped += 1  # a line anyone may have written: listed only when it names a file
+            continue
+        steps = [s for s in r.get("steps") or () if _integer(s)] if isinstance(r.get("steps"), list) else []
+        span = "" if not steps else f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
+        rank, role, size = r.get("rank"), r.get("role"), r.get("bytes")
+        table.add_row(
+            str(r.get("tool", "")),
+            span,
+            str(rank) if _integer(rank) else "",
+            role if isinstance(role, str) else "",
+            path,
+            human_bytes(size) if _integer(size) else "",
+        )
     console.print(table)
+    if skipped:
+        console.print(f"{skipped} manifest lines were skipped (no file path)")
     return 0
+
+
+def _integer(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -183,3 +183,33 @@ def test_manifest_paths_and_links_that_leave_the_save_path_are_not_followed(tmp_
     link_logdir([run], logdir)
     served = [p.resolve() for p in logdir.rglob("*") if p.is_symlink()]
     assert served and all(secret not in p.parents for p in served)
+
+
+def test_malformed_manifest_lines_and_non_finite_timings_are_skipped_not_a_traceback(tmp_path, capsys):
+    save = tmp_path / "profile"
+    save.mkdir()
+    lines = [
+        '{"kind": "file", "tool": "torch"}',  # no path
+        '{"kind": "file", "path": 5, "role": 3, "rank": "x", "steps": "a", "bytes": "b"}',  # every type wrong
+        '{"kind": "file", "path": "gone.pt.trace.json.gz", "role": null, "steps": [1, "2"], "rank": true}',
+        "[1, 2]",
+        '"a string"',
+    ]
+    (save / "manifest.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["summary", str(save)]) == 0
+    out = capsys.readouterr().out
+    assert "gone.pt.trace.json.gz" in out and "2 manifest lines were skipped (no file path)" in out
+    assert main(["report", str(save)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "manifest lines were skipped" in err and "Traceback" not in err
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "metrics.jsonl").write_text(
+        '{"step": 1, "timing_s/step": NaN, "timing_s/gen": 1.0}\n'
+        '{"step": 2, "timing_s/step": Infinity, "timing_s/gen": 1e999}\n'
+        '{"step": 3, "timing_s/step": 1.0, "timing_s/gen": 0.5}\n'
+    )
+    assert main(["report", str(logs), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["breakdown"]["steps"] == [3] and report["breakdown"]["phases"][0]["median_s"] == 0.5
+    assert any("2 steps hold NaN or infinite timings; those values are left out" in n for n in report["notes"])

@@ -6,6 +6,7 @@ run) the last written wins."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,13 @@ def read_metrics(path: Path) -> Metrics:
         notes.append(f"{path}: {bad} lines are not metric records and were skipped")
     if long:
         notes.append(f"{path}: {long} lines longer than {MAX_LINE_BYTES >> 20} MiB were skipped")
+    non_finite = sum(
+        1
+        for record in by_step.values()
+        if any(isinstance(v, float) and not math.isfinite(v) for k, v in record.items() if k.startswith("timing_s/"))
+    )
+    if non_finite:
+        notes.append(f"{path}: {non_finite} steps hold NaN or infinite timings; those values are left out")
     return Metrics(str(path), [by_step[step] for step in sorted(by_step)], notes)
 
 
