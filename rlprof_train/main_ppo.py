@@ -47,11 +47,13 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     import torch
 
+    from rlprof_train.progress import Progress
     from rlprof_train.trainer import PPOTrainer
     from rlprof_train.workers.engine import init_distributed
 
     device = cfg.trainer.device if cfg.trainer.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    env = init_distributed(device)
+    env = init_distributed(device, cfg.trainer.collective_timeout_s)
+    progress = Progress(env.rank, env.world_size, cfg.trainer.collective_timeout_s)
     run_id = env.gather(new_run_id())[0]
     rlprof.init(as_dict(cfg), run_id=run_id)
     log: Callable[[str], None] = (
@@ -61,13 +63,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         log(f"config: {note}")
     code = 0
     try:
-        PPOTrainer(cfg, env, run_id, log).fit()
+        PPOTrainer(cfg, env, run_id, log, progress).fit()
     except ConfigError as exc:  # found while preparing (a folder in use, nodes without a shared folder)
         print(f"config error: {exc}", file=sys.stderr, flush=True)
         code = 2
     except BaseException as exc:  # noqa: BLE001  (training errors keep their traceback; Ctrl-C too)
         traceback.print_exc()
-        print(f"error on rank {env.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        stall = progress.stall_report(exc)  # a collective that timed out: who stopped answering, and where
+        print(f"error on rank {env.rank}: {stall or f'{type(exc).__name__}: {exc}'}", file=sys.stderr, flush=True)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
     finally:
         rlprof.shutdown()

@@ -13,7 +13,8 @@ prepares before its first step is in :mod:`rlprof_train.prepare`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -27,6 +28,7 @@ from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.data import Example, StepBatches, load_datasets, shard
 from rlprof_train.guards import NonFiniteGuard
 from rlprof_train.models import load_tokenizer, trainable_parameters
+from rlprof_train.progress import Progress
 from rlprof_train.reward_functions import RewardFunction
 from rlprof_train.step_metrics import StepFacts, step_metrics
 from rlprof_train.workers.actor import ActorWorker
@@ -39,8 +41,17 @@ from rlprof_train.workers.rollout import SamplingParams
 
 
 class PPOTrainer:
-    def __init__(self, cfg: TrainerConfig, env: DistEnv, run_id: str, log: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        env: DistEnv,
+        run_id: str,
+        log: Callable[[str], None] = print,
+        progress: Optional[Progress] = None,
+    ) -> None:
         self.cfg, self.env, self.log = cfg, env, log
+        self.progress = progress or Progress(env.rank, env.world_size, cfg.trainer.collective_timeout_s)
+        self.step = 0
         arr, algorithm, trainer = cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
         self.run_directory = prepare.open_run_directory(cfg, env, log)
         model_path = prepare.prepare_model(cfg, env, log)
@@ -142,30 +153,41 @@ class PPOTrainer:
                     metrics = self.train_step(step)
                 last = step == self.total_steps
                 if trainer.test_freq > 0 and (step % trainer.test_freq == 0 or last):
+                    self.progress.at(step, "validate")
                     metrics.update(self.validate())
+                self.progress.at(step, "log")
                 self._log(metrics, step)
                 self.guard.check(metrics, step)
                 if trainer.save_freq > 0 and (step % trainer.save_freq == 0 or last) and self.guard.healthy:
+                    self.progress.at(step, "save")
                     self.save(step)
         finally:
             self.close()
 
+    @contextlib.contextmanager
+    def _phase(self, name: str, timing: dict[str, float], role: str) -> Iterator[None]:
+        """``rlprof.marked_timer`` of the phase, its start published for a stall report (:mod:`.progress`)."""
+        self.progress.at(self.step, name)
+        with rlprof.marked_timer(name, timing, role=role):
+            yield
+
     def train_step(self, step: int) -> dict[str, float]:
         """One PPO step on this rank's share of the step's prompts; returns the step's metrics (all ranks agree)."""
+        self.step = step
         timing: dict[str, float] = {}
         workers = MetricAggregator()
-        with rlprof.marked_timer("step", timing, role="trainer"):
+        with self._phase("step", timing, role="trainer"):
             prompts = shard(self.batches.batch(step), self.env.rank, self.env.world_size)
-            with rlprof.marked_timer("gen", timing, role="rollout"):
+            with self._phase("gen", timing, role="rollout"):
                 batch = self.rollout.generate(prompts, self.sampling)
             if self.estimator.needs_baseline:
-                with rlprof.marked_timer("gen_max", timing, role="rollout"):
+                with self._phase("gen_max", timing, role="rollout"):
                     batch.extras["reward_baselines"] = self.greedy_baselines(prompts)
-            with rlprof.marked_timer("reward", timing, role="reward"):
+            with self._phase("reward", timing, role="reward"):
                 batch.token_level_scores, reward_metrics = self.reward.score(batch)
                 workers.merge(reward_metrics)
             if not self.reuse_log_probs:  # else the update's own forward gives them (on-policy)
-                with rlprof.marked_timer("old_log_prob", timing, role="actor"):
+                with self._phase("old_log_prob", timing, role="actor"):
                     batch.old_log_probs, actor_metrics = self.actor.compute_log_prob(batch, self.log_prob_batching)
                     workers.merge(actor_metrics)
             if "rollout_log_probs" in batch.extras and batch.old_log_probs is not None:  # how off-policy samples are
@@ -177,21 +199,21 @@ class PPOTrainer:
                     float(batch.response_mask.sum()),
                 )
             if self.ref is not None:
-                with rlprof.marked_timer("ref", timing, role="ref"):
+                with self._phase("ref", timing, role="ref"):
                     batch.ref_log_probs, ref_metrics = self.ref.compute_ref_log_prob(batch)
                     workers.merge(ref_metrics)
             if self.critic is not None:
-                with rlprof.marked_timer("values", timing, role="critic"):
+                with self._phase("values", timing, role="critic"):
                     batch.values = self.critic.compute_values(batch)
-            with rlprof.marked_timer("adv", timing, role="trainer"):
+            with self._phase("adv", timing, role="trainer"):
                 workers.merge(self.compute_advantages(batch))
             if self.critic is not None:
-                with rlprof.marked_timer("update_critic", timing, role="critic"):
+                with self._phase("update_critic", timing, role="critic"):
                     workers.merge(self.critic.update(batch))
             if step >= self.cfg.trainer.critic_warmup:  # before it, only the critic trains (verl's critic_warmup)
-                with rlprof.marked_timer("update_actor", timing, role="actor"):
+                with self._phase("update_actor", timing, role="actor"):
                     workers.merge(self.actor.update(batch))
-                with rlprof.marked_timer("update_weights", timing, role="rollout"):
+                with self._phase("update_weights", timing, role="rollout"):
                     self.rollout.sync_weights()
         return step_metrics(self.env, self._facts(step), batch, timing, workers)
 

@@ -434,6 +434,9 @@ class TrainerSection:
     """metrics.jsonl, the run's config and state: what ``rlprof report`` reads."""
     resume_mode: str = "auto"
     """auto (latest complete checkpoint if any), disable, or a global_step_N directory inside default_local_dir."""
+    collective_timeout_s: float = field(default=600.0, metadata=bounds(gt=0))
+    """A collective (gradient all-reduce, metrics gather, weight broadcast) waiting longer than this for a rank stops
+    the job, naming the rank that stopped answering and where each rank was (the process group's timeout)."""
     resume_allow_changes: list[str] = field(default_factory=list)
     """Settings that change the experiment (optimizer, batch geometry, n, seed, estimator, models, rewards) a resume may
     change from the checkpoint's, applied for real and logged; any other such difference stops the resume."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import random
 import socket
@@ -46,8 +47,9 @@ class DistEnv:
                 raise error(found if self.world_size == 1 else f"rank {rank}: {found}")
 
 
-def init_distributed(device: str) -> DistEnv:
-    """Join (or, run by hand, create) the process group: gloo on CPU, nccl on CUDA.
+def init_distributed(device: str, timeout_s: float = 600.0) -> DistEnv:
+    """Join (or, run by hand, create) the process group: gloo on CPU, nccl on CUDA; a collective that waits longer
+    than ``timeout_s`` for a peer raises (``trainer.collective_timeout_s``).
 
     torchrun and the deepspeed launcher set RANK/WORLD_SIZE/LOCAL_RANK; a plain ``python -m`` run gets a world of
     one whose rendezvous store listens on the loopback only, on a port the kernel picks for a socket we already
@@ -56,6 +58,14 @@ def init_distributed(device: str) -> DistEnv:
     import deepspeed
     import torch.distributed as dist
 
+    timeout = datetime.timedelta(seconds=timeout_s)
+    # Groups made later (DeepSpeed's data-parallel group, ...) get torch's default timeout (30 minutes), not the
+    # world's: make ours the default, as no public setting does.
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d.default_pg_timeout = timeout
+    if getattr(distributed_c10d, "default_pg_nccl_timeout", None) is not None:
+        distributed_c10d.default_pg_nccl_timeout = timeout  # type: ignore[attr-defined]
     if "RANK" not in os.environ:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind(("127.0.0.1", 0))
@@ -65,9 +75,11 @@ def init_distributed(device: str) -> DistEnv:
             "127.0.0.1", port, world_size=1, is_master=True, master_listen_fd=listener.detach(), use_libuv=False
         )  # the store owns the listening socket from here on
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("nccl" if device == "cuda" else "gloo", store=store, rank=0, world_size=1)
+        dist.init_process_group(
+            "nccl" if device == "cuda" else "gloo", store=store, rank=0, world_size=1, timeout=timeout
+        )
         _KEEP_ALIVE.append(store)
-    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo", timeout=timeout)
     env = DistEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0")))
     if device == "cuda":
         torch.cuda.set_device(env.local_rank)

@@ -170,6 +170,46 @@ def test_an_error_on_one_of_two_ranks_ends_both_with_the_traceback_and_no_hang(t
     assert "error on rank 1" in result.stderr
 
 
+def test_a_stopped_rank_ends_the_job_after_the_collective_timeout_naming_it(tmp_path):
+    """Rank 1 frozen (SIGSTOP) mid-run: rank 0's collective gives up after trainer.collective_timeout_s instead of
+    torch's 30 minutes (DeepSpeed's groups included), and its last line names rank 1 and where both ranks were."""
+    import signal
+
+    import psutil
+
+    prefix = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}", "-m")
+    overrides = ("trainer.total_training_steps=200", "trainer.collective_timeout_s=15")
+    job = subprocess.Popen(
+        command(tmp_path, *overrides, prefix=prefix),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=subprocess_env(OMP_NUM_THREADS="1"),
+        cwd=ROOT,
+    )
+    metrics = tmp_path / "logs" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2) and time.monotonic() < deadline:
+        assert job.poll() is None
+        time.sleep(0.2)
+    ranks = psutil.Process(job.pid).children(recursive=True)
+    (frozen,) = [p for p in ranks if p.environ().get("RANK") == "1"]
+    frozen.send_signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        _, err = job.communicate(timeout=15 + 120)
+        left = [p.pid for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        for process in ranks:
+            if process.is_running():
+                process.kill()
+    assert job.returncode not in (0, None) and time.monotonic() - stopped_at < 15 + 120
+    (line,) = [line for line in err.splitlines() if line.startswith("error on rank 0:")]
+    assert "a collective did not complete within trainer.collective_timeout_s=15 s while rank 0 was in " in line
+    assert "stopped answering: rank 1 (rank 1 in " in line
+    assert left == []  # the launcher took the frozen rank down with the job: nothing left running
+
+
 def test_a_dashboard_keyed_on_the_seeds_metric_names_finds_every_key(tmp_path, monkeypatch):
     seed_keys = [
         "train/loss",

@@ -1,0 +1,117 @@
+"""Where each rank is (step and phase), kept in the process group's key-value store, so that when a collective times
+out the ranks still running can say which rank stopped answering and where every rank was.
+
+Each rank writes its own key at the start of every phase (one small store write, a fraction of a millisecond), and a
+daemon thread writes a heartbeat every ``HEARTBEAT_S``: a rank blocked in a collective keeps beating, a stopped,
+frozen or dead one does not. The store lives in the launcher's agent (torchrun) or rank 0.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+KEY = "rlprof/progress/{rank}"
+ALIVE = "rlprof/alive/{rank}"
+HEARTBEAT_S = 2.0
+TIMEOUT_WORDS = ("timed out", "timeout", "deadline exceeded", "connection reset", "connection closed")
+
+
+@dataclass(frozen=True)
+class Position:
+    rank: int
+    step: int
+    phase: str
+    since: float
+    """Wall-clock time the rank entered the phase."""
+
+
+class Progress:
+    """This rank's position, published; the others', read back after a failure."""
+
+    def __init__(self, rank: int, world_size: int, timeout_s: float) -> None:
+        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        self.store = _default_store() if world_size > 1 else None
+        self.here = Position(rank, 0, "start", time.time())
+        if self.store is not None:
+            threading.Thread(target=self._beat, name="rlprof-heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while self.store is not None:
+            try:
+                self.store.set(ALIVE.format(rank=self.rank), str(time.time()))
+            except Exception:  # noqa: BLE001  (the store's host is gone: nothing to tell anyone)
+                return
+            time.sleep(HEARTBEAT_S)
+
+    def at(self, step: int, phase: str) -> None:
+        """This rank enters ``phase`` of ``step``."""
+        self.here = Position(self.rank, step, phase, time.time())
+        if self.store is not None:
+            try:
+                self.store.set(KEY.format(rank=self.rank), json.dumps([step, phase, self.here.since]))
+            except Exception:  # noqa: BLE001  (the beacon must never stop training)
+                self.store = None
+
+    def silent(self) -> list[int]:
+        """Ranks whose heartbeat stopped (none for 3 beats): stopped, frozen or dead processes."""
+        if self.store is None:
+            return []
+        now, found = time.time(), []
+        for rank in range(self.world_size):
+            key = ALIVE.format(rank=rank)
+            try:
+                beat = float(self.store.get(key)) if self.store.check([key]) else 0.0
+            except Exception:  # noqa: BLE001
+                continue
+            if now - beat > 3 * HEARTBEAT_S:
+                found.append(rank)
+        return found
+
+    def positions(self) -> list[Position]:
+        """Every rank's last published position (ranks that never published are left out)."""
+        if self.store is None:
+            return [self.here]
+        found = []
+        for rank in range(self.world_size):
+            key = KEY.format(rank=rank)
+            try:
+                if not self.store.check([key]):
+                    continue
+                step, phase, since = json.loads(self.store.get(key))
+            except Exception:  # noqa: BLE001  (the store's host may be gone too)
+                continue
+            found.append(Position(rank, int(step), str(phase), float(since)))
+        return found
+
+    def stall_report(self, error: BaseException) -> Optional[str]:
+        """One line when ``error`` is a collective that timed out (or lost its peer): this rank's position, the
+        rank(s) that stopped answering (the ones behind, or whose position is oldest) and where they were."""
+        text = f"{type(error).__name__}: {error}".lower()
+        if self.world_size < 2 or not any(word in text for word in TIMEOUT_WORDS):
+            return None
+        now = time.time()
+        others = [p for p in self.positions() if p.rank != self.rank]
+        silent = set(self.silent())
+        behind = [p for p in others if (p.step, p.since) < (self.here.step, self.here.since)]
+        stuck = [p for p in others if p.rank in silent] or behind or sorted(others, key=lambda p: p.since)[:1]
+        where = "; ".join(f"rank {p.rank} in {p.phase} of step {p.step} for {now - p.since:.0f} s" for p in stuck)
+        named = ", ".join(str(p.rank) for p in stuck) or "unknown (no rank's position could be read)"
+        return (
+            f"a collective did not complete within trainer.collective_timeout_s={self.timeout_s:g} s while rank "
+            f"{self.rank} was in {self.here.phase} of step {self.here.step}; stopped answering: rank {named}"
+            + (f" ({where})" if where else "")
+        )
+
+
+def _default_store() -> Any:
+    """The default process group's store (torch keeps it private), or None."""
+    try:
+        from torch.distributed import distributed_c10d
+
+        return distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001
+        return None
