@@ -12,6 +12,7 @@ Exit codes: 0 done (also when nothing beat the base, or nothing fits the memory 
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -80,6 +81,22 @@ def default_memory_limit_gb() -> float:
     return total * (1 - MEMORY_MARGIN) / 1e9
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(BaseException):
+    """tune was asked to stop (a signal): its trial is stopped and what it found is written."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise Interrupted(signum)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
@@ -114,12 +131,30 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     progress(f"tuning {len(knobs)} knobs in {tune.budget_minutes:g} min, memory limit {limit:.2f} GB -> {root}")
     search = Search(cfg, tune.nproc_per_node, knobs, launch, settings, budget, progress)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS}
     try:
         result = search.run()
     except RuntimeError as exc:
         save(search.trials, root / "results.json", {"error": str(exc)})
         print(f"tune: {exc}", file=sys.stderr)
         return 1
+    except Interrupted as stop:
+        for sig in STOP_SIGNALS:  # a second Ctrl-C must not cut the writing short
+            signal.signal(sig, signal.SIG_IGN)
+        partial = search.partial(f"interrupted by {stop.name}")
+        if partial is None:
+            save(search.trials, root / "results.json", {"stopped": f"interrupted by {stop.name}"})
+        else:
+            write_results(root, overrides, partial, None, limit, budget)
+        print(
+            f"tune: interrupted by {stop.name} after {len(search.trials)} configurations; the trial running was "
+            f"stopped; {'results so far' if partial else 'no result yet'} in {root}",
+            file=sys.stderr,
+        )
+        return 128 + stop.signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     verification = None
     if result.best is not result.base and result.best.usable:
         verification = verify(
@@ -180,7 +215,7 @@ def write_results(
 ) -> None:
     best = result.best
     best_overrides = as_overrides(best.changes)
-    command = " ".join(["python -m rlprof_train.main_ppo", *overrides, *best_overrides])
+    command = " ".join(["python -m rlprof_train.main_ppo", *_each_key_once([*overrides, *best_overrides])])
     yaml = OmegaConf.to_yaml(OmegaConf.from_dotlist(best_overrides)) if best_overrides else "{}\n"
     (root / "best.yaml").write_text(yaml)
     (root / "best_command.txt").write_text(command + "\n")
@@ -222,6 +257,15 @@ def write_results(
     save(result.trials, root / "results.json", extra)
 
 
+def _each_key_once(overrides: list[str]) -> list[str]:
+    """``key=value`` arguments with each key once, the last value kept, in first-seen order (the base's
+    ``micro_batch=2`` and the best's ``=256`` used to both appear)."""
+    last: dict[str, str] = {}
+    for override in overrides:
+        last[override.split("=", 1)[0] if "=" in override else override] = override
+    return list(last.values())
+
+
 def _conclusion(
     result: SearchResult, verification: Optional[Verification], limit: float, command: str, yaml: str, root: Path
 ) -> list[str]:
@@ -237,7 +281,18 @@ def _conclusion(
         )
         return [f"**No configuration fits under {limit:.2f} GB**{near}."]
     if best is result.base:
-        return ["**The base is the fastest configuration found**: no knob made it faster beyond noise."]
+        tried = [t for t in result.trials if t is not result.base and t.runs]
+        if not tried:
+            typical = max(run.wall_s for run in result.base.runs)
+            return [
+                f"**Nothing but the base was measured** ({result.stopped}): no other configuration was tried. One "
+                f"trial took {typical / 60:.1f} min here; a search needs several per knob group (give "
+                f"tune.budget_minutes={max(10, round(12 * typical / 60))} or more)."
+            ]
+        return [
+            f"**The base is the fastest configuration found** among {len(tried) + 1}: no knob made it faster beyond "
+            "noise."
+        ]
     out = [
         f"**Best: {best.name}** ({best.note})",
         "",

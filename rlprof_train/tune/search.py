@@ -82,6 +82,18 @@ class Search:
         self.trials: list[Trial] = []
         self._runs = 0
         self._walls: list[float] = []
+        self.findings: list[str] = []
+        self.groups: tuple[str, ...] = ()
+        self.best: Optional[Trial] = None
+        """The best configuration so far (what an interrupted search reports)."""
+
+    def partial(self, stopped: str) -> Optional[SearchResult]:
+        """What the search found before it was stopped, or None when not even the base was measured."""
+        if not self.trials or not self.trials[0].runs:
+            return None
+        return SearchResult(
+            self.trials, self.trials[0], self.best or self.trials[0], self.findings, self.groups, stopped
+        )
 
     # ------------------------------------------------------------------------------------------------ running
 
@@ -135,8 +147,9 @@ class Search:
             raise RuntimeError(f"the base configuration does not run: {base.reason} (see {self.launch.root}/trials)")
         timeout = self.settings.trial_timeout_s or max(120.0, 5 * base.runs[0].wall_s)
         self.launch = dataclasses.replace(self.launch, timeout_s=timeout)
-        findings = self.diagnose(base)
-        groups = ordered_groups(findings)
+        self.best = base
+        findings = self.findings = self.diagnose(base)
+        groups = self.groups = ordered_groups(findings)
         self._say(
             f"diagnosis of the base: {', '.join(findings) or 'no rule fired'}; groups in order: {', '.join(groups)}"
         )
@@ -154,6 +167,7 @@ class Search:
                 winner = self.halve(candidates)
                 if winner is not None and self.duel(best, winner):
                     best, changed = winner, True
+                    self.best = best
         return SearchResult(self.trials, base, best, findings, groups, stopped)
 
     def diagnose(self, base: Trial) -> list[str]:

@@ -144,6 +144,10 @@ def run_once(
             process.wait()
             trial.status, trial.reason = FAILED, f"timed out after {launch.timeout_s:.0f} s"
             return None
+        except BaseException:  # tune interrupted (Ctrl-C, SIGTERM, SIGHUP): the trial's whole process group goes too
+            stop_group(process)
+            trial.status, trial.reason = FAILED, "interrupted"
+            raise
     wall = time.monotonic() - started
     if code != 0:
         trial.status, trial.reason = FAILED, _failure(code, folder / "trainer.log")
@@ -163,6 +167,18 @@ def run_once(
         wall_s=wall,
         first_steps=[{k: float(r[k]) for k in LEARNING_KEYS if k in r} for r in records[:3]],
     )
+
+
+def stop_group(process: subprocess.Popen[Any], grace_s: float = 20) -> None:
+    """SIGTERM to the trial's process group (the trainer writes what it holds), SIGKILL after ``grace_s``."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass
 
 
 def _failure(code: int, log: Path) -> str:

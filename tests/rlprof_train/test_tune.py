@@ -79,8 +79,11 @@ def test_from_a_poor_base_tune_returns_a_verified_faster_configuration_with_the_
     best = results["best_overrides"]
     assert best and all(override.split("=")[0] in TUNABLE for override in best)
     assert (tmp_path / "tune" / "best.yaml").read_text().startswith("actor_rollout_ref:")
-    command = (tmp_path / "tune" / "best_command.txt").read_text()
-    assert command.startswith("python -m rlprof_train.main_ppo " + " ".join(POOR_BASE)) and best[-1] in command
+    command = (tmp_path / "tune" / "best_command.txt").read_text().split()
+    assert command[:4] == ["python", "-m", "rlprof_train.main_ppo", "--config-name=demo"]
+    keys = [argument.split("=", 1)[0] for argument in command[4:]]
+    assert len(keys) == len(set(keys)), command  # each key once: the best's value, not the base's beside it
+    assert all(override in command for override in best)
     assert "| 1 |" in result.stdout and "**Verified** side by side" in result.stdout
     assert (tmp_path / "tune" / "verify" / "base-1" / "logs" / "metrics.jsonl").exists()  # for rlprof compare
 
@@ -146,3 +149,46 @@ def test_vllms_knobs_are_searched_with_the_vllm_rollout(tmp_path):
     searched = [t for t in results["trials"] if t["changes"] and t["runs"]]
     assert searched and all(list(t["changes"]) == [f"{ARR}.rollout.max_num_batched_tokens"] for t in searched)
     assert all(t["status"] == "ok" for t in searched), searched
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGHUP"])
+def test_an_interrupted_tune_stops_its_trial_and_writes_what_it_found(tmp_path, stop):
+    """Ctrl-C (or a closed SSH session) during the second configuration: the trial's processes stop with tune, the
+    partial results and the best so far are written, exit 128 + the signal's number (it used to exit with a
+    traceback and leave the trial running as an orphan)."""
+    import signal
+    import time
+
+    import psutil
+
+    folder = tmp_path / "tune"
+    command = [sys.executable, "-m", "rlprof_train.tune", *POOR_BASE, "tune.budget_minutes=5", f"tune.dir={folder}"]
+    process = subprocess.Popen(
+        command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT, env=subprocess_env()
+    )
+    deadline = time.monotonic() + 600
+    while len(list(folder.rglob("trainer.log"))) < 2 and time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read()[-3000:]
+        time.sleep(0.5)
+    time.sleep(2)  # the second trial's trainer is up
+    trial = psutil.Process(process.pid).children(recursive=True)
+    assert trial, "a trial should be running"
+    process.send_signal(getattr(signal, stop))
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + getattr(signal, stop), err[-3000:]
+    assert f"tune: interrupted by {stop} after " in err and "Traceback" not in err
+    assert psutil.wait_procs(trial, timeout=10)[1] == []  # nothing left running
+    results = json.loads((folder / "results.json").read_text())
+    assert results["stopped"] == f"interrupted by {stop}" and results["trials"][0]["name"] == "base"
+    assert (folder / "results.md").exists() and (folder / "best.yaml").exists()
+
+
+@pytest.mark.slow
+def test_a_budget_that_only_measures_the_base_says_so_and_what_budget_a_search_needs(tmp_path):
+    result, results = tune(tmp_path, "--config-name=demo", "tune.budget_minutes=0.3")
+    assert [t["name"] for t in results["trials"] if t["runs"]] == ["base"]
+    assert "**Nothing but the base was measured** (the budget ran out): no other configuration was tried" in (
+        result.stdout
+    )
+    assert "tune.budget_minutes=" in result.stdout and "The base is the fastest" not in result.stdout
