@@ -371,6 +371,13 @@ def resolve_step_selection(gp: GlobalProfilerConfig) -> StepSelection:
 def validate(config: ProfilerConfig, world_size: Optional[int] = None) -> None:
     """Check what the schema cannot: step values, windows and ranks. Raises :class:`ConfigError`."""
     gp = config.global_profiler
+    if gp.tool is not None and gp.steps == []:
+        warnings.warn(
+            f"global_profiler.steps=[] selects no step: {gp.tool} records nothing (list the steps, or null for the "
+            "tool's own step_start/step_end window)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     for i, step in enumerate(gp.steps or []):
         if step < 0:
             raise ConfigError(f"global_profiler.steps[{i}]: step {step} is negative; steps are integers >= 0")

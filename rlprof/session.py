@@ -28,11 +28,13 @@ import socket
 import threading
 import time
 import warnings
+from pathlib import Path
 from typing import Any, Optional
 
 from rlprof.config import ConfigError, ProfilerConfig, load_config
 from rlprof.manifest import Manifest
 from rlprof.tools import RangeSite, Tool, ToolContext, create_tool
+from rlprof.tools.base import remove_abandoned
 from rlprof.window import StepWindow, WindowListener
 
 GAP_SITE = RangeSite("step", "between_steps")
@@ -137,6 +139,14 @@ class Session:
         self.tool: Optional[Tool] = None
         tool_name = self.config.global_profiler.tool
         if tool_name is not None and self.config.records_on(self.rank):
+            files, size = remove_abandoned(Path(self.config.global_profiler.save_path))
+            if files:
+                warnings.warn(
+                    f"rlprof.init: removed {files} temporary files ({size / 2**20:.1f} MiB) that killed processes left "
+                    f"in {self.config.global_profiler.save_path}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             self._create_tool(tool_name)
 
     # ------------------------------------------------------------------ who records
@@ -422,7 +432,8 @@ def init(
 ) -> Session:
     """Start the process's profiling session from a config (mapping, DictConfig, YAML path or ProfilerConfig).
 
-    Replaces (and shuts down) any previous session. The session shuts down at interpreter exit and on
+    A session still running is shut down and replaced, with a warning (end it with :func:`shutdown` first to replace
+    it silently). The session shuts down at interpreter exit and on
     SIGTERM/SIGINT, writing the files of an open window, so a crash or a kill loses no trace. ``run_id`` names the
     run in the manifest (default: ``$RLPROF_RUN_ID``, torchrun's run id, or host-time-pid).
     """
@@ -430,6 +441,12 @@ def init(
     session = Session(config, rank=rank, world_size=world_size, run_id=run_id)
     previous = _current
     if previous is not None:
+        warnings.warn(
+            "rlprof.init: a session is already running in this process; it is shut down (its open window written) "
+            "and replaced. Call rlprof.shutdown() first to end it yourself",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         previous.shutdown()
     with _gates_lock:
         _current = session

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import socket
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -13,6 +15,31 @@ from typing import Any, ClassVar, Optional
 from rlprof.manifest import Manifest, place
 from rlprof.roles import RoleBlocks
 from rlprof.window import StepWindow
+
+_HOST = socket.gethostname().replace(".", "_")
+_TEMP = re.compile(r"^\..+\.(?P<host>[^.]+)-(?P<pid>\d+)\.tmp(\.tmp)?$")  # kineto adds its own .tmp while writing
+
+
+def remove_abandoned(save_path: Path) -> tuple[int, int]:
+    """Delete the temporary files under ``save_path`` that processes of this host which no longer run left (a kill
+    during an export); returns (files, bytes). Other hosts' files are theirs to judge."""
+    import psutil
+
+    files = size = 0
+    if not save_path.is_dir():
+        return 0, 0
+    for path in save_path.rglob(".*.tmp"):
+        match = _TEMP.match(path.name)
+        if match is None or match["host"] != _HOST or psutil.pid_exists(int(match["pid"])) or path.is_symlink():
+            continue
+        try:
+            bytes_ = path.stat().st_size
+            path.unlink()
+        except OSError:
+            continue
+        files, size = files + 1, size + bytes_
+    return files, size
+
 
 RangeOps = tuple[Callable[[], Any], Callable[[], Any]]
 """``(enter, exit)``: zero-argument callables that open and close one range of a site."""
@@ -58,8 +85,9 @@ class ToolContext:
         return folder
 
     def temp_path(self, final: Path) -> Path:
-        """A hidden temporary name beside ``final`` for this process (moved into place by :meth:`publish`)."""
-        return final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        """A hidden temporary name beside ``final`` for this process (moved into place by :meth:`publish`); the
+        host and pid in it let a later session remove what a killed process left (:func:`remove_abandoned`)."""
+        return final.with_name(f".{final.name}.{_HOST}-{os.getpid()}.tmp")
 
     def publish(
         self,

@@ -70,6 +70,9 @@ def archive(path: Path) -> Path:
     return target
 
 
+BLOCK = 1 << 20
+
+
 def repair_last_line(path: Path) -> None:
     """Make ``path`` end on a complete line: a cut-short last record (a crash mid-write) is dropped, with a warning;
     a complete one missing its newline gets it."""
@@ -80,22 +83,34 @@ def repair_last_line(path: Path) -> None:
         if handle.read(1) == b"\n":
             return
         size = handle.seek(0, os.SEEK_END)
-        start = max(0, size - (1 << 20))
-        handle.seek(start)
-        tail = handle.read()
-        cut = tail.rfind(b"\n")
-        last = tail[cut + 1 :]
-        try:
-            json.loads(last)
-        except ValueError:
-            handle.truncate(start + cut + 1)
+        line_start, position = 0, size
+        while position > 0:  # back to the last newline, a block at a time (the line may be any length)
+            start = max(0, position - BLOCK)
+            handle.seek(start)
+            found = handle.read(position - start).rfind(b"\n")
+            if found >= 0:
+                line_start = start + found + 1
+                break
+            position = start
+        length = size - line_start
+        complete = False
+        if length <= BLOCK:
+            handle.seek(line_start)
+            try:
+                json.loads(handle.read())
+                complete = True
+            except ValueError:
+                pass
+        if not complete:  # the whole line goes, however long, so the next record starts a line of its own
+            handle.truncate(line_start)
             warnings.warn(
-                f"rlprof tracking: the last line of {path} was cut short ({len(last)} bytes, e.g. by a crash "
+                f"rlprof tracking: the last line of {path} was cut short ({length} bytes, e.g. by a crash "
                 "while writing); it was dropped",
                 RuntimeWarning,
                 stacklevel=4,
             )
             return
+        handle.seek(0, os.SEEK_END)
         handle.write(b"\n")
 
 

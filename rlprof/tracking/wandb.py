@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,7 +12,8 @@ from rlprof.tracking.base import BackendContext, RemoteRunBackend, RunState, reg
 
 @register_backend("wandb")
 class WandbBackend(RemoteRunBackend):
-    """Logs to one wandb run per training run; a resumed training run continues the same run id.
+    """Logs to one wandb run per training run; a resumed training run continues the same run id. Its files go to
+    ``$WANDB_DIR/wandb`` when that is set, else ``{log_dir}/wandb``.
 
     wandb cannot drop logged steps, so on resume the steps it already holds (up to the last one logged) keep
     their first values and are skipped, with one warning; later steps are logged as usual.
@@ -28,7 +30,7 @@ class WandbBackend(RemoteRunBackend):
         self.run = wandb.init(
             project=context.project,
             name=context.experiment,
-            dir=str(log_dir),
+            dir=os.environ.get("WANDB_DIR") or str(log_dir),  # wandb's own setting wins over the log folder
             id=self.state.run_id,
             resume="allow",
             config=dict(context.config or {}),

@@ -461,3 +461,52 @@ def test_torch_memory_on_cpu_under_threads_keeps_every_range(tmp_path):
     (rss,) = [r for r in records if r["path"].endswith(".host_memory.jsonl")]
     lines = [json.loads(line) for line in (tmp_path / rss["path"]).read_text().splitlines()]
     assert sum(1 for r in lines if r.get("name") == "worker") == 200
+
+
+def test_a_second_init_over_a_running_session_warns_and_writes_the_first_sessions_window(tmp_path):
+    import warnings
+
+    rlprof.init(torch_config(tmp_path / "first", steps=[1]))
+    with rlprof.step(1):
+        update(1)
+        with pytest.warns(RuntimeWarning, match="a session is already running in this process; it is shut down"):
+            rlprof.init(torch_config(tmp_path / "second", steps=[1]))
+    assert [m["steps"] for m in read_manifest(tmp_path / "first")] == [[1]]  # the open window was written
+    rlprof.shutdown()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rlprof.init(torch_config(tmp_path / "third", steps=[1]))  # after shutdown: silent
+
+
+def test_an_empty_step_list_warns_that_nothing_will_be_recorded(tmp_path):
+    with pytest.warns(RuntimeWarning, match=r"global_profiler.steps=\[\] selects no step: torch records nothing"):
+        rlprof.init(torch_config(tmp_path, steps=[]))
+    run_steps([1, 2])
+    rlprof.shutdown()
+    assert read_manifest(tmp_path) == []
+
+
+def test_temporary_files_a_killed_export_left_are_removed_by_the_next_init(tmp_path):
+    """A SIGKILL during a trace export leaves ``.name.HOST-PID.tmp`` (and kineto's own ``.tmp``); the next session
+    on the save path removes those of this host whose process is gone, and keeps a live process's and another
+    host's."""
+    import os
+    import subprocess
+    import sys
+
+    from rlprof.tools.base import _HOST
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    folder = tmp_path / "torch" / "step2"
+    folder.mkdir(parents=True)
+    left = [
+        folder / f".rank0.pt.trace.json.{_HOST}-{dead_pid}.tmp",
+        folder / f".rank0.pt.trace.json.{_HOST}-{dead_pid}.tmp.tmp",
+    ]
+    kept = [folder / f".rank1.pt.trace.json.{_HOST}-{os.getpid()}.tmp", folder / ".rank2.pt.trace.json.other-1.tmp"]
+    for path in left + kept:
+        path.write_bytes(b"x" * 4096)
+    with pytest.warns(RuntimeWarning, match=r"removed 2 temporary files \(0\.0 MiB\) that killed processes left"):
+        rlprof.init(torch_config(tmp_path, steps=[1]))
+    assert [p.exists() for p in left] == [False, False] and [p.exists() for p in kept] == [True, True]

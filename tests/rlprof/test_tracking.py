@@ -243,6 +243,14 @@ def test_a_cut_short_last_line_is_dropped_and_appends_start_on_a_new_line(dirs):
     with Tracker("proj", "exp", ["file"], log_dir=log_dir, resume_step=2) as tracker:
         tracker.log({"a": 2.5}, 2)
     assert (log_dir / "metrics.jsonl").read_text().count("\n") == 2
+    # a record longer than the 1 MiB looked at first (a large reward_extra dict), cut short: dropped whole
+    long = '{"step": 2, "text": "' + "x" * (3 << 20)
+    (log_dir / "metrics.jsonl").write_text('{"step": 1, "a": 1.0}\n' + long)
+    with pytest.warns(RuntimeWarning, match=f"was cut short \\({len(long)} bytes"):
+        with Tracker("proj", "exp", ["file"], log_dir=log_dir, resume_step=2) as tracker:
+            tracker.log({"a": 2.5}, 2)
+    assert [(r["step"], r.get("a")) for r in read_jsonl(log_dir / "metrics.jsonl")] == [(1, 1.0), (2, 2.5)]
+    assert (log_dir / "metrics.jsonl").stat().st_size < 100  # nothing of the long line is left
 
 
 def test_a_backend_that_cannot_reach_its_server_is_turned_off_within_the_timeout(dirs, monkeypatch):
@@ -278,3 +286,17 @@ def test_a_backend_that_fails_to_start_is_turned_off(dirs):
         tracker = Tracker("proj", "exp", ["file", "needs_a_token"], log_dir=dirs / "run")
     assert [b.name for b in tracker.backends] == ["file"]
     tracker.close()
+
+
+def test_wandbs_own_wandb_dir_is_honoured(dirs, monkeypatch):
+    monkeypatch.setenv("WANDB_DIR", str(dirs / "elsewhere"))
+    log_dir = dirs / "run"
+    with Tracker("proj", "exp", ["wandb"], log_dir=log_dir) as tracker:
+        tracker.log({"a": 1.0}, 1)
+    import json
+
+    from wandb_offline import read_run_history
+
+    run_id = json.loads((log_dir / "wandb_run.json").read_text())["run_id"]
+    assert [row["a"] for row in read_run_history(dirs / "elsewhere" / "wandb", run_id)] == [1.0]
+    assert not (log_dir / "wandb").exists()

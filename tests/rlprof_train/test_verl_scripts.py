@@ -156,7 +156,9 @@ def test_verl_script_runs_two_steps(name, place, tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     (record,) = (tmp_path / "work" / "outputs" / "logs").rglob("wandb_run.json")  # the scripts log to wandb
-    history = read_run_history(record.parent / "wandb", json.loads(record.read_text())["run_id"])
+    run_id = json.loads(record.read_text())["run_id"]
+    (files,) = {p.parent for p in (tmp_path / "work").rglob(f"*-{run_id}") if p.is_dir()}  # under $WANDB_DIR
+    history = read_run_history(files, run_id)
     steps = [row["_step"] for row in history if "critic/score/mean" in row]
     assert steps == [1, 2], steps
     print(f"\n{name} ({RUNS[name]}): {tally(output)}, ran 2 steps")
