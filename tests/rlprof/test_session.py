@@ -432,6 +432,7 @@ def test_nsys_without_nsys_attached_says_once_that_nothing_is_captured(tmp_path,
     monkeypatch.delenv("NVTX_INJECTION64_PATH", raising=False)
     with pytest.warns(RuntimeWarning, match="no Nsight Systems is attached"):
         rlprof.init({"global_profiler": {"tool": "nsys", "save_path": str(tmp_path)}})
+    rlprof.shutdown()
     monkeypatch.setenv("NVTX_INJECTION64_PATH", "/opt/nsys/libToolsInjection64.so")
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -405,7 +405,7 @@ def test_a_checkpoint_saved_by_zero_resumes_into_a_zero_engine(model_dir, dist_e
         config=deepspeed_config(1, False, False, 1.0, "float32", 1, hidden_size=module.config.hidden_size),
     )
     trained, _ = optimizer_run(zero1, [ragged_batch(seed=7)], [1.0])
-    saved = checkpoint.save(tmp_path / "zero", 1, {"actor": zero1}, {"kl_coef": 0.1}, True, lambda: None, None)
+    saved = checkpoint.save(tmp_path / "zero", 1, {"actor": zero1}, {"kl_coef": 0.1}, True, lambda: None, None, {})
     assert checkpoint.saved_by_zero(saved, "actor") and not checkpoint.saved_by_zero(None, "actor")
 
     cfg = load_trainer_config(["--config-name=demo", f"actor_rollout_ref.model.path={model_dir}"])
@@ -414,7 +414,7 @@ def test_a_checkpoint_saved_by_zero_resumes_into_a_zero_engine(model_dir, dist_e
     assert fresh.engine.zero_optimization_stage() == 0
     with pytest.raises(checkpoint.CheckpointError, match="the actor state does not load"):
         checkpoint.load(saved, {"actor": fresh.engine})
-    stage0 = checkpoint.save(tmp_path / "stage0", 1, {"actor": fresh.engine}, {}, True, lambda: None, None)
+    stage0 = checkpoint.save(tmp_path / "stage0", 1, {"actor": fresh.engine}, {}, True, lambda: None, None, {})
     assert not checkpoint.saved_by_zero(stage0, "actor")
 
     resumed = ActorWorker(actor, model, str(model_dir), dist_env, zero_checkpoint=True)
