@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -18,7 +19,7 @@ from rlprof_train.guards import NonFiniteGuard, TrainingDiverged
 from rlprof_train.reward_functions import RewardFunction, load_custom_reward
 from rlprof_train.run_dir import RunInUse, RunLock
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, free_port, subprocess_env
 
 
 def reward_file(tmp_path, body: str):
@@ -251,6 +252,37 @@ def test_a_helper_process_forked_during_the_run_does_not_keep_the_folder_locked(
     finally:
         helper.kill()
         helper.join()
+
+
+@pytest.mark.parametrize(
+    "flags", [["--master_addr", "127.0.0.1"], ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:{port}"]]
+)
+def test_torchruns_own_store_listens_on_every_interface_as_the_docs_warn(flags, tmp_path):
+    """docs/reliability.md's warning, checked: the launcher's store is not limited to the loopback by its flags."""
+    import psutil
+
+    port = free_port()
+    flags = [f.format(port=port) for f in flags] + ([] if "--rdzv-endpoint" in flags else ["--master_port", str(port)])
+    script = tmp_path / "wait.py"
+    script.write_text("import time; time.sleep(30)\n")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", *flags, str(script)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=subprocess_env(),
+    )
+    try:
+        listening: set[str] = set()
+        deadline = time.monotonic() + 60
+        while not listening and time.monotonic() < deadline:
+            time.sleep(0.5)
+            listening = {
+                c.laddr.ip for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port
+            }
+        assert listening and listening - {"127.0.0.1", "::1"}, listening  # "::" or "0.0.0.0": every interface
+    finally:
+        launcher.kill()
+        launcher.wait()
 
 
 def test_a_single_process_run_listens_on_the_loopback_only():
