@@ -128,6 +128,8 @@ class Session:
         self.selection = self.config.step_selection()
         self.current_step: Optional[int] = None
         self.step_open = False
+        self.scoped_step: Optional[int] = None
+        """The step of the ``with rlprof.step(n):`` block running, if any (steps do not nest)."""
         self.window: Optional[StepWindow] = None
         """The open step window, or None."""
         self.windows_opened = 0
@@ -482,17 +484,31 @@ class StepScope:
         self.step = step
 
     def __enter__(self) -> StepScope:
+        if self.session is not None:
+            self.session.scoped_step = self.step
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         session = self.session
-        if session is not None and session.step_open and session.current_step == self.step:
+        if session is None:
+            return
+        if session.scoped_step == self.step:
+            session.scoped_step = None
+        if session.step_open and session.current_step == self.step:
             session.end_step()
 
 
 def step(n: int) -> StepScope:
-    """Begin training step ``n``: ``rlprof.step(n)`` at the top of each step, or ``with rlprof.step(n): ...``."""
+    """Begin training step ``n``: ``rlprof.step(n)`` at the top of each step, or ``with rlprof.step(n): ...``.
+
+    Steps do not nest: a step begun inside a ``with rlprof.step(m):`` block is a ``ValueError`` (it used to end step
+    ``m`` silently, losing the rest of its ranges)."""
     session = _current
     if session is not None:
+        if session.scoped_step is not None:
+            raise ValueError(
+                f"rlprof.step({n}) inside `with rlprof.step({session.scoped_step}):`: steps do not nest; let step "
+                f"{session.scoped_step} end first (use profile_range for parts of a step)"
+            )
         session.begin_step(n)
     return StepScope(session, n)

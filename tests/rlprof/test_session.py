@@ -511,3 +511,14 @@ def test_temporary_files_a_killed_export_left_are_removed_by_the_next_init(tmp_p
     with pytest.warns(RuntimeWarning, match=r"removed 2 temporary files \(0\.0 MiB\) that killed processes left"):
         rlprof.init(torch_config(tmp_path, steps=[1]))
     assert [p.exists() for p in left] == [False, False] and [p.exists() for p in kept] == [True, True]
+
+
+def test_a_step_begun_inside_a_with_step_block_is_an_error_and_the_outer_step_keeps_its_ranges(tmp_path):
+    rlprof.init(torch_config(tmp_path, steps=[2]))
+    with rlprof.step(2):
+        with pytest.raises(ValueError, match=r"rlprof.step\(3\) inside `with rlprof.step\(2\):`: steps do not nest"):
+            rlprof.step(3)
+        assert rlprof.get_session().current_step == 2 and rlprof.get_session().step_open  # step 2 goes on
+    run_steps([3, 4])  # after the block, steps begin as usual
+    rlprof.shutdown()
+    assert [m["steps"] for m in read_manifest(tmp_path)] == [[2]]
