@@ -119,6 +119,12 @@ def find_run(paths: list[Path], run_id: Optional[str] = None, options: Optional[
                     raise RunNotFound(f"{path} is not a file rlprof reads ({_readable()})")
                 loose.append(found)
             continue
+        resolved = path.resolve()
+        if resolved == Path(resolved.anchor):
+            raise RunNotFound(
+                f"{path}{' (a link to ' + str(resolved) + ')' if path.is_symlink() else ''} is the filesystem's root, "
+                "not a run's folder; give trainer.log_dir or global_profiler.save_path"
+            )
         found_logs, found_saves, found_loose = _discover(path, run)
         logs += found_logs
         save_paths += found_saves
@@ -182,6 +188,13 @@ def _discover(root: Path, run: Run) -> tuple[list[Path], list[Path], list[InputF
     return logs, saves, loose
 
 
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # unreadable (permissions): not walked
+        return False
+
+
 def _inside(path: Path, top: Path) -> bool:
     try:
         return path.resolve().is_relative_to(top)
@@ -193,9 +206,14 @@ def _folders(root: Path, depth: int, top: Path, run: Run) -> list[Path]:
     """``root`` and the folders below it, not below a save path (its manifest lists its files)."""
     found = [root]
     if depth > 0 and not (root / MANIFEST).exists():
-        for child in sorted(root.iterdir()):
+        try:
+            children = sorted(root.iterdir())
+        except OSError as exc:  # a folder this user may not read
+            run.notes.append(f"{root} cannot be listed ({exc.strerror}); skipped")
+            return found
+        for child in children:
             if (
-                child.is_dir()
+                _is_dir(child)
                 and not child.name.startswith(".")
                 and child.name not in SKIPPED_FOLDERS
                 and not child.name.startswith(("previous-", "global_step_"))

@@ -213,3 +213,14 @@ def test_malformed_manifest_lines_and_non_finite_timings_are_skipped_not_a_trace
     report = json.loads(capsys.readouterr().out)
     assert report["breakdown"]["steps"] == [3] and report["breakdown"]["phases"][0]["median_s"] == 0.5
     assert any("2 steps hold NaN or infinite timings; those values are left out" in n for n in report["notes"])
+
+
+def test_a_link_to_the_filesystem_root_is_refused_in_one_line_not_walked(tmp_path, capsys):
+    (tmp_path / "root").symlink_to("/")
+    assert main(["report", str(tmp_path / "root")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "(a link to /) is the filesystem's root, not a run's folder" in err
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "profile").symlink_to("/")  # inside a run folder: named and not followed
+    assert main(["report", str(tmp_path / "run")]) == 2
+    assert "profile links out of" in capsys.readouterr().err
