@@ -1,8 +1,8 @@
 """LoRA against full fine-tuning: step time and whole-process peak memory of the same GRPO run.
 
-A 4-layer, 1024-wide Llama (about 42M parameters, the arithmetic tokenizer) trained 6 steps by the demo's GRPO, once
+A 4-layer, 1024-wide Llama (about 42M parameters, the arithmetic tokenizer) trained 4 steps by the demo's GRPO, once
 with full fine-tuning and once with rank-8 adapters on every linear layer, alternately, each in a fresh process
-(``PAIRS`` pairs). Step time: the median ``timing_s/step`` of steps 2-6; memory: the peak resident set of the
+(``PAIRS`` pairs). Step time: the median ``timing_s/step`` of steps 2-4; memory: the peak resident set of the
 trainer's process tree (``ru_maxrss`` of a wrapper's children). The table goes to stdout and
 ``outputs/benchmarks/lora.md``.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = 2
-STEPS = 6
+STEPS = 4
 LORA = (
     "actor_rollout_ref.model.lora_rank=8",
     "actor_rollout_ref.model.lora_alpha=16",
@@ -78,7 +78,7 @@ def test_lora_against_full_fine_tuning(tmp_path):
 
     table = "\n".join(
         [
-            "| run | s/step (median of steps 2-6, per pair) | peak RSS MiB (per pair) |",
+            "| run | s/step (median of steps 2-4, per pair) | peak RSS MiB (per pair) |",
             "|---|---|---|",
             row("full fine-tuning", full),
             row("LoRA rank 8", lora),

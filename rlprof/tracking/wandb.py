@@ -30,7 +30,7 @@ class WandbBackend(RemoteRunBackend):
         self.run = wandb.init(
             project=context.project,
             name=context.experiment,
-            dir=os.environ.get("WANDB_DIR") or str(log_dir),  # wandb's own setting wins over the log folder
+            dir=os.path.abspath(os.environ.get("WANDB_DIR") or log_dir),  # wandb's own setting wins; resolved here
             id=self.state.run_id,
             resume="allow",
             config=dict(context.config or {}),

@@ -294,9 +294,13 @@ def test_wandbs_own_wandb_dir_is_honoured(dirs, monkeypatch):
     with Tracker("proj", "exp", ["wandb"], log_dir=log_dir) as tracker:
         tracker.log({"a": 1.0}, 1)
     import json
+    import time
 
     from wandb_offline import read_run_history
 
     run_id = json.loads((log_dir / "wandb_run.json").read_text())["run_id"]
-    assert [row["a"] for row in read_run_history(dirs / "elsewhere" / "wandb", run_id)] == [1.0]
+    deadline = time.monotonic() + 30  # a wandb service shared with earlier tests writes the file after finish()
+    while not (history := read_run_history(dirs / "elsewhere" / "wandb", run_id)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [row["a"] for row in history] == [1.0]
     assert not (log_dir / "wandb").exists()

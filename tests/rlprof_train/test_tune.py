@@ -90,7 +90,7 @@ def test_from_a_poor_base_tune_returns_a_verified_faster_configuration_with_the_
 
 @pytest.mark.slow
 def test_a_memory_limit_nothing_fits_under_is_reported_with_the_closest_trial(tmp_path):
-    result, results = tune(tmp_path, "tune.memory_limit_gb=0.2", "tune.budget_minutes=1.5")
+    result, results = tune(tmp_path, "--config-name=demo", "tune.memory_limit_gb=0.2", "tune.budget_minutes=1.5")
     trials = [t for t in results["trials"] if t["runs"]]
     assert trials and all(t["status"] == "over memory limit" for t in trials)
     closest = min(trials, key=lambda t: t["peak_memory_gb"])
@@ -118,6 +118,7 @@ def test_a_crashing_trial_is_recorded_and_the_search_goes_on_with_two_processes_
     space = f"[{ARR}.model.use_remove_padding,{ARR}.actor.entropy_from_logits_with_chunking]"
     result, results = tune(
         tmp_path,
+        "--config-name=demo",
         f"custom_reward_function.path={reward}",
         "tune.nproc_per_node=2",
         f"tune.space={space}",
@@ -139,6 +140,7 @@ def test_vllms_knobs_are_searched_with_the_vllm_rollout(tmp_path):
     pytest.importorskip("vllm")
     _, results = tune(
         tmp_path,
+        "--config-name=demo",
         f"{ARR}.rollout.name=vllm",
         f"tune.space=[{ARR}.rollout.max_num_batched_tokens]",
         "tune.budget_minutes=4",
