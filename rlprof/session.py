@@ -130,11 +130,14 @@ class Session:
         self.step_open = False
         self.scoped_step: Optional[int] = None
         """The step of the ``with rlprof.step(n):`` block running, if any (steps do not nest)."""
+        self.step_thread: Optional[threading.Thread] = None
+        """The thread that begins the steps (one at a time: the training loop's); ranges may run on any thread."""
         self.window: Optional[StepWindow] = None
         """The open step window, or None."""
         self.windows_opened = 0
         self.listeners: list[WindowListener] = []
         self._gap_exit: Any = None
+        self._gap_thread: Optional[threading.Thread] = None
         self._lock = threading.RLock()
         self._warned: set[str] = set()
         self._pid = os.getpid()
@@ -192,6 +195,12 @@ class Session:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"rlprof.step: step={step!r} must be an integer >= 0")
         with self._lock:
+            self._check_step_thread(step)
+            if self.scoped_step is not None:
+                raise ValueError(
+                    f"rlprof.step({step}) inside `with rlprof.step({self.scoped_step}):`: steps do not nest; let step "
+                    f"{self.scoped_step} end first (use profile_range for parts of a step)"
+                )
             if self.step_open:
                 self.end_step()
             self._close_gap()
@@ -209,6 +218,17 @@ class Session:
                     self._guarded(f"advancing to step {step}", self.tool.advance, window)
                 else:
                     self._start_window(step)
+
+    def _check_step_thread(self, step: int) -> None:
+        """Steps are the process's and begin on one thread; another thread may take over once that one has ended.
+        (Two threads stepping would close each other's windows and split their ranges across threads.)"""
+        me, owner = threading.current_thread(), self.step_thread
+        if owner is not None and owner is not me and owner.is_alive():
+            raise ValueError(
+                f"rlprof.step({step}) on thread {me.name!r}: this session's steps are begun on thread "
+                f"{owner.name!r}; call rlprof.step from one thread (the training loop); ranges may run on any thread"
+            )
+        self.step_thread = me
 
     def end_step(self) -> None:
         """The current step is over; the window stays open (recording ``step/between_steps``) when the next step
@@ -307,13 +327,16 @@ class Session:
             assert GAP_SITE.ops is not None
             enter, self._gap_exit = GAP_SITE.ops
             enter()
+            self._gap_thread = threading.current_thread()
         except Exception as exc:
             self._gap_exit = None
             self._disable_tool("recording the range between steps", exc)
 
     def _close_gap(self) -> None:
+        """End ``step/between_steps`` on the thread that began it (a range's ends are on one thread). On another
+        thread (shutdown at exit, or a step thread that has ended) the range is dropped instead."""
         close, self._gap_exit = self._gap_exit, None
-        if close is not None:
+        if close is not None and self._gap_thread is threading.current_thread():
             self._guarded("closing the range between steps", close)
 
     def _sync_gates(self) -> None:
@@ -502,13 +525,10 @@ def step(n: int) -> StepScope:
     """Begin training step ``n``: ``rlprof.step(n)`` at the top of each step, or ``with rlprof.step(n): ...``.
 
     Steps do not nest: a step begun inside a ``with rlprof.step(m):`` block is a ``ValueError`` (it used to end step
-    ``m`` silently, losing the rest of its ranges)."""
+    ``m`` silently, losing the rest of its ranges). Steps begin on one thread, the first to call this (another may
+    take over once it has ended); a step from a second thread while the first lives is a ``ValueError``. Ranges
+    may run on any thread."""
     session = _current
     if session is not None:
-        if session.scoped_step is not None:
-            raise ValueError(
-                f"rlprof.step({n}) inside `with rlprof.step({session.scoped_step}):`: steps do not nest; let step "
-                f"{session.scoped_step} end first (use profile_range for parts of a step)"
-            )
         session.begin_step(n)
     return StepScope(session, n)

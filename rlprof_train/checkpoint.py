@@ -12,6 +12,7 @@ you wrote. Checkpoint folders are resolved strictly inside ``default_local_dir``
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
 import os
@@ -81,6 +82,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint cannot be used (or written); the message says which and what to do."""
 
 
+class DiskFull(CheckpointError):
+    """The checkpoint did not fit on its disk: the folder, the bytes it needs and the bytes free."""
+
+
 def step_dir(root: Path, step: int) -> Path:
     return Path(root) / f"global_step_{step}"
 
@@ -107,18 +112,72 @@ def save(
     if is_main and target.exists():  # an earlier attempt at this step that never completed
         shutil.rmtree(target)
     barrier()
-    for tag, engine in engines.items():  # frozen base weights (LoRA) are in the model directory already
-        engine.save_checkpoint(str(target), tag=tag, save_latest=False, exclude_frozen_parameters=_has_frozen(engine))
-    barrier()  # every rank's shards are on disk
-    if is_main:
-        _write_atomic(target / STATE, json.dumps({**state, "global_step": step}))
-        _write_atomic(target / CONFIG, json.dumps(config, default=str))
-        mark_complete(target, step)
-        _write_atomic(Path(root) / LATEST, str(step))
-        if keep:
-            prune(root, keep)
+    try:
+        for tag, engine in engines.items():  # frozen base weights (LoRA) are in the model directory already
+            engine.save_checkpoint(
+                str(target), tag=tag, save_latest=False, exclude_frozen_parameters=_has_frozen(engine)
+            )
+        barrier()  # every rank's shards are on disk
+        if is_main:
+            _write_atomic(target / STATE, json.dumps({**state, "global_step": step}))
+            _write_atomic(target / CONFIG, json.dumps(config, default=str))
+            mark_complete(target, step)
+            _write_atomic(Path(root) / LATEST, str(step))
+            if keep:
+                prune(root, keep)
+    except (OSError, RuntimeError) as exc:
+        full = _disk_full(root, target, step, engines, exc)
+        if full is None:
+            raise
+        if is_main:  # an incomplete checkpoint is never resumed from: give its space back to the run's other files
+            shutil.rmtree(target, ignore_errors=True)
+        raise full from exc
     barrier()
     return target
+
+
+def _disk_full(root: Path, target: Path, step: int, engines: dict[str, Any], exc: BaseException) -> Optional[DiskFull]:
+    """The save failed because the disk is full: ``ENOSPC``, or what torch's writer says instead ("unexpected
+    pos", no errno) while what is left to write does not fit in what is free. None for any other failure."""
+    written = sum(p.stat().st_size for p in target.rglob("*") if p.is_file()) if target.is_dir() else 0
+    needed = max(_last_checkpoint_bytes(root), _estimated_bytes(engines), written)
+    free = shutil.disk_usage(target if target.is_dir() else root).free
+    causes = [exc, exc.__cause__, exc.__context__]
+    if not any(getattr(cause, "errno", None) == errno.ENOSPC for cause in causes) and free + written >= needed:
+        return None
+    return DiskFull(
+        f"No space left on device: the checkpoint of step {step} in {target} needs about {_size(needed)}, "
+        f"{_size(free + written)} is free there; free space or set trainer.default_local_dir to a larger disk "
+        "(trainer.max_actor_ckpt_to_keep keeps fewer)"
+    )
+
+
+def _last_checkpoint_bytes(root: Path) -> int:
+    """The size of the newest complete checkpoint (what the next one will take), or 0."""
+    for step in reversed(saved_steps(root)):
+        try:
+            files = json.loads((step_dir(root, step) / COMPLETE).read_text())["files"]
+            return sum(int(entry["bytes"]) for entry in files.values())
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return 0
+
+
+def _estimated_bytes(engines: dict[str, Any]) -> int:
+    """The weights plus Adam's two fp32 moments (and an fp32 master copy of weights kept in 16 bits) per trainable
+    parameter, over every engine: roughly what one checkpoint writes."""
+    total = 0
+    for engine in engines.values():
+        for parameter in engine.module.parameters():
+            count = int(getattr(parameter, "ds_numel", parameter.numel()))  # ZeRO-3: the full size, not the shard
+            total += count * parameter.element_size()
+            if parameter.requires_grad:
+                total += count * (8 + (4 if parameter.element_size() < 4 else 0))
+    return total
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 
 
 def file_digest(path: Path) -> str:

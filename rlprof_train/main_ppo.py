@@ -14,7 +14,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import rlprof
 from rlprof.schema import ConfigError
@@ -22,6 +22,9 @@ from rlprof.session import new_run_id
 from rlprof_train.config import as_dict
 from rlprof_train.config.load import load, validate
 from rlprof_train.launch import launch_world
+
+if TYPE_CHECKING:
+    from rlprof_train.progress import Progress
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -61,17 +64,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     for note in loaded.notes:  # what became of verl's spellings
         log(f"config: {note}")
-    code = 0
     try:
-        PPOTrainer(cfg, env, run_id, log, progress).fit()
-    except ConfigError as exc:  # found while preparing (a folder in use, nodes without a shared folder)
-        print(f"config error: {exc}", file=sys.stderr, flush=True)
-        code = 2
-    except BaseException as exc:  # noqa: BLE001  (training errors keep their traceback; Ctrl-C too)
-        traceback.print_exc()
-        stall = progress.stall_report(exc)  # a collective that timed out: who stopped answering, and where
-        print(f"error on rank {env.rank}: {stall or f'{type(exc).__name__}: {exc}'}", file=sys.stderr, flush=True)
-        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        code = train(lambda: PPOTrainer(cfg, env, run_id, log, progress).fit(), env.rank, progress)
     finally:
         rlprof.shutdown()
     if torch.distributed.is_initialized():
@@ -83,6 +77,28 @@ def main(argv: Optional[list[str]] = None) -> int:
             sys.stderr.flush()
             os._exit(code)
     return code
+
+
+def train(fit: Callable[[], None], rank: int, progress: Progress) -> int:
+    """Build the trainer and train (``fit``); the exit code. Errors found while preparing are config errors (one
+    line, 2); a full disk is one line (1); any other error keeps its traceback, then one line naming the rank (and,
+    for a collective that timed out, who stopped answering and where)."""
+    from rlprof_train.checkpoint import DiskFull
+
+    try:
+        fit()
+    except ConfigError as exc:  # found while preparing (a folder in use, nodes without a shared folder)
+        print(f"config error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except DiskFull as exc:  # the cause and what to change, not torch's "unexpected pos"
+        print(f"error on rank {rank}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except BaseException as exc:  # noqa: BLE001  (training errors keep their traceback; Ctrl-C too)
+        traceback.print_exc()
+        stall = progress.stall_report(exc)
+        print(f"error on rank {rank}: {stall or f'{type(exc).__name__}: {exc}'}", file=sys.stderr, flush=True)
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+    return 0
 
 
 if __name__ == "__main__":

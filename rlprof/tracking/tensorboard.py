@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from rlprof.tracking.base import Backend, BackendContext, register_backend
 
@@ -25,18 +27,40 @@ class TensorBoardBackend(Backend):
     def __init__(self, context: BackendContext) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        _quiet_writer_threads()
         self.log_dir = tensorboard_dir(context.project, context.experiment)
         if context.resume_step is None:
             archive_events(self.log_dir)
         self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=context.resume_step)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        for key, value in metrics.items():
-            self.writer.add_scalar(key, value, global_step=step)
-        self.writer.flush()
+        try:
+            for key, value in metrics.items():
+                self.writer.add_scalar(key, value, global_step=step)
+            self.writer.flush()
+        except OSError as exc:  # raised here from the writer's thread: say which folder
+            raise OSError(exc.errno, f"{exc.strerror or exc} writing the event file in {self.log_dir}") from None
 
     def close(self) -> None:
         self.writer.close()
+
+
+def _quiet_writer_threads() -> None:
+    """TensorBoard writes events on a thread of its own; when a write fails (a read-only folder, a full disk) the
+    thread prints its traceback and keeps the error for the next ``flush``, where the tracker reports it in one
+    warning and turns the backend off. Leave that thread's traceback out (other threads' go on as before)."""
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    previous = threading.excepthook
+    if getattr(previous, "rlprof_quiet", False):
+        return
+
+    def hook(args: Any) -> None:
+        if not isinstance(args.thread, _AsyncWriterThread):
+            previous(args)
+
+    hook.rlprof_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 def archive_events(log_dir: Path) -> None:

@@ -522,3 +522,56 @@ def test_a_step_begun_inside_a_with_step_block_is_an_error_and_the_outer_step_ke
     run_steps([3, 4])  # after the block, steps begin as usual
     rlprof.shutdown()
     assert [m["steps"] for m in read_manifest(tmp_path)] == [[2]]
+
+
+def test_steps_from_a_second_thread_are_refused_while_ranges_from_any_thread_are_counted(tmp_path):
+    """Issue 27: ``with rlprof.step(n)`` from several threads used to turn ``range_times`` off (the range between
+    steps began on one thread and ended on another) and was refused as "nesting". Now steps begin on one thread
+    (another takes over once it has ended), ranges run on any thread and all are counted."""
+    session = rlprof.init(
+        {
+            "global_profiler": {
+                "tool": "range_times",
+                "steps": list(range(1, 31)),
+                "profile_continuous_steps": True,
+                "save_path": str(tmp_path),
+            }
+        }
+    )
+    errors: list[str] = []
+
+    def ranges(k: int) -> None:
+        for _ in range(50):
+            with rlprof.profile_range("work", role="actor"):
+                pass
+
+    def loop(steps) -> None:
+        try:
+            for n in steps:
+                with rlprof.step(n):
+                    workers = [threading.Thread(target=ranges, args=(k,)) for k in range(4)]
+                    for worker in workers:
+                        worker.start()
+                    for worker in workers:
+                        worker.join()
+        except ValueError as exc:
+            errors.append(str(exc))
+
+    first = threading.Thread(target=loop, args=(range(1, 11),), name="loop")
+    first.start()
+    while session.step_thread is None:
+        pass
+    second = threading.Thread(target=loop, args=(range(11, 21),), name="intruder")
+    second.start()
+    second.join()
+    first.join()
+    assert errors == [
+        "rlprof.step(11) on thread 'intruder': this session's steps are begun on thread 'loop'; call rlprof.step "
+        "from one thread (the training loop); ranges may run on any thread"
+    ]
+    loop(range(21, 31))  # the loop's thread has ended: the main thread takes over, its between-steps range dropped
+    assert session.tool_name == "range_times" and errors == [errors[0]]
+    taken = session.tool.take()
+    assert taken["ranges"]["actor/work"]["count"] == 20 * 4 * 50
+    assert taken["ranges"]["step/between_steps"]["count"] == 9 + 9  # each thread's, ended on that thread
+    rlprof.shutdown()

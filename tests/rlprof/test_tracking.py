@@ -304,3 +304,40 @@ def test_wandbs_own_wandb_dir_is_honoured(dirs, monkeypatch):
         time.sleep(0.2)
     assert [row["a"] for row in history] == [1.0]
     assert not (log_dir / "wandb").exists()
+
+
+@pytest.mark.parametrize("disk", ["read-only", "full"])
+def test_a_tensorboard_folder_that_cannot_be_written_is_one_warning_not_a_thread_traceback(tmp_path, small_disk, disk):
+    """Issue 27: a read-only TensorBoard folder printed TensorBoard's 40-line writer-thread traceback (and a disk
+    that fills mid-run did too). Now: one warning naming the error and the folder; the other backends go on. In a
+    child process, as a user's run, on a real read-only / full tmpfs."""
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    board = small_disk("8k", read_only=disk == "read-only")
+    program = (
+        "from rlprof.tracking import Tracker\n"
+        f"tracker = Tracker('p', 'e', ['tensorboard', 'file'], log_dir={str(tmp_path / 'logs')!r})\n"
+        "for step in range(300):\n"
+        "    tracker.log({f'metric{i}': 1.0 for i in range(20)}, step)\n"
+        "print('backends left:', [b.name for b in tracker.backends])\n"
+        "tracker.close()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(TENSORBOARD_DIR=str(board)),
+    )
+    print(result.stderr)
+    assert result.returncode == 0 and "backends left: ['file']" in result.stdout
+    assert "Traceback" not in result.stderr and "Exception in thread" not in result.stderr
+    (warning,) = [line for line in result.stderr.splitlines() if "RuntimeWarning" in line]
+    cause = (
+        "Read-only file system" if disk == "read-only" else f"No space left on device writing the event file in {board}"
+    )
+    assert "the tensorboard backend" in warning and cause in warning and str(board) in warning
+    assert len(read_jsonl(tmp_path / "logs" / "metrics.jsonl")) == 300
