@@ -22,6 +22,11 @@ import sys
 from typing import Any
 
 import torch
+
+# torch.optim imports torch._dynamo on first use; imported after init_process_group it keeps the group (and gloo's
+# worker threads) alive past destroy_process_group, and a worker still freeing the last collective's tensors can then
+# abort the interpreter's exit ("terminate called without an active exception"). So it is imported first.
+import torch._dynamo
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 

@@ -56,6 +56,11 @@ def init_distributed(device: str, timeout_s: float = 600.0) -> DistEnv:
     hold (no bind-then-close race). DeepSpeed would otherwise look for MPI.
     """
     import deepspeed
+
+    # The engines' optimizers import torch._dynamo; imported after init_process_group it keeps the group (and gloo's
+    # worker threads) alive past destroy_process_group, and a worker still freeing the last collective's tensors can
+    # then abort the interpreter's exit ("terminate called without an active exception"). Import it first.
+    import torch._dynamo
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=timeout_s)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -189,6 +190,29 @@ def test_two_ranks_with_all_ranks_write_both_without_collisions(tmp_path):
     paths = sorted(m["path"] for m in read_manifest(tmp_path))
     assert paths == ["torch/step2/rank0.pt.trace.json.gz", "torch/step2/rank1.pt.trace.json.gz"]
     assert all((tmp_path / p).stat().st_size > 0 for p in paths)
+
+
+THREADS_LEFT = """
+import os, runpy, sys
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+names = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+print(f"rank {os.environ['RANK']} threads left: {names}")
+"""
+
+
+def test_two_ranks_leave_no_gloo_thread_behind_at_exit(tmp_path):
+    """Once the example's main returns, gloo's worker threads are gone: a worker still alive at exit may free the last
+    collective's tensors while the interpreter finalizes, which aborts the process (SIGABRT, "terminate called without
+    an active exception", seen about once in 30 two-rank runs under load) when torch._dynamo was imported after the
+    group was made."""
+    wrapper = tmp_path / "threads_left.py"
+    wrapper.write_text(THREADS_LEFT)
+    result = run_example(
+        "global_profiler.tool=nsys", "loop.steps=2", save_path=tmp_path, prefix=(*torchrun(2), str(wrapper))
+    )
+    left = dict(re.findall(r"rank (\d) threads left: (\[[^]]*\])", result.stdout))  # the ranks' lines may interleave
+    assert sorted(left) == ["0", "1"] and not any("gloo" in names for names in left.values()), result.stdout
 
 
 def test_the_declared_nvtx_range_holds_what_the_nsys_tool_uses():

@@ -285,18 +285,28 @@ def test_torchruns_own_store_listens_on_every_interface_as_the_docs_warn(flags, 
         launcher.wait()
 
 
-def test_a_single_process_run_listens_on_the_loopback_only():
+def test_a_single_process_run_listens_on_the_loopback_only_and_leaves_no_gloo_thread_at_exit():
+    """The store of a run by hand binds 127.0.0.1 only. And the trainer's exit (barrier, destroy_process_group) leaves
+    no gloo worker thread: one still alive while the interpreter finalizes can abort the exit ("terminate called
+    without an active exception"). An optimizer's first use imports torch._dynamo, which, imported after the group was
+    made, kept it alive."""
     code = textwrap.dedent("""
-        import psutil
+        import os, psutil, torch
         from rlprof_train.workers.engine import init_distributed
         init_distributed("cpu")
         print(sorted({c.laddr.ip for c in psutil.Process().net_connections("tcp") if c.status == "LISTEN"}))
+        torch.optim.Adam(torch.nn.Linear(2, 2).parameters())
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+        print(sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")))
     """)
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=subprocess_env(), cwd=ROOT
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().splitlines()[-1] == "['127.0.0.1']"
+    listening, threads = result.stdout.strip().splitlines()[-2:]
+    assert listening == "['127.0.0.1']"
+    assert "gloo" not in threads, threads
 
 
 def test_the_guard_stops_after_patience_non_finite_steps_and_resets_on_a_finite_one():
