@@ -23,6 +23,7 @@ from rlprof.schema import ConfigError
 from rlprof.session import get_session, init, is_recording, shutdown, step
 from rlprof.timer import marked_timer
 from rlprof.tools import register_tool
+from rlprof.watchdog import watchdog
 
 __all__ = [
     "ConfigError",
@@ -35,5 +36,6 @@ __all__ = [
     "register_tool",
     "shutdown",
     "step",
+    "watchdog",
 ]
 __version__ = "0.1.0"

@@ -11,22 +11,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Optional
+
+from rlprof.watchdog import Ordinal, Position
 
 KEY = "rlprof/progress/{rank}"
 ALIVE = "rlprof/alive/{rank}"
 HEARTBEAT_S = 2.0
 TIMEOUT_WORDS = ("timed out", "timeout", "deadline exceeded", "connection reset", "connection closed")
-
-
-@dataclass(frozen=True)
-class Position:
-    rank: int
-    step: int
-    phase: str
-    since: float
-    """Wall-clock time the rank entered the phase."""
 
 
 class Progress:
@@ -36,6 +28,7 @@ class Progress:
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self.store = _default_store() if world_size > 1 else None
         self.here = Position(rank, 0, "start", time.time())
+        self._ordinal = Ordinal()
         if self.store is not None:
             threading.Thread(target=self._beat, name="rlprof-heartbeat", daemon=True).start()
 
@@ -49,10 +42,12 @@ class Progress:
 
     def at(self, step: int, phase: str) -> None:
         """This rank enters ``phase`` of ``step``."""
-        self.here = Position(self.rank, step, phase, time.time())
+        self.here = Position(self.rank, step, phase, time.time(), self._ordinal.next(step))
         if self.store is not None:
             try:
-                self.store.set(KEY.format(rank=self.rank), json.dumps([step, phase, self.here.since]))
+                self.store.set(
+                    KEY.format(rank=self.rank), json.dumps([step, phase, self.here.since, self.here.ordinal])
+                )
             except Exception:  # noqa: BLE001  (the beacon must never stop training)
                 self.store = None
 
@@ -81,10 +76,10 @@ class Progress:
             try:
                 if not self.store.check([key]):
                     continue
-                step, phase, since = json.loads(self.store.get(key))
+                step, phase, since, ordinal = json.loads(self.store.get(key))
             except Exception:  # noqa: BLE001  (the store's host may be gone too)
                 continue
-            found.append(Position(rank, int(step), str(phase), float(since)))
+            found.append(Position(rank, int(step), str(phase), float(since), int(ordinal)))
         return found
 
     def stall_report(self, error: BaseException) -> Optional[str]:
@@ -96,7 +91,7 @@ class Progress:
         now = time.time()
         others = [p for p in self.positions() if p.rank != self.rank]
         silent = set(self.silent())
-        behind = [p for p in others if (p.step, p.since) < (self.here.step, self.here.since)]
+        behind = [p for p in others if p.order() < self.here.order()]
         stuck = [p for p in others if p.rank in silent] or behind or sorted(others, key=lambda p: p.since)[:1]
         where = "; ".join(f"rank {p.rank} in {p.phase} of step {p.step} for {now - p.since:.0f} s" for p in stuck)
         named = ", ".join(str(p.rank) for p in stuck) or "unknown (no rank's position could be read)"

@@ -22,6 +22,7 @@ import torch
 
 import rlprof
 from rlprof.metrics import MetricAggregator, Reduce
+from rlprof.watchdog import Watchdog
 from rlprof_train import algos, checkpoint, prepare
 from rlprof_train.batch import MicroBatching, RolloutBatch
 from rlprof_train.config import TrainerConfig, as_dict
@@ -144,6 +145,15 @@ class PPOTrainer:
     def fit(self) -> None:
         """Train from ``start_step`` to ``total_steps``, validating and checkpointing on schedule."""
         trainer = self.cfg.trainer
+        self.watchdog = Watchdog(
+            trainer.watchdog,
+            Path(trainer.log_dir),
+            self.env.rank,
+            self.env.world_size,
+            self.progress.store,
+            positions=self.progress.positions,
+            setting="trainer.watchdog",
+        )
         try:
             if trainer.val_before_train and self.start_step == 1:
                 self._log({**self.validate(), "training/global_step": 0.0}, step=0)
@@ -151,6 +161,8 @@ class PPOTrainer:
                 torch.manual_seed(trainer.seed * 100_003 + step * self.env.world_size + self.env.rank)
                 with rlprof.step(step):
                     metrics = self.train_step(step)
+                if step in self.watchdog.stalled_steps:
+                    metrics["watchdog/stalls"] = 1.0
                 last = step == self.total_steps
                 if trainer.test_freq > 0 and (step % trainer.test_freq == 0 or last):
                     self.progress.at(step, "validate")
@@ -162,13 +174,15 @@ class PPOTrainer:
                     self.progress.at(step, "save")
                     self.save(step)
         finally:
+            self.watchdog.close()
             self.close()
 
     @contextlib.contextmanager
     def _phase(self, name: str, timing: dict[str, float], role: str) -> Iterator[None]:
-        """``rlprof.marked_timer`` of the phase, its start published for a stall report (:mod:`.progress`)."""
+        """``rlprof.marked_timer`` of the phase, its start published for a stall report (:mod:`.progress`) and
+        watched (:mod:`.watchdog`)."""
         self.progress.at(self.step, name)
-        with rlprof.marked_timer(name, timing, role=role):
+        with self.watchdog.phase(self.step, name), rlprof.marked_timer(name, timing, role=role):
             yield
 
     def train_step(self, step: int) -> dict[str, float]:

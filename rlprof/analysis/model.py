@@ -136,6 +136,27 @@ class MemoryReport:
 
 
 @dataclass(frozen=True)
+class StallRecord:
+    """A stall the watchdog recorded (:mod:`rlprof.analysis.stalls`)."""
+
+    step: int
+    phase: str
+    """The phase that ran too long, on ``seen_by``."""
+    seen_by: int
+    elapsed_s: float
+    threshold_s: float
+    behind_rank: int
+    """The rank furthest behind when it was seen (in its phase longest): the one the others wait for."""
+    behind_phase: str
+    behind_step: int
+    behind_for_s: float
+    folder: str
+    """Where every rank's thread stacks are."""
+    innermost: dict[int, list[str]]
+    """Per rank, its main thread's innermost frames (``file:line in function: source``), innermost last."""
+
+
+@dataclass(frozen=True)
 class Finding:
     rule: str
     title: str
@@ -162,6 +183,8 @@ class Report:
     unreadable: list[str] = field(default_factory=list)
     """Files of the run that could not be read: one line each (also in ``notes``)."""
     findings: list[Finding] = field(default_factory=list)
+    stalls: list[StallRecord] = field(default_factory=list)
+    """Stalls the trainer's watchdog recorded in the log folder."""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from rlprof.analysis.model import (
 from rlprof.analysis.run import Run
 from rlprof.analysis.sources import InputFile, SourceError, source
 from rlprof.analysis.sources.memory_files import read_host_rss
+from rlprof.analysis.stalls import read_stalls
 from rlprof.analysis.trace_model import ANNOTATION, OPERATOR, RANGE, STEP, TraceScan
 from rlprof.metrics.timing import phase_group
 
@@ -60,6 +61,7 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
     memory = _memory(run, training, traces, notes, unreadable)
     if memory is None:
         missing.append("no memory files: record them with global_profiler.tool=torch_memory global_profiler.steps=[5]")
+    stalls = read_stalls(run.log_dir, notes) if run.log_dir is not None else []
     sources = {
         "metrics": str(run.metrics_path) if run.metrics_path else None,
         "save_paths": [str(p) for p in run.save_paths],
@@ -79,6 +81,7 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
         stragglers,
         memory,
         unreadable,
+        stalls=stalls,
     )
     return Report(**{**report.__dict__, "findings": diagnose(report, run, options)})
 

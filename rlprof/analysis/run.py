@@ -55,6 +55,8 @@ class Run:
     notes: list[str] = field(default_factory=list)
     """What was chosen or skipped while finding the run (one line each)."""
     options: ReadOptions = field(default_factory=ReadOptions)
+    log_dir: Optional[Path] = None
+    """The folder of the run's metrics.jsonl, run.json and config.yaml (and stalls/), when found."""
     _metrics: Optional[Metrics] = None
 
     def of(self, *formats: str) -> list[InputFile]:
@@ -129,7 +131,7 @@ def find_run(paths: list[Path], run_id: Optional[str] = None, options: Optional[
         logs += found_logs
         save_paths += found_saves
         loose += found_loose
-    log_dir = _choose_log_dir(run, logs)
+    log_dir = run.log_dir = _choose_log_dir(run, logs)
     if log_dir is not None:
         if (log_dir / METRICS).exists():
             run.inputs.append(InputFile("metrics", log_dir / METRICS))

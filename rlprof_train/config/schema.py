@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
 from rlprof.schema import bounds
+from rlprof.watchdog import WatchdogConfig
 
 KLType = Literal["kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -454,6 +455,10 @@ class TrainerSection:
     """Stop after this many consecutive steps with a non-finite loss or gradient norm."""
     tracker_start_timeout_s: float = field(default=60.0, metadata=bounds(gt=0))
     """A tracking backend that does not start within this time (unreachable server) is turned off."""
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    """The stall watchdog: a phase of a step running far longer than it usually does makes every rank write its
+    threads' stacks to ``{trainer.log_dir}/stalls/step{N}/rank{R}.txt``; rank 0 logs one line naming the rank furthest
+    behind (:mod:`rlprof.watchdog`)."""
     profiler: ProfilerBlock = field(default_factory=_role_profiler)
     """rlprof role ``trainer`` (step, adv, ...)."""
 

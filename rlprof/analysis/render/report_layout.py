@@ -19,6 +19,8 @@ def document(report: Report) -> Document:
 
 def sections(report: Report) -> list[Section]:
     out = [_overview(report)]
+    if report.stalls:
+        out.append(_stalls(report))
     if report.findings:
         out.append(_diagnosis(report))
     if report.breakdown is not None:
@@ -52,6 +54,24 @@ def _overview(report: Report) -> Section:
     lines += [f"missing: {m}" for m in report.missing]
     lines += [f"note: {n}" for n in report.notes]
     return Section("Report", lines)
+
+
+def _stalls(report: Report) -> Section:
+    """The watchdog's stalls: who was behind, and where each rank's main thread was."""
+    section = Section("Stalls")
+    for stall in report.stalls:
+        section.lines.append(
+            f"step {stall.step}: rank {stall.behind_rank} in {stall.behind_phase} of step {stall.behind_step} for "
+            f"{stall.behind_for_s:.0f} s (rank {stall.seen_by} saw {stall.phase} run {stall.elapsed_s:.0f} s, "
+            f"threshold {stall.threshold_s:.0f} s); stacks: {stall.folder}"
+        )
+        section.tables.append(
+            Table(
+                ["rank", "innermost frames of the main thread (innermost last)"],
+                [[str(rank), " <- ".join(reversed(frames)) or "-"] for rank, frames in sorted(stall.innermost.items())],
+            )
+        )
+    return section
 
 
 def _diagnosis(report: Report) -> Section:
