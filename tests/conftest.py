@@ -34,6 +34,31 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """``small_disk(size, read_only=False)``: a folder on a tmpfs of ``size`` (``"64k"``), for what a full or
+    read-only disk does (real ENOSPC / EROFS from the kernel). Needs the right to mount (root here, as in CI)."""
+    mounted: list[Path] = []
+
+    def mount(size: str, read_only: bool = False) -> Path:
+        folder = tmp_path / f"disk{len(mounted)}"
+        folder.mkdir()
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True
+        )
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({result.stderr.decode().strip()}): needs root")
+        mounted.append(folder)
+        (folder / "inside").mkdir()
+        if read_only:
+            subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+        return folder / "inside"
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -54,6 +79,16 @@ def run_example(
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     assert result.returncode == 0, f"{command} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result
+
+
+SMALL_RUN = (
+    "data.train_batch_size=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.rollout.n=2",
+    "trainer.val_before_train=false",
+    "trainer.test_freq=-1",
+)
+"""Overrides for a small, quick trainer run (4 prompts x 2 responses a step, no validation)."""
 
 
 def trainer_command(folder: Path, *overrides: str, prefix: tuple[str, ...] = (sys.executable, "-m")) -> list[str]:

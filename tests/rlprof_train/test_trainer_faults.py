@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -17,17 +19,9 @@ import pytest
 from rlprof.tracking.jsonl import read_jsonl
 from rlprof_train import checkpoint
 
-from conftest import ROOT, free_port, subprocess_env
+from conftest import ROOT, SMALL_RUN, free_port, subprocess_env
 
 pytestmark = pytest.mark.slow
-
-SMALL = (
-    "data.train_batch_size=4",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-    "actor_rollout_ref.rollout.n=2",
-    "trainer.val_before_train=false",
-    "trainer.test_freq=-1",
-)
 
 
 def command(folder: Path, *overrides: str, prefix: tuple[str, ...] = (sys.executable, "-m")) -> list[str]:
@@ -35,7 +29,7 @@ def command(folder: Path, *overrides: str, prefix: tuple[str, ...] = (sys.execut
         *prefix,
         "rlprof_train.main_ppo",
         "--config-name=demo",
-        *SMALL,
+        *SMALL_RUN,
         'trainer.logger=["file"]',
         f"trainer.log_dir={folder}/logs",
         f"trainer.default_local_dir={folder}/ckpt",
@@ -84,7 +78,11 @@ def test_a_second_run_on_the_same_folders_is_refused_naming_the_first(tmp_path):
     while not (tmp_path / "logs" / ".rlprof.lock").exists() or not (tmp_path / "logs" / ".rlprof.lock").stat().st_size:
         assert time.monotonic() < deadline and first.poll() is None
         time.sleep(0.1)
-    second = run(tmp_path, "trainer.total_training_steps=6", expect=2)
+    first.send_signal(signal.SIGSTOP)  # held while the second starts: on a loaded machine the first could finish
+    try:
+        second = run(tmp_path, "trainer.total_training_steps=6", expect=2)
+    finally:
+        first.send_signal(signal.SIGCONT)
     assert f"is in use by another run (pid {first.pid} on host" in second.stderr
     assert len(second.stderr.strip().splitlines()[-1]) < 400
     _out, err = first.communicate(timeout=600)
@@ -103,6 +101,37 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     assert f"checkpoint {newest} is skipped" in result.stderr and "resumed from" in result.stderr
     assert "global_step_2 (next step 3)" in result.stderr
     assert steps(tmp_path) == [1, 2, 3, 4]
+
+
+def test_a_full_disk_during_a_save_is_one_line_naming_the_folder_and_the_bytes_needed(tmp_path, small_disk):
+    """Issue 27: a disk that fills during a checkpoint said "unexpected pos 2636992 vs 2636880" under a traceback.
+    On a real 7 MiB tmpfs (a checkpoint here is 4.7 MiB): step 1's checkpoint fits, step 2's does not. One line
+    names the folder, the bytes needed and free; the partial checkpoint is removed; the metrics of both steps and
+    step 1's checkpoint are kept, and the run resumes from it on a larger disk."""
+    disk = small_disk("7m")
+    result = run(
+        tmp_path, "trainer.total_training_steps=3", "trainer.save_freq=1", f"trainer.default_local_dir={disk}", expect=1
+    )
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error on rank 0:")]
+    assert (
+        line.startswith(
+            f"error on rank 0: No space left on device: the checkpoint of step 2 in {disk}/global_step_2 "
+            "needs about 4.7 MiB, "
+        )
+        and "set trainer.default_local_dir to a larger disk" in line
+    )
+    assert "Traceback" not in result.stderr and "unexpected pos" not in result.stderr
+    assert re.search(r"needs about 4\.7 MiB, [0-9.]+ MiB is free there;", line), line
+    assert sorted(p.name for p in disk.iterdir() if p.name.startswith("global_step")) == ["global_step_1"]
+    assert steps(tmp_path) == [1, 2]
+    bigger = tmp_path / "bigger"
+    bigger.mkdir()
+    (bigger / "global_step_1").mkdir()
+    subprocess.run(["cp", "-a", f"{disk}/global_step_1/.", str(bigger / "global_step_1")], check=True)
+    resumed = run(
+        tmp_path, "trainer.total_training_steps=2", "trainer.save_freq=1", f"trainer.default_local_dir={bigger}"
+    )
+    assert "global_step_1 (next step 2)" in resumed.stderr
 
 
 def test_a_nan_reward_stops_at_once_naming_the_data_source_and_a_sample(tmp_path):
@@ -173,7 +202,6 @@ def test_an_error_on_one_of_two_ranks_ends_both_with_the_traceback_and_no_hang(t
 def test_a_stopped_rank_ends_the_job_after_the_collective_timeout_naming_it(tmp_path):
     """Rank 1 frozen (SIGSTOP) mid-run: rank 0's collective gives up after trainer.collective_timeout_s instead of
     torch's 30 minutes (DeepSpeed's groups included), and its last line names rank 1 and where both ranks were."""
-    import signal
 
     import psutil
 
