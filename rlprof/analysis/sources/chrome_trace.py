@@ -15,6 +15,7 @@ of start order are put back in order by the model (:class:`~rlprof.analysis.trac
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import re
@@ -58,8 +59,10 @@ class TraceError(SourceError):
     """The file is not a readable Chrome trace; the message says why in one line."""
 
 
-class Args(msgspec.Struct):
-    """The arguments of an event that the model reads (any type: a wrong one is the model's to skip)."""
+class Args(msgspec.Struct, gc=False):
+    """The arguments of an event that the model reads (any type: a wrong one is the model's to skip). Structs hold
+    no reference cycles: untracked by the garbage collector (a million of them a second would otherwise make it walk
+    them over and over)."""
 
     correlation: Any = None
     stream: Any = None
@@ -68,8 +71,8 @@ class Args(msgspec.Struct):
     total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
 
 
-class Event(msgspec.Struct):
-    """One trace event, as much of it as the model reads."""
+class Event(msgspec.Struct, gc=False):
+    """One trace event, as much of it as the model reads (untracked by the garbage collector, as :class:`Args`)."""
 
     ph: Any = None
     cat: Any = None
@@ -154,15 +157,16 @@ def _header(header: bytes, scan: TraceScan) -> None:
         scan.device = found.group(1).decode("utf-8", "replace")
 
 
-def _parse_events(block: bytes, scan: TraceScan) -> list[Event]:
-    """The events of one batch; when the batch does not decode, event by event: what msgspec cannot take (NaN, an
-    integer beyond 64 bits) by Python's parser, and what that cannot either skipped and counted."""
+def _parse_events(listed: bytes | memoryview, scan: TraceScan) -> list[Event]:
+    """The events of one batch, ``listed`` as a JSON list (``[`` events ``]``); when the batch does not decode, event
+    by event: what msgspec cannot take (NaN, an integer beyond 64 bits) by Python's parser, and what that cannot
+    either skipped and counted."""
     try:
-        return _BATCH.decode(b"[" + block + b"]")
+        return _BATCH.decode(listed)
     except (msgspec.DecodeError, msgspec.ValidationError):
         pass
     events = []
-    for piece in block.split(b"\n  },\n"):
+    for piece in bytes(listed[1:-1]).split(b"\n  },\n"):
         text = piece.strip().rstrip(b",")
         if not text:
             continue
@@ -217,35 +221,38 @@ def iter_event_batches(path: Path, scan: TraceScan) -> Iterator[list[Event]]:
         if bracket < 0 or head.find(b"\n  {", bracket) < 0 or head.find(b"\n  },", bracket) < 0:
             yield from _ijson_batches(path, scan)
             return
-        buffer = head[bracket + 1 :]
-        while True:
-            block = stream.read(CHUNK)
+        # The events not yet decoded, after a "[": a batch is decoded in place as a JSON list, its last comma turned
+        # into the closing bracket (no copy of the megabyte), then dropped from the buffer.
+        buffer = bytearray(b"[") + head[bracket + 1 :]
+        for block in iter(lambda: stream.read(CHUNK), b""):
             buffer += block
             cut = buffer.rfind(b"\n  },")
-            if block and cut >= 0:
-                yield _parse_events(buffer[: cut + 4], scan)
-                buffer = buffer[cut + 5 :]
-            elif block and len(buffer) > MAX_EVENT_BYTES:
+            if cut >= 0:
+                comma = cut + 4
+                buffer[comma] = ord("]")
+                with memoryview(buffer) as view:
+                    events = _parse_events(view[: comma + 1], scan)
+                del buffer[1 : comma + 1]
+                yield events
+            elif len(buffer) > MAX_EVENT_BYTES:
                 scan.problems.append(
                     f"{path.name}: one event is larger than {MAX_EVENT_BYTES >> 20} MiB (a damaged or hostile "
                     "file); the events before it are reported"
                 )
                 return
-            elif not block:
-                break
         closed = _LIST_END.search(buffer)
         if closed is not None and not stream.truncated:  # kineto's "}\n  ]," or torch 1.8's "}\n]}"
-            tail = buffer[: closed.start() + 1].strip()
-            _header(buffer[closed.end() :], scan)
+            tail = bytes(buffer[1 : closed.start() + 1]).strip()
+            _header(bytes(buffer[closed.end() :]), scan)
         else:  # cut short: the complete events before the cut
             reason = "the gzip stream ends early" if stream.truncated else "the event list is never closed"
             scan.problems.append(
                 f"{path.name} is truncated or damaged ({reason}); what came before the damage is reported"
             )
             last = buffer.rfind(b"\n  }")
-            tail = buffer[: last + 4].strip().rstrip(b",") if last >= 0 else b""
+            tail = bytes(buffer[1 : last + 4]).strip().rstrip(b",") if last >= 0 else b""
         if tail:
-            yield _parse_events(tail, scan)
+            yield _parse_events(b"[" + tail + b"]", scan)
     except zlib.error as exc:
         scan.problems.append(f"{path.name} is damaged ({exc}); what came before the damage is reported")
     finally:
@@ -389,8 +396,14 @@ def scan_trace(path: str | Path) -> TraceScan:
     path = Path(path)
     scan = TraceScan(str(path))
     builder = TraceBuilder(scan)
-    for batch in iter_event_batches(path, scan):
-        feed(builder, batch)
+    collecting = gc.isenabled()
+    gc.disable()  # the pass allocates millions of short-lived tuples and no cycle: collections would only cost time
+    try:
+        for batch in iter_event_batches(path, scan):
+            feed(builder, batch)
+    finally:
+        if collecting:
+            gc.enable()
     if scan.rank is None:
         scan.rank = rank_from_name(path.name)
     if scan.skipped:
