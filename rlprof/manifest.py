@@ -99,18 +99,14 @@ class Manifest:
 
     def record_session(self, *, tool: str, rank: int, world_size: int, steps: Any) -> None:
         """A ``"kind": "session"`` line: this rank started recording with ``tool`` (read back by ``rlprof report``)."""
+        self.record_event("session", rank=rank, tool=tool, world_size=world_size, steps=steps)
+
+    def record_event(self, kind: str, *, rank: int, **fields: Any) -> None:
+        """A line about the run rather than a file, of ``kind`` (``session``: a rank started recording; ``stall``:
+        the watchdog saw one), with the rank, host, pid, run and time."""
         self._append(
-            {
-                "kind": "session",
-                "tool": tool,
-                "rank": rank,
-                "world_size": world_size,
-                "host": self.host,
-                "pid": os.getpid(),
-                "run": self.run,
-                "steps": steps,
-                "time": time.time(),
-            }
+            {"kind": kind, "rank": rank, "host": self.host, "pid": os.getpid(), "run": self.run, **fields}
+            | {"time": time.time()}
         )
 
     def _append(self, entry: dict[str, Any]) -> None:
@@ -124,7 +120,7 @@ class Manifest:
 
 
 def read_manifest(save_path: str | os.PathLike[str], *, kind: str = "file") -> list[dict[str, Any]]:
-    """The records of ``{save_path}/manifest.jsonl`` of one kind: ``"file"`` (outputs) or ``"session"``.
+    """The records of ``{save_path}/manifest.jsonl`` of one kind: ``"file"`` (outputs), ``"session"`` or ``"stall"``.
 
     A damaged line (a crash mid-write) is skipped; an absent manifest reads as empty."""
     path = Path(save_path) / FILE_NAME

@@ -188,6 +188,10 @@ class Session:
             tool, path, steps=window.steps, rank=self.rank, role=role, window=window.index, format=format
         )
 
+    def record_event(self, kind: str, **fields: Any) -> None:
+        """A line about the run (not a file) in its manifest, e.g. a ``stall`` the watchdog saw."""
+        self._manifest().record_event(kind, rank=self.rank, **fields)
+
     # ------------------------------------------------------------------ steps
 
     def begin_step(self, step: int) -> None:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rlprof.schema import bounds, build
+from rlprof.session import get_session
 
 POLL_S = 1.0
 COUNT_KEY = "rlprof/stall/count"
@@ -317,6 +318,14 @@ class Watchdog:
             "world_size": self.world_size,
         }
         (folder / EVENT_FILE).write_text(json.dumps(record, indent=1))
+        session = get_session()
+        if session is not None and session.tool is not None:  # a profile's manifest lists it (often another folder)
+            try:
+                session.record_event(
+                    "stall", step=stall.step, phase=stall.phase, behind=culprit, folder=str(folder.resolve())
+                )
+            except OSError as exc:
+                self.warn(f"the stall could not be listed in the profile's manifest ({exc})")
         median = f"its median {stall.median_s:.2f} s, " if stall.median_s is not None else ""
         self.warn(
             f"stall: rank {culprit['rank']} has been in {culprit['phase']} of step {culprit['step']} for "
@@ -353,9 +362,16 @@ def thread_stacks() -> str:
     return "\n".join(blocks)
 
 
+def py_spy() -> Optional[str]:
+    """The ``py-spy`` executable, or None."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return shutil.which("py-spy") or (str(beside) if os.access(beside, os.X_OK) else None)
+
+
 def _py_spy_dump() -> str:
-    """``py-spy dump --native`` of this process where py-spy is installed (and may attach), else ''."""
-    spy = shutil.which("py-spy")
+    """``py-spy dump --native`` of this process where py-spy is installed (on PATH or beside this interpreter, as in
+    a virtual environment not activated) and may attach, else ''."""
+    spy = py_spy()
     if spy is None:
         return ""
     try:

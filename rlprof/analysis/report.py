@@ -31,7 +31,7 @@ from rlprof.analysis.model import (
 from rlprof.analysis.run import Run
 from rlprof.analysis.sources import InputFile, SourceError, source
 from rlprof.analysis.sources.memory_files import read_host_rss
-from rlprof.analysis.stalls import read_stalls
+from rlprof.analysis.stalls import listed_stalls, read_stalls
 from rlprof.analysis.trace_model import ANNOTATION, OPERATOR, RANGE, STEP, TraceScan
 from rlprof.metrics.timing import phase_group
 
@@ -62,6 +62,8 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
     if memory is None:
         missing.append("no memory files: record them with global_profiler.tool=torch_memory global_profiler.steps=[5]")
     stalls = read_stalls(run.log_dir, notes) if run.log_dir is not None else []
+    if not stalls:
+        notes += listed_stalls(run.save_paths)
     sources = {
         "metrics": str(run.metrics_path) if run.metrics_path else None,
         "save_paths": [str(p) for p in run.save_paths],

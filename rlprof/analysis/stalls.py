@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlprof.analysis.model import StallRecord
+from rlprof.manifest import read_manifest
 from rlprof.watchdog import EVENT_FILE, stall_folder
 
 MAX_STALLS = 50
@@ -43,6 +44,29 @@ def read_stalls(log_dir: Path, notes: list[str]) -> list[StallRecord]:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             notes.append(f"{folder / EVENT_FILE}: not read ({type(exc).__name__}: {exc})")
     return found
+
+
+def listed_stalls(save_paths: list[Path]) -> list[str]:
+    """One note per stall listed in the profiles' manifests (``"kind": "stall"``), for a report given the profile
+    but not the log folder that holds the stacks (at most :data:`MAX_STALLS`; fields printed, never followed)."""
+    notes = []
+    for save_path in save_paths:
+        for line in read_manifest(save_path, kind="stall"):
+            behind = line.get("behind") if isinstance(line.get("behind"), dict) else {}
+            where = f"rank {_shown(behind.get('rank'))} in {_shown(behind.get('phase'))}" if behind else "a rank"
+            notes.append(
+                f"the watchdog saw a stall at step {_shown(line.get('step'))} ({where}); its stacks are in "
+                f"{_shown(line.get('folder'), 300)}: give rlprof report that run's log folder to list them"
+            )
+    if len(notes) > MAX_STALLS:
+        notes = [*notes[:MAX_STALLS], f"{len(notes) - MAX_STALLS} more stalls are listed in the manifests"]
+    return notes
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """A value from a file, printable on one line and at most ``limit`` characters."""
+    text = "".join(c if c.isprintable() else "?" for c in str(value))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _read(path: Path, top: Path) -> str:

@@ -17,9 +17,10 @@ import psutil
 import pytest
 
 import rlprof
-from rlprof.analysis.stalls import main_thread_frames, read_stalls
+from rlprof.analysis.stalls import listed_stalls, main_thread_frames, read_stalls
 from rlprof.cli import main
-from rlprof.watchdog import ABORT_EXIT, Watchdog, WatchdogConfig, thread_stacks
+from rlprof.manifest import read_manifest
+from rlprof.watchdog import ABORT_EXIT, Watchdog, WatchdogConfig, py_spy, thread_stacks
 
 from conftest import ROOT, SMALL_RUN, free_port, subprocess_env, trainer_command
 
@@ -47,7 +48,10 @@ def test_a_stall_in_your_own_loop_writes_the_stacks_naming_the_line_and_the_even
     stacks = (tmp_path / "stalls" / "step3" / "rank0.txt").read_text()
     assert stacks.startswith("rank 0 of 1, pid ") and ": in reward of step 3 for " in stacks
     assert "time.sleep(0.05 if step < 3 else 3.5)  # the stalled line" in stacks
-    assert "rlprof-watchdog" not in stacks  # its own thread is left out
+    assert py_spy() is not None, "py-spy is a test dependency (scripts/setup.sh installs it)"
+    python, native = stacks.split("py-spy dump --native:\n", 1)  # then every thread's native frames too
+    assert "rlprof-watchdog" not in python  # its own thread is left out of the Python stacks
+    assert "(libc.so" in native and "test_a_stall_in_your_own_loop" in native, native[:3000]
     event = json.loads((tmp_path / "stalls" / "step3" / "stall.json").read_text())
     assert (event["step"], event["phase"], event["rank"], event["behind"]["rank"]) == (3, "reward", 0, 0)
     assert event["threshold_s"] == 1.0 and event["elapsed_s"] >= 1.0
@@ -108,6 +112,14 @@ def test_stall_files_from_outside_are_bounded_and_not_followed_out(tmp_path):
     assert [r.step for r in found] == [1, *range(3, 51)]  # the first 50 folders, step 2's oversized file left out
     assert any("52 stalls; only the first 50 were read" in n for n in notes)
     assert any("step2" in n and "larger than 4 MiB" in n for n in notes)
+    profile = tmp_path / "profile"  # stall lines of a manifest: printed on one line, shortened, at most 50
+    profile.mkdir()
+    hostile = {"kind": "stall", "step": "3\x1b[2J", "behind": {"rank": 1, "phase": "gen"}, "folder": "/x" * 400}
+    (profile / "manifest.jsonl").write_text("\n".join([json.dumps(hostile)] * 53 + ["{damaged"]) + "\n")
+    listed = listed_stalls([profile])
+    assert len(listed) == 51 and listed[-1] == "3 more stalls are listed in the manifests"
+    assert listed[0].startswith("the watchdog saw a stall at step 3?[2J (rank 1 in gen); its stacks are in /x/x")
+    assert all(c.isprintable() for c in listed[0]) and len(listed[0]) < 450
 
 
 def reward_sleeping_on_rank_1(folder: Path, seconds: float) -> Path:
@@ -134,12 +146,27 @@ def two_ranks(folder: Path, *overrides: str) -> list[str]:
 @pytest.mark.slow
 def test_rank_1_hanging_in_its_reward_is_named_with_its_line_and_listed_by_report(tmp_path, capsys):
     reward = reward_sleeping_on_rank_1(tmp_path, 12)
-    command = two_ranks(tmp_path, f"custom_reward_function.path={reward}", "trainer.total_training_steps=4")
+    profile = tmp_path / "profile"
+    command = two_ranks(
+        tmp_path,
+        f"custom_reward_function.path={reward}",
+        "trainer.total_training_steps=4",
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[2]",
+        f"global_profiler.save_path={profile}",
+    )
     result = subprocess.run(
         command, capture_output=True, text=True, timeout=600, env=subprocess_env(OMP_NUM_THREADS="1"), cwd=ROOT
     )
     assert result.returncode == 0, result.stderr[-4000:]
     folder = tmp_path / "logs" / "stalls" / "step3"
+    (listed,) = read_manifest(profile, kind="stall")  # the profile's manifest lists the stall, and report says so
+    assert (listed["step"], listed["behind"]["rank"], listed["folder"]) == (3, 1, str(folder))
+    assert main(["report", str(profile), "--format", "json"]) == 0
+    assert any(
+        note.startswith("the watchdog saw a stall at step 3 (rank 1 in reward); its stacks are in ")
+        for note in json.loads(capsys.readouterr().out)["notes"]
+    )
     assert sorted(p.name for p in folder.iterdir()) == ["rank0.txt", "rank1.txt", "stall.json"]
     assert "time.sleep(12)  # rank 1's grader hangs" in (folder / "rank1.txt").read_text()
     (line,) = [line for line in result.stderr.splitlines() if "stall:" in line]
