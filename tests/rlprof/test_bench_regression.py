@@ -80,6 +80,7 @@ def test_the_fixture_stores_the_time_per_role_in_a_users_benchmark(project):
     assert entry["stats"]["data"], "the rounds are saved (intervals need them)"
 
 
+@pytest.mark.slow  # over 7 s: kept out of the quick loop
 def test_bench_compare_catches_an_injected_slowdown_and_names_the_role(project):
     assert bench(project, "save", "base").returncode == 0
     unchanged = bench(project, "compare", "base")

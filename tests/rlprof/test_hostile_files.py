@@ -120,6 +120,7 @@ def test_a_100_mb_string_stops_the_reading_in_one_line_within_bounded_memory(tmp
     assert out["peak_mb"] < 256
 
 
+@pytest.mark.slow  # over 7 s: kept out of the quick loop
 def test_a_gzip_bomb_named_as_a_host_allocation_timeline_is_refused_in_one_line(tmp_path, capsys):
     """2 MB of gzip that decompresses to 2 GB: refused when the first 256 MiB are out, in one line."""
     path = tmp_path / "rank0_pid1.host_alloc.json.gz"

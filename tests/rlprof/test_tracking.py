@@ -72,6 +72,7 @@ def mlflow_history(log_dir: Path, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 
 
+@pytest.mark.slow  # over 7 s: kept out of the quick loop
 def test_each_backend_holds_the_logged_values(dirs):
     log_dir = dirs / "run"
     with Tracker(
