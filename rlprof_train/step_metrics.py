@@ -22,6 +22,7 @@ from rlprof.metrics import (
 from rlprof.metrics.dashboard_keys import training_aliases
 from rlprof_train.batch import RolloutBatch
 from rlprof_train.workers.engine import DistEnv
+from rlprof_train.workers.rollout.engine_stats import engine_metrics
 
 TENSOR_FIELDS = ("token_level_scores", "token_level_rewards", "advantages", "returns", "values", "response_mask")
 
@@ -50,6 +51,7 @@ def step_metrics(
             "tensors": {k: getattr(batch, k) for k in TENSOR_FIELDS},
             "prompt_lengths": batch.prompt_lengths(),
             "sequence_lengths": batch.sequence_lengths().tolist(),
+            "engine_requests": batch.extras.get("engine_requests", []),
         }
     )
     tensors: dict[str, Any] = {
@@ -69,6 +71,7 @@ def step_metrics(
             max_prompt_length=facts.max_prompt_length,
         )
     )
+    metrics.update(engine_metrics([request for r in everything for request in r["engine_requests"]]))
     metrics.update(compute_timing_metrics(timing, prompt_tokens, response_tokens))
     metrics.update(timing_shares(timing))
     if env.world_size > 1:

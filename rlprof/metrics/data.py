@@ -3,6 +3,7 @@ seed's reward statistics."""
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import TYPE_CHECKING, Optional
 
@@ -48,10 +49,13 @@ def compute_data_metrics(
     - ``critic/advantages``, ``critic/returns``, ``critic/values`` (when given): over the real response tokens;
       with values, ``critic/vf_explained_var = 1 - Var(returns - values) / (Var(returns) + 1e-5)``;
     - ``response_length``, ``prompt_length`` (``prompt_lengths``: ``[B]``), each with ``clip_ratio``: the share
-      of sequences that hit their maximum length;
+      of sequences that hit their maximum length; ``response_length/p99`` (linear interpolation), the long tail
+      that a batch's generation waits for;
     - the seed's ``reward/{mean,std,max,min}``: the same sequence rewards as ``critic/rewards``, with their
       (unbiased) standard deviation.
     """
+    import torch
+
     mask = response_mask.bool()
     response_lengths = response_mask.sum(-1).float()
     prompt_lengths = prompt_lengths.float()
@@ -64,6 +68,7 @@ def compute_data_metrics(
         **_stats("critic/returns", returns[mask]),
         **_stats("response_length", response_lengths),
         "response_length/clip_ratio": (response_lengths >= max_response_length).float().mean().item(),
+        "response_length/p99": torch.quantile(response_lengths, 0.99).item() if response_lengths.numel() else math.nan,
         "response/aborted_ratio": aborted.float().mean().item(),
         **_stats("prompt_length", prompt_lengths),
         "prompt_length/clip_ratio": (prompt_lengths >= max_prompt_length).float().mean().item(),

@@ -246,7 +246,9 @@ class RolloutConfig:
     tensor_parallel_size: int = field(default=1, metadata=bounds(ge=1))
     """vLLM: tensor-parallel degree."""
     disable_log_stats: bool = True
-    """vLLM: no periodic engine statistics in the log."""
+    """vLLM: keep no engine statistics (verl's default). ``false``: the engine times each request, and every step
+    logs its counters (``rollout/engine/*``: queue time, time to first token, per-token time, preemptions,
+    prefix-cache hits; :mod:`rlprof_train.workers.rollout.engine_stats`)."""
     enforce_eager: bool = True
     """vLLM: no CUDA graphs / compilation (fast start)."""
     max_num_seqs: int = field(default=256, metadata=bounds(ge=1))

@@ -109,6 +109,7 @@ def test_data_metrics():
     assert metrics["critic/advantages/mean"] == pytest.approx(0.5) and metrics["critic/advantages/min"] == -4.0
     assert metrics["critic/returns/max"] == 2.0 and metrics["critic/values/min"] == pytest.approx(0.1)
     assert metrics["response_length/mean"] == 2.0 and metrics["response_length/clip_ratio"] == 0.5
+    assert metrics["response_length/p99"] == pytest.approx(1 + 0.99 * (3 - 1))  # lengths 3 and 1, interpolated
     assert metrics["prompt_length/max"] == 8.0 and metrics["prompt_length/clip_ratio"] == 0.5
 
 

@@ -414,3 +414,29 @@ def test_the_reverse_tasks_embedded_model_has_four_layers_and_one_token_per_digi
     assert [tokenizer.decode([i]) for i in ids if tokenizer.decode([i]).isdigit()] == list("31415")
     with pytest.raises(ValueError, match="built for the tasks arithmetic, reverse"):
         create_tiny_model(tmp_path / "other", task="gsm8k")
+
+
+def test_engine_metrics_are_the_percentiles_sums_and_shares_of_the_requests():
+    import numpy as np
+
+    from rlprof_train.workers.rollout.engine_stats import RequestTimes, engine_metrics
+
+    requests = [
+        RequestTimes(
+            queue_s=0.0, ttft_s=0.02, itl_s=0.004, total_s=0.1, preemptions=0, prompt_tokens=32, cached_tokens=16
+        ),
+        RequestTimes(
+            queue_s=0.05, ttft_s=0.07, itl_s=None, total_s=0.07, preemptions=2, prompt_tokens=16, cached_tokens=0
+        ),
+        RequestTimes(
+            queue_s=0.1, ttft_s=0.12, itl_s=0.006, total_s=0.3, preemptions=1, prompt_tokens=16, cached_tokens=16
+        ),
+    ]
+    metrics = engine_metrics(requests)
+    assert metrics["rollout/engine/queue_time_ms_p50"] == pytest.approx(50.0)
+    assert metrics["rollout/engine/ttft_ms_p99"] == pytest.approx(np.percentile([20, 70, 120], 99))
+    assert metrics["rollout/engine/itl_ms_p50"] == pytest.approx(5.0)  # the one-token request has no gap
+    assert metrics["rollout/engine/num_preemptions"] == 3.0
+    assert metrics["rollout/engine/prefix_cache_hit_rate"] == pytest.approx(32 / 64)
+    assert metrics["rollout/slowest_response_s"] == 0.3
+    assert engine_metrics([]) == {}

@@ -130,6 +130,7 @@ def test_grpo_with_vllm_rollout_learns_like_hf(tmp_path):
     assert windows[-1] >= sum(curve[:5]) / 5 + 0.2
     assert all(r["rollout/log_prob_abs_diff"] < 1e-3 for r in rows)  # synced every step: on-policy samples
     assert all("timing_s/update_weights" in r for r in rows)
+    assert not any(key.startswith("rollout/engine/") for key in rows[0])  # rollout.disable_log_stats: true, as verl
 
 
 def test_a_model_vllm_cannot_serve_names_the_reason(tmp_path):
@@ -151,18 +152,33 @@ def test_a_model_vllm_cannot_serve_names_the_reason(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the rewind of seeded generators fails on CPU generators only")
 def test_sampled_seeded_batch_with_more_prompt_tokens_than_the_step_budget_runs(tmp_path):
     """256 sampled, seeded sequences of about 10 prompt tokens against a budget of 64 tokens a step: vLLM would split
-    prefills and rewind each request's CPU generator (``CPU Generator does not use offset`` in step 1)."""
+    prefills and rewind each request's CPU generator (``CPU Generator does not use offset`` in step 1).
+
+    With the engine's statistics on, its counters are in every step's metrics: 256 sequences for 64 places wait in
+    the queue, and no request takes longer than the whole generation phase timed by the trainer."""
+    from rlprof.tracking.jsonl import read_jsonl
+
     result = run_trainer(
         tmp_path,
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.max_num_batched_tokens=64",
         "actor_rollout_ref.rollout.max_num_seqs=64",
         "actor_rollout_ref.rollout.enable_chunked_prefill=true",
+        "actor_rollout_ref.rollout.disable_log_stats=false",
         "trainer.total_training_steps=2",
         "trainer.test_freq=-1",
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "vLLM on CPU runs with enable_chunked_prefill=false:" in result.stdout + result.stderr
+    rows = [r for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl") if r["step"] > 0]
+    for row in rows:
+        engine = {k.removeprefix("rollout/engine/"): v for k, v in row.items() if k.startswith("rollout/engine/")}
+        print(f"\nstep {row['step']}: {engine}, slowest {row['rollout/slowest_response_s']:.3f} s")
+        assert engine["queue_time_ms_p99"] > 0 and engine["queue_time_ms_p99"] >= engine["queue_time_ms_p50"] >= 0
+        assert engine["ttft_ms_p99"] >= engine["ttft_ms_p50"] > 0 and engine["itl_ms_p99"] >= engine["itl_ms_p50"] > 0
+        assert engine["num_preemptions"] >= 0 and 0 <= engine["prefix_cache_hit_rate"] <= 1
+        assert engine["ttft_ms_p99"] / 1e3 <= row["rollout/slowest_response_s"] <= row["timing_s/gen"]
+        assert row["response_length/p99"] <= row["response_length/max"]
 
 
 def test_lengths_past_the_models_positions_are_refused_before_the_engine_loads(tmp_path):

@@ -32,6 +32,7 @@ from rlprof_train.config.schema import RolloutConfig, TrainerConfig
 from rlprof_train.data import Example
 from rlprof_train.models import merged_state_dict
 from rlprof_train.workers.rollout.base import Rollout, SamplingParams, build_rollout_batch
+from rlprof_train.workers.rollout.engine_stats import vllm_request_times
 from rlprof_train.workers.rollout.registry import RolloutContext, register_rollout
 
 BUCKET_BYTES = 256 * 1024 * 1024
@@ -257,6 +258,9 @@ class VLLMRollout(Rollout, WindowListener):
             ]
             rollout_log_probs[row, : len(values)] = torch.tensor(values)
         batch.extras["rollout_log_probs"] = rollout_log_probs * batch.response_mask
+        requests = vllm_request_times(outputs)
+        if requests is not None:
+            batch.extras["engine_requests"] = requests
         return batch
 
     @torch.no_grad()

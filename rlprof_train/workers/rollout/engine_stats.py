@@ -1,0 +1,83 @@
+"""The rollout engine's own counters per step: how long each request waited, took to its first token, took per token
+after that, and how often it was preempted, read from what vLLM returns with each request (``RequestOutput.metrics``
+and ``num_cached_tokens``, kept when ``rollout.disable_log_stats=false``), gathered over the ranks.
+
+Per step, over the step's requests (one per prompt: vLLM fans a prompt's n samples out and returns them together):
+
+- ``rollout/engine/queue_time_ms_p50|p99``: scheduled - queued, ms;
+- ``rollout/engine/ttft_ms_p50|p99``: time to the first token (vLLM's ``first_token_latency``), ms;
+- ``rollout/engine/itl_ms_p50|p99``: (last token - first token) / (tokens - 1), ms, for requests of 2+ tokens;
+- ``rollout/engine/num_preemptions``: sum over requests;
+- ``rollout/engine/prefix_cache_hit_rate``: prompt tokens served from the prefix cache / prompt tokens;
+- ``rollout/slowest_response_s``: the longest request, from its arrival to its last token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from rlprof.analysis.metrics import quantile
+
+PREFIX = "rollout/engine/"
+
+
+@dataclass(frozen=True)
+class RequestTimes:
+    """One request's life in the engine, in seconds."""
+
+    queue_s: float
+    ttft_s: float
+    itl_s: Optional[float]
+    """None for a request of one token."""
+    total_s: float
+    """Arrival to last token: the time to the first token, then the decoding."""
+    preemptions: int
+    prompt_tokens: int
+    cached_tokens: int
+
+
+def vllm_request_times(outputs: Sequence[Any]) -> Optional[list[RequestTimes]]:
+    """Each ``RequestOutput``'s times, or None when vLLM kept none (``disable_log_stats``)."""
+    found = []
+    for output in outputs:
+        stats = output.metrics
+        if stats is None or not hasattr(stats, "first_token_latency"):
+            return None
+        tokens = stats.num_generation_tokens
+        decode_s = stats.last_token_ts - stats.first_token_ts
+        found.append(
+            RequestTimes(
+                queue_s=max(0.0, stats.scheduled_ts - stats.queued_ts),
+                ttft_s=stats.first_token_latency,
+                itl_s=decode_s / (tokens - 1) if tokens > 1 else None,
+                total_s=stats.first_token_latency + max(0.0, decode_s),
+                preemptions=stats.num_preemptions,
+                prompt_tokens=len(output.prompt_token_ids or ()),
+                cached_tokens=output.num_cached_tokens or 0,
+            )
+        )
+    return found
+
+
+def engine_metrics(requests: Sequence[RequestTimes]) -> dict[str, float]:
+    """The step's engine metrics (see the module doc) over ``requests`` (every rank's); {} for none."""
+    if not requests:
+        return {}
+    metrics: dict[str, float] = {}
+    series = {
+        "queue_time_ms": [r.queue_s * 1e3 for r in requests],
+        "ttft_ms": [r.ttft_s * 1e3 for r in requests],
+        "itl_ms": [r.itl_s * 1e3 for r in requests if r.itl_s is not None],
+    }
+    for name, values in series.items():
+        if values:
+            metrics[f"{PREFIX}{name}_p50"] = quantile(values, 0.5)
+            metrics[f"{PREFIX}{name}_p99"] = quantile(values, 0.99)
+    metrics[f"{PREFIX}num_preemptions"] = float(sum(r.preemptions for r in requests))
+    prompt_tokens = sum(r.prompt_tokens for r in requests)
+    if prompt_tokens:
+        metrics[f"{PREFIX}prefix_cache_hit_rate"] = sum(r.cached_tokens for r in requests) / prompt_tokens
+    metrics["rollout/slowest_response_s"] = max(r.total_s for r in requests)
+    return metrics
