@@ -293,9 +293,9 @@ class Watchdog:
             "",
             thread_stacks(),
         ]
-        native = _py_spy_dump()
-        if native:
-            lines += ["", "py-spy dump --native:", native]
+        seen_by_py_spy = _py_spy_dump()
+        if seen_by_py_spy:
+            lines += ["", seen_by_py_spy]
         (folder / f"rank{self.rank}.txt").write_text("\n".join(lines))
 
     def _announce(self, stall: Stall) -> None:
@@ -369,22 +369,30 @@ def py_spy() -> Optional[str]:
 
 
 def _py_spy_dump() -> str:
-    """``py-spy dump --native`` of this process where py-spy is installed (on PATH or beside this interpreter, as in
-    a virtual environment not activated) and may attach, else ''."""
+    """Every thread of this process as py-spy sees it, headed by the command: with C frames (``--native``), or
+    without them when native unwinding fails (it sometimes does), the failure named; '' where py-spy is not
+    installed (on PATH or beside this interpreter, as in a virtual environment not activated)."""
     spy = py_spy()
     if spy is None:
         return ""
-    try:
-        done = subprocess.run(
-            [spy, "dump", "--native", "--pid", str(os.getpid())],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"(py-spy failed: {exc})"
-    return done.stdout if done.returncode == 0 else f"(py-spy failed: {done.stderr.strip()[-500:]})"
+    failures = []
+    for flags in (["--native"], []):
+        name = " ".join(["py-spy dump", *flags])
+        try:
+            done = subprocess.run(
+                [spy, "dump", *flags, "--pid", str(os.getpid())],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            failures.append(f"({name} failed: {exc})")
+            continue
+        if done.returncode == 0:
+            return "\n".join([*failures, f"{name}:", done.stdout])
+        failures.append(f"({name} failed: {done.stderr.strip()[-500:]})")
+    return "\n".join(failures)
 
 
 def watchdog(log_dir: str | Path, **settings: Any) -> Watchdog:

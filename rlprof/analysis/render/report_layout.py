@@ -7,7 +7,7 @@ from typing import Any
 
 from rlprof.analysis.document import Document, Section, Table
 from rlprof.analysis.gpu import GpuSummary
-from rlprof.analysis.model import Report
+from rlprof.analysis.model import Report, Throughput
 from rlprof.analysis.render.memory_layout import timeline_charts, timeline_line
 from rlprof.analysis.render.units import human_bytes, ms, pct, seconds, short_name, trend
 
@@ -26,17 +26,9 @@ def sections(report: Report) -> list[Section]:
     if report.breakdown is not None:
         out.append(_breakdown(report))
     if report.throughput:
-        out.append(
-            Section(
-                "Throughput",
-                tables=[
-                    Table(
-                        ["metric", "median", "trend"],
-                        [[t.metric, f"{t.median:,.4g}", trend(t.growth)] for t in report.throughput],
-                    )
-                ],
-            )
-        )
+        out.append(_medians("Throughput", report.throughput))
+    if report.engine:
+        out.append(_medians("Rollout engine", report.engine))
     if report.traces:
         out.append(_traces(report))
     if report.memory is not None:
@@ -54,6 +46,11 @@ def _overview(report: Report) -> Section:
     lines += [f"missing: {m}" for m in report.missing]
     lines += [f"note: {n}" for n in report.notes]
     return Section("Report", lines)
+
+
+def _medians(title: str, rows: list[Throughput]) -> Section:
+    table = Table(["metric", "median", "trend"], [[t.metric, f"{t.median:,.4g}", trend(t.growth)] for t in rows])
+    return Section(title, tables=[table])
 
 
 def _stalls(report: Report) -> Section:
