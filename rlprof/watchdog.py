@@ -44,6 +44,8 @@ from rlprof.schema import bounds, build
 from rlprof.session import get_session
 
 POLL_S = 1.0
+PY_SPY_TIMEOUT_S = 30.0
+"""The longest one py-spy dump may take."""
 COUNT_KEY = "rlprof/stall/count"
 EVENT_KEY = "rlprof/stall/{n}"
 AT_KEY = "rlprof/watchdog/at/{rank}"
@@ -149,6 +151,8 @@ class Watchdog:
         self._seen = 0
         self._local: list[Stall] = []  # a world of one has no store: its events stay here
         self._stop = threading.Event()
+        self._writing = False
+        """A stall's files are being written (close waits for them)."""
         self._thread: Optional[threading.Thread] = None
         if config.enable:
             self._thread = threading.Thread(target=self._watch, name="rlprof-watchdog", daemon=True)
@@ -174,9 +178,12 @@ class Watchdog:
             del history[:-HISTORY]
 
     def close(self) -> None:
+        """Stop watching; a stall being written (stacks, py-spy's dump, the event) is waited for."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * POLL_S)
+            if self._thread.is_alive() and self._writing:
+                self._thread.join(timeout=2 * PY_SPY_TIMEOUT_S + POLL_S)
 
     def __enter__(self) -> Watchdog:
         return self
@@ -226,9 +233,13 @@ class Watchdog:
                 self._check_own_phase()
                 for stall in self._new_events():
                     here = _innermost(self.open)
-                    self._write_stacks(stall, here)
-                    if self.rank == 0:
-                        self._announce(stall)
+                    self._writing = True
+                    try:
+                        self._write_stacks(stall, here)
+                        if self.rank == 0:
+                            self._announce(stall)
+                    finally:
+                        self._writing = False
                     if self.config.abort_after_s is not None and here is not None:
                         abort = (time.monotonic() + self.config.abort_after_s, here)
                 if abort is not None and time.monotonic() >= abort[0]:
@@ -293,10 +304,12 @@ class Watchdog:
             "",
             thread_stacks(),
         ]
+        stacks = folder / f"rank{self.rank}.txt"
+        stacks.write_text("\n".join(lines))  # at once: py-spy may take seconds on a loaded host
         seen_by_py_spy = _py_spy_dump()
         if seen_by_py_spy:
-            lines += ["", seen_by_py_spy]
-        (folder / f"rank{self.rank}.txt").write_text("\n".join(lines))
+            with stacks.open("a") as file:
+                file.write(f"\n\n{seen_by_py_spy}")
 
     def _announce(self, stall: Stall) -> None:
         """Rank 0: name the rank furthest behind, log one line, write the event."""
@@ -384,7 +397,7 @@ def _py_spy_dump() -> str:
                 check=False,
                 capture_output=True,
                 text=True,
-                timeout=30,
+                timeout=PY_SPY_TIMEOUT_S,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             failures.append(f"({name} failed: {exc})")

@@ -6,6 +6,7 @@ step 3."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -70,6 +71,30 @@ def test_a_stall_in_your_own_loop_writes_the_stacks_naming_the_line_and_the_even
         record.innermost[0][-1].startswith("test_watchdog.py:")
         and "time.sleep(0.05 if step < 3" in (record.innermost[0][-1])
     )
+
+
+def test_a_slow_py_spy_does_not_delay_the_stacks_and_close_waits_for_its_dump(tmp_path, monkeypatch):
+    """The full suite once read no stacks file after a 3.5 s stall: py-spy (walking a busy process) had not returned
+    and the file was written after it. A py-spy that takes 3 s (a script first on PATH): the Python stacks are on
+    disk while the phase still hangs, and leaving the loop waits for the dump to be appended and the event."""
+    slow = tmp_path / "bin" / "py-spy"
+    slow.parent.mkdir()
+    slow.write_text("#!/bin/sh\nsleep 3\necho 'Thread 1 (idle): \"MainThread\" as py-spy saw it'\n")
+    slow.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{slow.parent}:{os.environ['PATH']}")
+    stacks = tmp_path / "logs" / "stalls" / "step3" / "rank0.txt"
+    seen_while_stalled = []
+    with rlprof.watchdog(tmp_path / "logs", min_s=1.0) as watchdog:
+        for step in (1, 2, 3):
+            with watchdog.phase(step, "reward"):
+                if step == 3:
+                    deadline = time.monotonic() + 3.0
+                    while time.monotonic() < deadline and not stacks.exists():
+                        time.sleep(0.05)
+                    seen_while_stalled.append(stacks.exists() and "py-spy saw" not in stacks.read_text())
+    assert seen_while_stalled == [True]
+    assert stacks.read_text().endswith('py-spy dump --native:\nThread 1 (idle): "MainThread" as py-spy saw it\n')
+    assert (stacks.parent / "stall.json").exists()
 
 
 def test_a_bad_watchdog_setting_is_one_error_naming_it(tmp_path):
