@@ -440,3 +440,4 @@ def test_engine_metrics_are_the_percentiles_sums_and_shares_of_the_requests():
     assert metrics["rollout/engine/prefix_cache_hit_rate"] == pytest.approx(32 / 64)
     assert metrics["rollout/slowest_response_s"] == 0.3
     assert engine_metrics([]) == {}
+    assert not any("kv_cache" in key for key in metrics)  # not with the requests (docs/metrics.md)

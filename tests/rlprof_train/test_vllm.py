@@ -179,7 +179,7 @@ def test_sampled_seeded_batch_with_more_prompt_tokens_than_the_step_budget_runs(
         print(f"\nstep {row['step']}: {engine}, slowest {row['rollout/slowest_response_s']:.3f} s")
         assert engine["queue_time_ms_p99"] > 0 and engine["queue_time_ms_p99"] >= engine["queue_time_ms_p50"] >= 0
         assert engine["ttft_ms_p99"] >= engine["ttft_ms_p50"] > 0 and engine["itl_ms_p99"] >= engine["itl_ms_p50"] > 0
-        assert engine["num_preemptions"] >= 0 and 0 <= engine["prefix_cache_hit_rate"] <= 1
+        assert engine["num_preemptions"] >= 0 and engine["prefix_cache_hit_rate"] == 0  # prompts under one block
         assert engine["ttft_ms_p99"] / 1e3 <= row["rollout/slowest_response_s"] <= row["timing_s/gen"]
         assert row["response_length/p99"] <= row["response_length/max"]
     report = subprocess.run(

@@ -39,6 +39,10 @@ def test_the_threshold_is_factor_times_the_median_of_earlier_steps_not_before_mi
     watchdog.durations["reward"] = [(1, 0.01), (2, 0.01)]
     assert watchdog.threshold(3, "reward") == (2, 0.01)  # 10 x 0.01 s, but not before min_s
     assert Watchdog(WatchdogConfig(enable=False), Path(".")).threshold(1, "gen") == (None, None)
+    defaults = WatchdogConfig()  # as docs/reliability.md states them
+    assert (defaults.enable, defaults.factor, defaults.min_s, defaults.limit_s, defaults.abort_after_s) == (
+        True, 10, 60, None, None
+    )  # fmt: skip
 
 
 def test_a_stall_in_your_own_loop_writes_the_stacks_naming_the_line_and_the_event(tmp_path, capfd):
