@@ -116,13 +116,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     limit = tune.memory_limit_gb or default_memory_limit_gb()
     budget = Budget(tune.budget_minutes * 60)
     launch = Launch(overrides, root, tune.nproc_per_node, tune.trial_timeout_s or budget.seconds)
-    verify_runs = 2 * tune.verify_repeats
-    scale = (tune.warmup_steps + tune.verify_steps) / (tune.warmup_steps + tune.trial_steps)
     settings = SearchSettings(
         tune.warmup_steps,
         tune.trial_steps,
         limit,
-        lambda trial_s: verify_runs * trial_s * max(1.0, scale),
+        2 * tune.verify_repeats,
+        tune.verify_steps,
         tune.trial_timeout_s,
     )
 

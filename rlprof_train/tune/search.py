@@ -49,8 +49,10 @@ class SearchSettings:
     warmup_steps: int
     trial_steps: int
     memory_limit_gb: Optional[float]
-    reserve_s: Callable[[float], float]
-    """Seconds to hold back for the verification, given the base trial's wall time."""
+    verify_runs: int
+    """Runs the final verification makes (base and best, interleaved): their time is held back from the search."""
+    verify_steps: int
+    """Measured steps per verification run."""
     trial_timeout_s: Optional[float] = None
     """A run taking longer fails; default 5x the base's first run, at least 120 s."""
 
@@ -81,7 +83,6 @@ class Search:
         self.launch, self.settings, self.budget, self.progress = launch, settings, budget, progress
         self.trials: list[Trial] = []
         self._runs = 0
-        self._walls: list[float] = []
         self.findings: list[str] = []
         self.groups: tuple[str, ...] = ()
         self.best: Optional[Trial] = None
@@ -116,7 +117,6 @@ class Search:
             self._say(f"  {trial.name} failed: {trial.reason}")
             return False
         trial.runs.append(run)
-        self._walls.append(run.wall_s)
         limit = self.settings.memory_limit_gb
         if limit is not None and run.peak_memory_gb is not None and run.peak_memory_gb > limit:
             trial.status, trial.reason = OVER_MEMORY, f"peak {run.peak_memory_gb:.2f} GB > limit {limit:.2f} GB"
@@ -126,10 +126,19 @@ class Search:
         return True
 
     def affordable(self, runs: int = 1) -> bool:
-        """Whether ``runs`` more trial runs fit in the budget, the verification's share held back (a run is
-        expected to take as long as the median one so far)."""
-        typical = statistics.median(self._walls) if self._walls else 0.0
-        return self.budget.left - self.settings.reserve_s(typical) >= runs * typical
+        """Whether ``runs`` more trial runs fit in the budget, the verification's runs held back."""
+        settings = self.settings
+        reserve = settings.verify_runs * self.expected_run_s(settings.warmup_steps + settings.verify_steps)
+        return self.budget.left - reserve >= runs * self.expected_run_s(settings.warmup_steps + settings.trial_steps)
+
+    def expected_run_s(self, steps: int) -> float:
+        """The wall time of a run of ``steps`` steps: the quickest start-up so far (the first run can include
+        one-off work, such as building DeepSpeed's ops) plus ``steps`` median steps of all runs so far."""
+        runs = [run for trial in self.trials for run in trial.runs]
+        if not runs:
+            return 0.0
+        step_s = statistics.median(t for run in runs for t in run.step_times)
+        return min(run.startup_s for run in runs) + steps * step_s
 
     def _say(self, line: str) -> None:
         best = min((t for t in self.trials if t.usable), key=lambda t: t.median_step_s, default=None)

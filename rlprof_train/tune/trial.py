@@ -34,6 +34,8 @@ class Measurement:
     peak_memory_gb: Optional[float]
     """CUDA peak reserved on GPU, process RSS on CPU; the highest over all steps."""
     wall_s: float
+    startup_s: float
+    """The wall time outside the steps (imports, model and engine set-up, shutdown)."""
     first_steps: list[dict[str, float]]
     """The learning metrics of the first steps (for the equivalence check)."""
 
@@ -165,6 +167,7 @@ def run_once(
         tokens_per_s=[float(r["throughput/tokens_per_sec"]) for r in measured if "throughput/tokens_per_sec" in r],
         peak_memory_gb=max(peaks) if peaks else None,
         wall_s=wall,
+        startup_s=max(0.0, wall - sum(float(r["timing_s/step"]) for r in records)),
         first_steps=[{k: float(r[k]) for k in LEARNING_KEYS if k in r} for r in records[:3]],
     )
 
