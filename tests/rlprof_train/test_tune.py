@@ -14,7 +14,9 @@ import pytest
 
 from rlprof_train.config.load import load_trainer_config
 from rlprof_train.tune.cli import main
+from rlprof_train.tune.search import Budget, Search, SearchSettings
 from rlprof_train.tune.space import KNOBS, TUNABLE, knobs_for
+from rlprof_train.tune.trial import Launch, Measurement, Trial
 
 from conftest import ROOT, subprocess_env
 
@@ -58,6 +60,22 @@ def test_every_tunable_key_is_a_trainer_key_and_only_applicable_knobs_are_search
     values = [c[micro.key] for c in micro.candidates(load_trainer_config(["--config-name=demo"]), 2)]
     assert values == [1, 2, 4, 8, 16, 64, 128]  # up to the 128 responses a rank holds; 32 is the base's
     assert len(TUNABLE) == len(set(TUNABLE))
+
+
+def test_a_run_is_expected_to_take_the_quickest_start_up_plus_its_steps_and_the_verification_is_held_back(tmp_path):
+    """The first run can spend 40 s building DeepSpeed's shm op: the estimate takes the quickest start-up so far, so
+    that one slow first run does not use up the budget (CI: a 3-minute search measured only one candidate)."""
+
+    def measured(startup_s, step_s):
+        return Measurement([step_s] * 3, [], None, startup_s + 4 * step_s, startup_s, [])
+
+    settings = SearchSettings(1, 3, None, verify_runs=4, verify_steps=6)
+    search = Search(None, 1, [], Launch([], tmp_path, 1, 60), settings, Budget(180), lambda line: None)  # type: ignore[arg-type]
+    assert search.expected_run_s(4) == 0 and search.affordable(100)  # nothing measured yet
+    search.trials = [Trial("base", {}, [measured(40.0, 0.6)]), Trial("t01", {}, [measured(10.0, 1.2)])]
+    assert search.expected_run_s(4) == pytest.approx(10.0 + 4 * 0.9)  # quickest start-up, median step of all runs
+    search.budget = Budget(4 * (10.0 + 7 * 0.9) + 2 * (10.0 + 4 * 0.9) + 1)
+    assert search.affordable(2) and not search.affordable(3)  # 4 verification runs of 7 steps held back
 
 
 def tune(tmp_path, *args, timeout=1200):
