@@ -28,7 +28,7 @@ import array
 import bisect
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from rlprof.analysis.gpu import DeviceOps, GpuSummary, summarize_device
 
@@ -43,6 +43,8 @@ frame that only nests (a Python call: it takes time from its parent and records 
 FRAME_KINDS = (RANGE, ANNOTATION, STEP, OP, NESTING)
 KERNEL, MEMCPY, MEMSET = "kernel", "memcpy", "memset"
 """Kinds of device operations as the trace names them."""
+DEVICE_CODES = {KERNEL: 0, MEMCPY: 1, MEMSET: 2}
+"""A device operation's kind as stored (:attr:`DeviceOps.kind`)."""
 
 
 def frame_kind(name: str, annotation: bool) -> str:
@@ -137,7 +139,7 @@ class TraceScan:
 # --------------------------------------------------------------------------------------------- the builder
 
 
-class _Interner:
+class Interner:
     """Values (strings, tuples) to small integers and back."""
 
     def __init__(self) -> None:
@@ -171,10 +173,10 @@ class _Held:
 
 
 class _Thread:
-    """One thread: its open frames, and every frame in start order (start, duration, own time, bucket: 28 bytes a
-    frame, the own time written when the frame closes)."""
+    """One thread: its open frames, and every frame in start order (start, duration, own time, bucket, the frame it
+    was walked inside: 32 bytes a frame, the own time written when the frame closes)."""
 
-    __slots__ = ("arrived", "bucket", "duration", "held", "last", "own", "pending", "stack", "start")
+    __slots__ = ("arrived", "bucket", "duration", "held", "last", "outer", "own", "pending", "stack", "start")
 
     def __init__(self) -> None:
         self.stack: list[list[Any]] = []
@@ -189,10 +191,29 @@ class _Thread:
         self.own = array.array("d")
         """Duration minus the children's (the launch calls inside are taken out at the end)."""
         self.bucket = array.array("i")
+        self.outer = array.array("i")
+        """The index of the frame around each (-1: none)."""
 
 
 _END, _CHILDREN, _CONTEXT, _DEPTH, _INDEX = range(5)
 """A frame on a thread's stack: [end, children's total, context id, operator depth, index in the thread's arrays]."""
+
+
+class EventSink(Protocol):
+    """What a source feeds events into: a :class:`TraceBuilder`, or columns that a builder replays later
+    (:class:`rlprof.analysis.trace_columns.EventColumns`)."""
+
+    scan: TraceScan
+
+    def frame(self, thread: Any, start: float, duration: float, name: str, kind: str) -> None: ...
+
+    def launch(self, thread: Any, start: float, duration: float, correlation: int) -> None: ...
+
+    def device_op(
+        self, start: float, duration: float, name: str, kind: str, stream: int, correlation: Optional[int], size: int
+    ) -> None: ...
+
+    def memory_event(self, thread: Any, time: float, size: int, total_allocated: int) -> None: ...
 
 
 class TraceBuilder:
@@ -205,14 +226,14 @@ class TraceBuilder:
 
     def __init__(self, scan: TraceScan) -> None:
         self.scan = scan
-        self.names = _Interner()
-        self.contexts = _Interner()
-        self.buckets = _Interner()
+        self.names = Interner()
+        self.contexts = Interner()
+        self.buckets = Interner()
         self.bucket_context = array.array("i")
         """The context of a frame of each bucket."""
         self.empty_context = self.contexts(())
         self.threads: dict[Any, _Thread] = {}
-        self.thread_ids = _Interner()
+        self.thread_ids = Interner()
         self.memory: dict[Any, list[tuple[float, int, int]]] = defaultdict(list)
         self.launch_thread = array.array("i")
         self.launch_start = array.array("d")
@@ -275,7 +296,7 @@ class TraceBuilder:
         self.op_start.append(start)
         self.op_duration.append(duration)
         self.op_name.append(self.names(name))
-        self.op_kind.append(0 if kind == KERNEL else 1 if kind == MEMCPY else 2)
+        self.op_kind.append(DEVICE_CODES[kind])
         self.op_stream.append(stream)
         self.op_correlation.append(correlation if correlation is not None else -1)
         self.op_bytes.append(size)
@@ -293,9 +314,9 @@ class TraceBuilder:
         if stack:
             parent = stack[-1]
             parent[_CHILDREN] += duration
-            outer, depth = parent[_CONTEXT], parent[_DEPTH]
+            outer, depth, around = parent[_CONTEXT], parent[_DEPTH], parent[_INDEX]
         else:
-            outer, depth = self.empty_context, 0
+            outer, depth, around = self.empty_context, 0, -1
         if kind == OP:
             kind = OPERATOR if depth == 0 else OP
             depth += 1
@@ -309,6 +330,7 @@ class TraceBuilder:
         state.duration.append(duration)
         state.own.append(duration)
         state.bucket.append(bucket)
+        state.outer.append(around)
         stack.append([start + duration, 0.0, self.bucket_context[bucket], depth, index])
 
     def _new_bucket(self, kind: str, name: str, outer: int) -> int:
@@ -340,9 +362,10 @@ class TraceBuilder:
         name = np.concatenate([names[walked], np.frombuffer(held.name, dtype=np.int32)])
         kind = np.concatenate([kinds[walked], np.frombuffer(held.kind, dtype=np.int8)])
         del walked
-        state.held, state.start, state.duration, state.own, state.bucket = (
+        state.held, state.start, state.duration, state.own, state.bucket, state.outer = (
             None,
             *(array.array("d"),) * 3,
+            array.array("i"),
             array.array("i"),
         )
         self.instances = [i for i in self.instances if i[0] != thread]
@@ -421,8 +444,7 @@ class TraceBuilder:
             thread_id = self.thread_ids.ids.get(thread)
             mine = np.nonzero(launch_thread == thread_id)[0] if thread_id is not None and count else []
             if len(mine) and len(bucket):
-                mine = mine[np.argsort(launch_start[mine], kind="stable")]
-                innermost = np.array(_innermost(state.start, state.duration, launch_start[mine].tolist()))
+                innermost = _innermost(np, state, launch_start[mine])
                 inside = innermost >= 0
                 np.subtract.at(own, innermost[inside], launch_duration[mine][inside])
                 launch_context[mine[inside]] = contexts[bucket[innermost[inside]]]
@@ -497,8 +519,8 @@ class TraceBuilder:
                     scan.ranges[label].cuda_us += total
 
     def _project_instances(self, np: Any, launch_of_op: Any) -> None:
-        """Each range and annotation instance's GPU projection (see :attr:`RangeTotals.gpu_span_us`): a sweep per
-        thread over its instances and its launches, each launch widening every instance open around it."""
+        """Each range and annotation instance's GPU projection (see :attr:`RangeTotals.gpu_span_us`), thread
+        by thread: each instance spans the device operations of the launches made while it is open."""
         launches = len(self.launch_start)
         if not launches or not len(self.op_start):
             return
@@ -521,22 +543,11 @@ class TraceBuilder:
             if not len(mine):
                 continue
             mine = mine[np.argsort(launch_start[mine], kind="stable")]
-            low, high = [np.inf] * len(spans), [-np.inf] * len(spans)
-            open_spans: list[int] = []
-            following = 0
-            for time, lo, hi in zip(
-                launch_start[mine].tolist(), first[mine].tolist(), last[mine].tolist(), strict=True
-            ):
-                while following < len(spans) and spans[following][0] <= time:
-                    open_spans.append(following)
-                    following += 1
-                open_spans = [i for i in open_spans if spans[i][1] > time]
-                for i in open_spans:
-                    low[i] = min(low[i], lo)
-                    high[i] = max(high[i], hi)
-            for (_, _, label), lo, hi in zip(spans, low, high, strict=True):
-                if hi > lo:
-                    self.scan.ranges[label].gpu_span_us += hi - lo
+            times, lows, highs = launch_start[mine], first[mine], last[mine]
+            for start, end, label in spans:  # the launches at start <= time < end, a slice of the sorted ones
+                low, high = np.searchsorted(times, (start, end), side="left").tolist()
+                if high > low and (span := float(highs[low:high].max() - lows[low:high].min())) > 0:
+                    self.scan.ranges[label].gpu_span_us += span
 
     def _attribute_memory(self) -> None:
         """Each ``[memory]`` event counts for every rlprof range open on its thread at its time (a sweep per
@@ -596,24 +607,19 @@ class TraceBuilder:
         return of_step
 
 
-def _innermost(starts: array.array[float], durations: array.array[float], times: list[float]) -> list[int]:
-    """For each time (ascending), the index of the innermost frame holding it, -1 for none; ``starts`` in start
-    order (the longer first on a tie), as a thread's frames are walked."""
-    found = []
-    open_frames: list[int] = []
-    open_ends: list[float] = []
-    following, total = 0, len(starts)
-    for time in times:
-        while following < total and starts[following] <= time:
-            start = starts[following]
-            while open_ends and open_ends[-1] <= start:
-                open_frames.pop()
-                open_ends.pop()
-            open_frames.append(following)
-            open_ends.append(start + durations[following])
-            following += 1
-        while open_ends and open_ends[-1] <= time:
-            open_frames.pop()
-            open_ends.pop()
-        found.append(open_frames[-1] if open_frames else -1)
+def _innermost(np: Any, state: _Thread, times: Any) -> Any:
+    """For each time, the index of the innermost of the thread's frames holding it (``start <= time < end``), -1 for
+    none: the last frame to start at or before the time, or the nearest frame around it still open then (the frames
+    are in walk order: by start, the longer first on a tie, each inside ``outer``)."""
+    starts = np.frombuffer(state.start, dtype=np.float64)
+    ends = starts + np.frombuffer(state.duration, dtype=np.float64)
+    outer = np.frombuffer(state.outer, dtype=np.int32)
+    found = np.searchsorted(starts, times, side="right") - 1
+    pending = np.nonzero(found >= 0)[0]
+    while len(pending):  # once per level of nesting
+        frame = found[pending]
+        closed = ends[frame] <= times[pending]
+        pending, frame = pending[closed], frame[closed]
+        found[pending] = outer[frame]
+        pending = pending[found[pending] >= 0]
     return found

@@ -15,19 +15,36 @@ of start order are put back in order by the model (:class:`~rlprof.analysis.trac
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import gzip
 import json
+import os
+import queue
 import re
+import struct
+import subprocess
+import sys
+import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import IO, Any, Optional
 
 import msgspec
 
 from rlprof.analysis.sources.base import InputFile, ReadOptions, Source, SourceError
-from rlprof.analysis.trace_model import KERNEL, MEMCPY, MEMSET, NESTING, TraceBuilder, TraceScan, frame_kind
+from rlprof.analysis.trace_columns import ColumnsReplay
+from rlprof.analysis.trace_model import (
+    KERNEL,
+    MEMCPY,
+    MEMSET,
+    NESTING,
+    EventSink,
+    TraceBuilder,
+    TraceScan,
+    frame_kind,
+)
 
 CHUNK = 1 << 20
 MAX_EVENT_BYTES = 64 << 20
@@ -125,6 +142,37 @@ class _Inflated:
         self.file.close()
 
 
+def _read_ahead(stream: _Inflated, size: int) -> Generator[bytes, None, None]:
+    """``stream``'s blocks of ``size`` bytes, read and decompressed by a thread a few blocks ahead: zlib and the file
+    release the GIL, so the decompression runs on another core while the events are decoded. An error of the stream
+    is raised here; closing this generator stops the thread."""
+    blocks: queue.Queue[bytes | Exception] = queue.Queue(maxsize=4)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            while not stop.is_set():
+                block = stream.read(size)
+                blocks.put(block)
+                if not block:
+                    return
+        except Exception as exc:  # noqa: BLE001  (handed over: raised by the reader)
+            blocks.put(exc)
+
+    thread = threading.Thread(target=produce, name="rlprof-inflate", daemon=True)
+    thread.start()
+    try:
+        while (block := blocks.get()) != b"":
+            if isinstance(block, Exception):
+                raise block
+            yield block
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a producer waiting for room
+            with contextlib.suppress(queue.Empty):
+                blocks.get(timeout=0.05)
+
+
 def read_head(path: Path, size: int) -> bytes:
     """The first ``size`` bytes of ``path``, decompressed when it is gzipped ("" when it cannot be read)."""
     try:
@@ -157,7 +205,7 @@ def _header(header: bytes, scan: TraceScan) -> None:
         scan.device = found.group(1).decode("utf-8", "replace")
 
 
-def _parse_events(listed: bytes | memoryview, scan: TraceScan) -> list[Event]:
+def decoded(listed: bytes | memoryview, scan: TraceScan) -> list[Event]:
     """The events of one batch, ``listed`` as a JSON list (``[`` events ``]``); when the batch does not decode, event
     by event: what msgspec cannot take (NaN, an integer beyond 64 bits) by Python's parser, and what that cannot
     either skipped and counted."""
@@ -206,11 +254,16 @@ def _from_object(value: Any) -> Optional[Event]:
     return Event(**fields)
 
 
-def iter_event_batches(path: Path, scan: TraceScan) -> Iterator[list[Event]]:
-    """The trace's events, a batch (a few MB of the file) at a time; header facts go into ``scan``."""
+def iter_batches(
+    path: Path, scan: TraceScan, chunk: Optional[int] = None
+) -> Iterator[memoryview | bytes | list[Event]]:
+    """The trace's events, a batch (about ``chunk`` bytes of the file, :data:`CHUNK` by default) at a time: as a JSON
+    list to decode (:func:`decoded`; a view valid until the next batch is asked for), or, in a layout other than
+    kineto's, already decoded. Header facts go into ``scan``. The same file is always cut in the same batches."""
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
     stream = _Inflated(path)
+    blocks = _read_ahead(stream, chunk or CHUNK)
     try:
         head = stream.read(1 << 16)
         start = head.find(b'"traceEvents"')
@@ -221,19 +274,18 @@ def iter_event_batches(path: Path, scan: TraceScan) -> Iterator[list[Event]]:
         if bracket < 0 or head.find(b"\n  {", bracket) < 0 or head.find(b"\n  },", bracket) < 0:
             yield from _ijson_batches(path, scan)
             return
-        # The events not yet decoded, after a "[": a batch is decoded in place as a JSON list, its last comma turned
-        # into the closing bracket (no copy of the megabyte), then dropped from the buffer.
+        # The events not yet decoded, after a "[": a batch is handed out in place as a JSON list, its last comma
+        # turned into the closing bracket (no copy of the megabyte), then dropped from the buffer.
         buffer = bytearray(b"[") + head[bracket + 1 :]
-        for block in iter(lambda: stream.read(CHUNK), b""):
+        for block in blocks:
             buffer += block
             cut = buffer.rfind(b"\n  },")
             if cut >= 0:
                 comma = cut + 4
                 buffer[comma] = ord("]")
-                with memoryview(buffer) as view:
-                    events = _parse_events(view[: comma + 1], scan)
+                with memoryview(buffer) as view, view[: comma + 1] as listed:
+                    yield listed
                 del buffer[1 : comma + 1]
-                yield events
             elif len(buffer) > MAX_EVENT_BYTES:
                 scan.problems.append(
                     f"{path.name}: one event is larger than {MAX_EVENT_BYTES >> 20} MiB (a damaged or hostile "
@@ -252,10 +304,11 @@ def iter_event_batches(path: Path, scan: TraceScan) -> Iterator[list[Event]]:
             last = buffer.rfind(b"\n  }")
             tail = bytes(buffer[1 : last + 4]).strip().rstrip(b",") if last >= 0 else b""
         if tail:
-            yield _parse_events(b"[" + tail + b"]", scan)
+            yield b"[" + tail + b"]"
     except zlib.error as exc:
         scan.problems.append(f"{path.name} is damaged ({exc}); what came before the damage is reported")
     finally:
+        blocks.close()
         stream.close()
 
 
@@ -279,10 +332,13 @@ class _Bounded:
         self.since = 0
 
 
-def _open(path: Path) -> IO[bytes]:
+def _gzipped(path: Path) -> bool:
     with path.open("rb") as probe:
-        magic = probe.read(2)
-    if magic == b"\x1f\x8b":
+        return probe.read(2) == b"\x1f\x8b"
+
+
+def _open(path: Path) -> IO[bytes]:
+    if _gzipped(path):
         return gzip.open(path, "rb")  # type: ignore[return-value]  # a GzipFile reads bytes
     return path.open("rb")
 
@@ -341,7 +397,7 @@ def _ijson_batches(path: Path, scan: TraceScan) -> Iterator[list[Event]]:
 # --------------------------------------------------------------------------------------------- into the model
 
 
-def feed(builder: TraceBuilder, events: list[Event]) -> None:
+def feed(builder: EventSink, events: list[Event]) -> None:
     """Hand each event of a batch to the builder (the hot loop of ``rlprof report``: local names on purpose)."""
     frame, launch, device_op = builder.frame, builder.launch, builder.device_op
     device_ops, launches, annotations, operators, nested = DEVICE_OPS, LAUNCHES, ANNOTATIONS, OPERATORS, NESTED
@@ -391,24 +447,122 @@ def feed(builder: TraceBuilder, events: list[Event]) -> None:
     builder.scan.skipped += skipped
 
 
-def scan_trace(path: str | Path) -> TraceScan:
-    """Read ``path`` once and return its :class:`TraceScan`."""
+def scan_trace(path: str | Path, helper: Optional[bool] = None) -> TraceScan:
+    """Read ``path`` once and return its :class:`TraceScan`. A large trace is read by two processes when two CPUs
+    are free (``helper``: None decides so, True and False force it): a helper process
+    (:mod:`rlprof.analysis.sources.trace_helper`) decodes two batches in three and sends their events back as
+    columns, this one decodes the rest and walks every frame in file order; the result is the same as one process's.
+    Should the helper fail, this process reads its batches itself."""
     path = Path(path)
     scan = TraceScan(str(path))
     builder = TraceBuilder(scan)
+    helping = _Helper(path) if (helper if helper is not None else _worth_a_helper(path)) else None
     collecting = gc.isenabled()
     gc.disable()  # the pass allocates millions of short-lived tuples and no cycle: collections would only cost time
     try:
-        for batch in iter_event_batches(path, scan):
-            feed(builder, batch)
+        for index, batch in enumerate(iter_batches(path, scan)):
+            if isinstance(batch, list):
+                feed(builder, batch)
+            elif helping is None or not helping.replay(index, len(batch), builder):
+                feed(builder, decoded(batch, scan))
     finally:
         if collecting:
             gc.enable()
+        if helping is not None:
+            helping.stop()
     if scan.rank is None:
         scan.rank = rank_from_name(path.name)
     if scan.skipped:
         scan.problems.append(f"{path.name}: {scan.skipped} events could not be read (wrong types); skipped")
     return builder.finish(path.name)
+
+
+HELPER_FIRST_BATCH = 32
+"""Batches before it are all this process's: about the time a helper takes to start (a test sets it lower)."""
+HELPER_MIN_BYTES = (4 << 20, 64 << 20)
+"""The size on disk from which a trace gets a helper: gzipped, plain."""
+HELPER_TIMEOUT_S = 60.0
+"""Waiting longer than this for one batch from the helper, this process stops it and reads on alone."""
+HELPER_HEADER = struct.Struct("<qqq")
+"""Before each batch's columns: the batch's index, its length in bytes, the length of the columns."""
+
+
+def helped(index: int, first: int) -> bool:
+    """Whether batch ``index`` is decoded by the helper: two in three from batch ``first`` on."""
+    return index >= first and index % 3 != 0
+
+
+def _worth_a_helper(path: Path) -> bool:
+    """A large file, and two CPUs this process may use (Linux: the helper's pipe is read with ``select``)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        size, gzipped = path.stat().st_size, _gzipped(path)
+    except OSError:
+        return False
+    return len(os.sched_getaffinity(0)) >= 2 and size >= HELPER_MIN_BYTES[0 if gzipped else 1]
+
+
+class _Helper:
+    """The helper process of one reading: started at once, stopped (killed if need be) by :meth:`stop`."""
+
+    def __init__(self, path: Path) -> None:
+        import fcntl
+
+        self.first, chunk = HELPER_FIRST_BATCH, CHUNK
+        root = str(Path(__file__).resolve().parents[3])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+        self.process: Optional[subprocess.Popen[bytes]] = subprocess.Popen(
+            [sys.executable, "-m", "rlprof.analysis.sources.trace_helper", str(path), str(self.first), str(chunk)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            bufsize=0,
+        )
+        assert self.process.stdout is not None
+        self.pipe = self.process.stdout.fileno()
+        with contextlib.suppress(OSError):  # room for a few batches ahead
+            fcntl.fcntl(self.pipe, fcntl.F_SETPIPE_SZ, 1 << 20)
+        self.columns = ColumnsReplay()
+
+    def replay(self, index: int, length: int, builder: TraceBuilder) -> bool:
+        """Whether the helper's events of batch ``index`` (``length`` bytes) went into ``builder``; False: not the
+        helper's batch, or the helper is gone (or out of step, then stopped): the batch is this process's to read."""
+        if self.process is None or not helped(index, self.first):
+            return False
+        header = self._read(HELPER_HEADER.size)
+        if header is not None:
+            got, got_length, size = HELPER_HEADER.unpack(header)
+            packed = self._read(size) if (got, got_length) == (index, length) else None
+            if packed is not None:
+                self.columns.replay(packed, builder)
+                return True
+        self.stop()
+        return False
+
+    def _read(self, size: int) -> Optional[bytes]:
+        import select
+
+        parts, left = [], size
+        while left:
+            ready, _, _ = select.select([self.pipe], [], [], HELPER_TIMEOUT_S)
+            part = os.read(self.pipe, left) if ready else b""
+            if not part:
+                return None
+            parts.append(part)
+            left -= len(part)
+        return b"".join(parts)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        process, self.process = self.process, None
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        assert process.stdout is not None
+        process.stdout.close()
 
 
 class ChromeTraceSource(Source):
