@@ -452,11 +452,11 @@ def scan_trace(path: str | Path, helper: Optional[bool] = None) -> TraceScan:
     are free (``helper``: None decides so, True and False force it): a helper process
     (:mod:`rlprof.analysis.sources.trace_helper`) decodes two batches in three and sends their events back as
     columns, this one decodes the rest and walks every frame in file order; the result is the same as one process's.
-    Should the helper fail, this process reads its batches itself."""
+    Should the helper fail (or not start), this process reads its batches itself."""
     path = Path(path)
     scan = TraceScan(str(path))
     builder = TraceBuilder(scan)
-    helping = _Helper(path) if (helper if helper is not None else _worth_a_helper(path)) else None
+    helping = _Helper.start(path) if (helper if helper is not None else _worth_a_helper(path)) else None
     collecting = gc.isenabled()
     gc.disable()  # the pass allocates millions of short-lived tuples and no cycle: collections would only cost time
     try:
@@ -525,6 +525,14 @@ class _Helper:
         with contextlib.suppress(OSError):  # room for a few batches ahead
             fcntl.fcntl(self.pipe, fcntl.F_SETPIPE_SZ, 1 << 20)
         self.columns = ColumnsReplay()
+
+    @classmethod
+    def start(cls, path: Path) -> Optional[_Helper]:
+        """A helper for ``path``, or None when it cannot start (no Python executable to run, no process left)."""
+        try:
+            return cls(path)
+        except OSError:
+            return None
 
     def replay(self, index: int, length: int, builder: TraceBuilder) -> bool:
         """Whether the helper's events of batch ``index`` (``length`` bytes) went into ``builder``; False: not the
