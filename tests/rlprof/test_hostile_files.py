@@ -86,6 +86,7 @@ HUGE = (
     "from rlprof.analysis.sources.chrome_trace import scan_trace\n"
     "scan = scan_trace(sys.argv[1])\n"
     "peak = int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) / 1024\n"
+    "peak += resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # a helper process, if one ran\n"
     "print(json.dumps({'problems': scan.problems, 'ranges': sorted(scan.ranges), 'peak_mb': peak}))\n"
 )
 
