@@ -225,10 +225,22 @@ def peak_flops(name: Optional[str] = None, override_tflops: Optional[float] = No
 _reported: set[str] = set()
 
 
-def _warn_once(message: str) -> None:
-    if message not in _reported:
-        _reported.add(message)
+def _warn_once(message: str, key: Optional[str] = None) -> None:
+    """Warn with ``message`` the first time ``key`` (the message itself by default) is seen in this process."""
+    if (key or message) not in _reported:
+        _reported.add(key or message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _peak_source(name: str, override_tflops: Optional[float]) -> str:
+    """Where :func:`peak_flops` took the peak from, in words."""
+    if override_tflops is not None:
+        return "given as peak_tflops"
+    if os.environ.get(PEAK_ENV):
+        return f"from ${PEAK_ENV}"
+    if name == "cpu":
+        return "estimated for this CPU"
+    return f"the table's entry for {name!r}"
 
 
 def mfu_metrics(
@@ -244,7 +256,9 @@ def mfu_metrics(
     gated_mlp: Optional[bool] = None,
 ) -> dict[str, float]:
     """``{"perf/mfu/{role}": achieved / peak}`` for a pass over ``seq_lens`` that took ``seconds`` on
-    ``num_devices``; empty, with one warning saying why, when the model or the device is unknown."""
+    ``num_devices``; empty, with one warning saying why, when the model or the device is unknown. A value above 1,
+    which no device reaches, is kept and warned about once per role, naming the peak it was divided by and where that
+    came from (a peak too low, or a pass whose time or devices are not the ones its sequences ran in)."""
     try:
         flops = estimate_flops(config, seq_lens, gated_mlp)
     except UnsupportedModel as exc:
@@ -256,4 +270,14 @@ def mfu_metrics(
         _warn_once(f"perf/mfu/{role} is left out: no peak FLOP/s known for device {name!r}; set ${PEAK_ENV}")
         return {}
     achieved = (flops.training if training else flops.forward) / seconds
-    return {f"perf/mfu/{role}": achieved / (peak * num_devices)}
+    mfu = achieved / (peak * num_devices)
+    if mfu > 1:
+        _warn_once(
+            f"perf/mfu/{role}={mfu:.2f} is above 1, which no device reaches: {achieved / 1e12:.3g} TFLOP/s achieved "
+            f"against a peak of {peak / 1e12:.3g} TFLOP/s x {num_devices} device(s) "
+            f"({_peak_source(name, peak_tflops)}); "
+            f"set ${PEAK_ENV} to the device's peak, or check that {seconds:.3g} s and num_devices={num_devices} are "
+            "the time and devices of this pass",
+            key=f"mfu above 1/{role}",
+        )
+    return {f"perf/mfu/{role}": mfu}

@@ -297,6 +297,26 @@ def test_mfu_unknown_device_or_model_is_absent_with_one_warning(monkeypatch):
     assert any("perf/mfu/ref is left out" in m and "num_attention_heads" in m for m in messages)
 
 
+def test_an_mfu_above_1_is_warned_about_once_per_role_naming_the_peak_and_its_source(monkeypatch):
+    monkeypatch.delenv("RLPROF_PEAK_TFLOPS", raising=False)
+    flops = estimate_flops(LLAMA, [1000]).training
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for seconds in (1.0, 0.5):  # a peak given 1000x too low: about 1000x the MFU
+            value = mfu_metrics("reward", LLAMA, [1000], seconds, peak_tflops=flops / 1e12 / 1000)["perf/mfu/reward"]
+            assert value == pytest.approx(1000 / seconds)
+        assert mfu_metrics("reward", LLAMA, [1000], 1.0, peak_tflops=flops / 1e12 * 4)[
+            "perf/mfu/reward"
+        ] == pytest.approx(0.25)
+        monkeypatch.setenv("RLPROF_PEAK_TFLOPS", str(flops / 1e12 / 10))
+        mfu_metrics("values", LLAMA, [1000], 1.0, device="NVIDIA A100")
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2, messages
+    assert messages[0].startswith("perf/mfu/reward=1000.00 is above 1") and "given as peak_tflops" in messages[0]
+    assert messages[1].startswith("perf/mfu/values=10.00 is above 1") and "from $RLPROF_PEAK_TFLOPS" in messages[1]
+    assert "RLPROF_PEAK_TFLOPS" in messages[0] and "num_devices=1" in messages[0]
+
+
 def test_cpu_peak_estimate_and_env_override(monkeypatch):
     assert cpu_peak_flops() is None or cpu_peak_flops() > 1e9
     monkeypatch.setenv("RLPROF_PEAK_TFLOPS", "2.5")
