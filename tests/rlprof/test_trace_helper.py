@@ -77,6 +77,7 @@ def gone(process) -> bool:
     return False
 
 
+@pytest.mark.slow  # 6 s over the corpus: out of the quick loop (the killed helper's test compares a whole scan too)
 @pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.name.removesuffix(".json.gz"))
 def test_two_processes_read_each_published_trace_exactly_as_one(trace, small_batches, helpers):
     alone = facts(scan_trace(trace, helper=False))
