@@ -1,6 +1,7 @@
 """Chrome traces written by torch.profiler / kineto (``.json``, ``.json.gz``, whatever the name): torch 1.8's
 categories (``Operator``, ``Runtime``, ``Kernel``, ``Memcpy``) to current ones, CUDA, ROCm and MTIA devices, one
-rank per file. Read in one streaming pass into the :mod:`rlprof.analysis.trace_model`.
+rank per file. Read in one streaming pass into the :mod:`rlprof.analysis.trace_model`; a large file by two
+processes, the second one decoding most batches (see :func:`scan_trace`), with the decompression on a thread.
 
 The file is never loaded whole. Kineto writes one event per indented block (``\n  {`` ... ``\n  },``); the reader
 cuts the decompressed stream at those boundaries and decodes a megabyte of events at a time with msgspec into
