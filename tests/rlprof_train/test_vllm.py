@@ -177,6 +177,11 @@ def test_sampled_seeded_batch_with_more_prompt_tokens_than_the_step_budget_runs(
     for row in rows:
         engine = {k.removeprefix("rollout/engine/"): v for k, v in row.items() if k.startswith("rollout/engine/")}
         print(f"\nstep {row['step']}: {engine}, slowest {row['rollout/slowest_response_s']:.3f} s")
+        assert set(engine) == {  # the counters vLLM returns with each request; no KV cache use (per iteration)
+            *(f"{name}_{q}" for name in ("queue_time_ms", "ttft_ms", "itl_ms") for q in ("p50", "p99")),
+            "num_preemptions",
+            "prefix_cache_hit_rate",
+        }, sorted(engine)
         assert engine["queue_time_ms_p99"] > 0 and engine["queue_time_ms_p99"] >= engine["queue_time_ms_p50"] >= 0
         assert engine["ttft_ms_p99"] >= engine["ttft_ms_p50"] > 0 and engine["itl_ms_p99"] >= engine["itl_ms_p50"] > 0
         assert engine["num_preemptions"] >= 0 and engine["prefix_cache_hit_rate"] == 0  # prompts under one block
