@@ -1,9 +1,10 @@
 """The embedded tiny models, built here with no download: a byte-level BPE tokenizer trained with ``tokenizers`` on
 the built-in task's text (digits split one per token) and a small Llama with head_dim 64 (what vLLM's CPU attention
 needs), warm-started on noisy demonstrations: the correct answer for 25% of examples, a random one of the right
-form otherwise, i.e. a weak SFT model with the right format and a low reward, leaving the task to RL.
+form otherwise, i.e. a weak SFT model with the right format and a low reward, leaving the task to RL. The same bytes
+whether the CPU's kernels are AVX2 or AVX-512 (:data:`REPRODUCIBLE_MATH`).
 
-- ``arithmetic``: ``"a+b="`` -> the sum; 2 layers; reward ~0.13 after the warm start.
+- ``arithmetic``: ``"a+b="`` -> the sum; 2 layers; reward ~0.1 after the warm start.
 - ``reverse``: ``"Reverse the digits: 31415 ->"`` -> ``"51413"``; 4 layers; responses as long as the input.
 
     python -m rlprof_train.tiny_model --out DIR [--task arithmetic|reverse] [--max-operand 4] [--sft-steps N]
@@ -137,6 +138,28 @@ def task_corpus(task: str, seed: int) -> list[str]:
     ]
 
 
+# Kernels that sum in the same order whatever vector units an x86-64 CPU has: ATen's scalar kernels, MKL's
+# conditional numerical reproducibility, oneDNN's SSE4.1 code, one thread. With each CPU's own kernels (AVX2, AVX-512,
+# AMX), float sums are ordered differently and the warm start amplifies the last bits into another model: the demo's
+# reward after 300 GRPO steps was 0.62 with the model built by AVX-512 kernels and 0.92 with the one built by AVX2
+# kernels, on one machine.
+REPRODUCIBLE_MATH = {
+    "ATEN_CPU_CAPABILITY": "default",
+    "MKL_CBWR": "COMPATIBLE",
+    "ONEDNN_MAX_CPU_ISA": "SSE41",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+DISTRIBUTED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def build_environment() -> dict[str, str]:
+    """The environment of a build: this one with the reproducible math and without the distributed job's variables
+    (inside a distributed job, transformers' ``save_pretrained`` writes only on global rank 0)."""
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    return {**env, **REPRODUCIBLE_MATH}
+
+
 def create_tiny_model(
     out: Path,
     task: str = "arithmetic",
@@ -145,51 +168,54 @@ def create_tiny_model(
     correct_share: float = 0.25,
     seed: int = 0,
 ) -> Path:
-    """Write the embedded tiny model of ``task`` (tokenizer + Llama, format warm-started) to ``out`` and return it."""
+    """Write the embedded tiny model of ``task`` (tokenizer + Llama, format warm-started) to ``out`` and return it:
+    the same bytes whether the CPU's kernels are AVX2 or AVX-512, built in a process of its own with
+    :data:`REPRODUCIBLE_MATH`."""
     if task not in LAYERS:
         raise ValueError(f"task={task!r}: the embedded models are built for the tasks {', '.join(LAYERS)}")
+    command = [sys.executable, "-m", "rlprof_train.tiny_model", "--out", str(out), "--task", task]
+    command += ["--max-operand", str(max_operand), "--correct-share", str(correct_share), "--seed", str(seed)]
+    if sft_steps is not None:
+        command += ["--sft-steps", str(sft_steps)]
+    built = subprocess.run(command, capture_output=True, text=True, env=build_environment(), check=False)
+    if built.returncode != 0:
+        raise RuntimeError(f"building the embedded model failed:\n{built.stderr[-3000:]}")
+    return out
+
+
+def _build(out: Path, task: str, max_operand: int, sft_steps: Optional[int], correct_share: float, seed: int) -> None:
+    """The build itself, in the process :func:`create_tiny_model` starts."""
     sft_steps = SFT_STEPS[task] if sft_steps is None else sft_steps
     tokenizer = build_tokenizer(task_corpus(task, seed))
     model = build_tiny_llama(tokenizer, layers=LAYERS[task], seed=seed)
     if sft_steps:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # the same model whatever the machine's thread count (float sums depend on it)
-        try:
-            format_warm_start(model, tokenizer, max_operand, sft_steps, seed, correct_share, task=task)
-        finally:
-            torch.set_num_threads(threads)
+        format_warm_start(model, tokenizer, max_operand, sft_steps, seed, correct_share, task=task)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    return out
+
+
+BUILD_VERSION = 2  # raised when a build makes other bytes (2: REPRODUCIBLE_MATH), so no cache keeps an older model
 
 
 def embedded_model_name(task: str, max_operand: int) -> str:
     """The embedded model's folder name under the model cache."""
-    return f"tiny-{task}-op{max_operand}"
-
-
-DISTRIBUTED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    return f"tiny-{task}-op{max_operand}-v{BUILD_VERSION}"
 
 
 def ensure_tiny_model(cache_dir: Path, max_operand: int, task: str = "arithmetic") -> Path:
     """The embedded model for ``task`` and ``max_operand``, built once into ``cache_dir`` (built aside, then moved in
-    place).
-
-    The build runs in a process of its own: inside a distributed job, transformers' ``save_pretrained`` writes only
-    on global rank 0, so the other nodes' local rank 0 would move in a folder with a tokenizer and no weights."""
+    place)."""
     out = Path(cache_dir) / embedded_model_name(task, max_operand)
     if (out / "config.json").exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    command = [sys.executable, "-m", "rlprof_train.tiny_model", "--out", str(tmp), "--task", task]
-    command += ["--max-operand", str(max_operand)]
-    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
-    built = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-    if built.returncode != 0:
+    try:
+        create_tiny_model(tmp, task=task, max_operand=max_operand)
+    except RuntimeError:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise RuntimeError(f"building the embedded model failed:\n{built.stderr[-3000:]}")
+        raise
     try:
         os.replace(tmp, out)
     except OSError:  # another process finished first
@@ -219,15 +245,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     )
     tiny.add_argument("--seed", type=int, default=0)
     args = tiny.parse_args(argv)
-    out = create_tiny_model(
-        args.out,
-        task=args.task,
-        max_operand=args.max_operand,
-        sft_steps=args.sft_steps,
-        correct_share=args.correct_share,
-        seed=args.seed,
-    )
-    print(f"wrote {out}")
+    if any(os.environ.get(k) != v for k, v in REPRODUCIBLE_MATH.items()):  # by hand: the same bytes as the trainer's
+        create_tiny_model(args.out, args.task, args.max_operand, args.sft_steps, args.correct_share, args.seed)
+    else:
+        _build(args.out, args.task, args.max_operand, args.sft_steps, args.correct_share, args.seed)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

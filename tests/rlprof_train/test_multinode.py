@@ -18,6 +18,7 @@ import pytest
 
 from rlprof.cli import main
 from rlprof.manifest import read_manifest
+from rlprof_train.tiny_model import embedded_model_name
 
 from conftest import free_port, subprocess_env
 
@@ -82,7 +83,8 @@ def test_two_nodes_without_a_shared_disk_train_and_profile_both_ranks(tmp_path, 
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3]
     save_paths, ranks = [], set()
     for folder, _, _ in nodes:
-        assert (folder / "outputs" / "models" / "tiny-arithmetic-op4" / "model.safetensors").exists()  # its own copy
+        model = folder / "outputs" / "models" / embedded_model_name("arithmetic", 4)
+        assert (model / "model.safetensors").exists()  # its own copy
         save_path = folder / "outputs" / "profile"
         (entry,) = [e for e in read_manifest(save_path) if e.get("kind") != "session"]
         assert entry["host"] == os.uname().nodename and entry["steps"] == [2] and entry["run"] == "my-run"

@@ -416,6 +416,23 @@ def test_the_reverse_tasks_embedded_model_has_four_layers_and_one_token_per_digi
         create_tiny_model(tmp_path / "other", task="gsm8k")
 
 
+@pytest.mark.slow
+def test_the_embedded_model_is_the_same_bytes_whatever_kernels_the_parent_process_chose(tmp_path, monkeypatch):
+    """A build with the parent's ATen kernels set to AVX2 and one set to AVX-512 write the same weights (without
+    :data:`REPRODUCIBLE_MATH` they differ on a CPU with AVX-512: float sums are ordered by the kernels)."""
+    import hashlib
+
+    from rlprof_train.tiny_model import create_tiny_model
+
+    digests = set()
+    for capability in ("avx2", "avx512"):
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        out = create_tiny_model(tmp_path / capability, sft_steps=20)
+        digests.add(hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest())
+    assert len(digests) == 1, digests
+
+
 def test_engine_metrics_are_the_percentiles_sums_and_shares_of_the_requests():
     import numpy as np
 
