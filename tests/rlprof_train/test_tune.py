@@ -90,7 +90,7 @@ def tune(tmp_path, *args, timeout=1200):
 def test_from_a_poor_base_tune_returns_a_verified_faster_configuration_with_the_same_math(tmp_path):
     """The search over the micro-batch knobs the base sets badly (the whole space is searched the same way; the
     interrupted-tune test below starts on it), then the side-by-side verification, in a 4-minute budget (3 minutes
-    measured only the base and one candidate in CI: at 2.3 s a step the verification's four runs hold back 2 minutes)."""
+    measured only the base and one candidate in CI: at 2.3 s a step its four verification runs hold back 2 minutes)."""
     micro_batches = [key.split("=")[0] for key in POOR_BASE[1:]]
     result, results = tune(tmp_path, *POOR_BASE, f"tune.space=[{','.join(micro_batches)}]", "tune.budget_minutes=4")
     print(result.stdout)
