@@ -319,9 +319,9 @@ def _manifest_input(save_path: Path, entry: dict[str, Any], run: Run) -> Optiona
         run.notes.append(f"{path} is listed in the manifest but missing; skipped")
         return None
     given = entry.get("format")
-    format_name = given if isinstance(given, str) and source(given) is not None else None
-    if format_name is None:
-        format_name = LEGACY_FORMATS.get(str(entry.get("tool")))
+    if isinstance(given, str) and source(given) is None:
+        return None  # listed, read by no source (vLLM's table of operators, "text")
+    format_name = given if isinstance(given, str) else LEGACY_FORMATS.get(str(entry.get("tool")))
     if format_name is None:
         found = identify(path)
         if found is None:

@@ -9,6 +9,7 @@
     rlprof nsys profile [opts] -- CMD run CMD under nsys with the capture settings its config implies
     rlprof nsys REPORT [--nsys PATH]  NVTX ranges of an nsys report (.nsys-rep or exported .sqlite) per role
     rlprof summary SAVE_PATH          the files in SAVE_PATH/manifest.jsonl, by tool, step window and rank
+    rlprof timeline RUN [-o FILE]     every rank's and vLLM engine's torch trace in one trace, on one clock
 
 Bad paths, empty runs and unreadable files give one line and exit code 2.
 """
@@ -21,7 +22,7 @@ from typing import Optional
 
 from rich.console import Console
 
-from rlprof.cli import compare, memory, nsys, report, summary, view
+from rlprof.cli import compare, memory, nsys, report, summary, timeline, view
 from rlprof.cli.common import UsageError
 
 SUBCOMMANDS = {
@@ -30,6 +31,7 @@ SUBCOMMANDS = {
     "view": view,
     "memory": memory,
     "summary": summary,
+    "timeline": timeline,
     "nsys": nsys,
 }
 

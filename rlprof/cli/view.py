@@ -68,12 +68,22 @@ def link_logdir(runs: list[Run], root: Path) -> dict[str, int]:
         for trace in run.traces:
             folder = root / name / "torch" / (trace.window_name if trace.steps else "trace")
             folder.mkdir(parents=True, exist_ok=True)
-            link = folder / trace.path.name
+            link = folder / _plugin_name(trace.path.name)
             if link.exists():
-                link = folder / f"{trace.path.name.split('.')[0]}-{trace.host or 'h'}.pt.trace.json.gz"
+                link = folder / _plugin_name(f"{trace.path.name.split('.')[0]}-{trace.host or 'h'}.json.gz")
             link.symlink_to(trace.path.resolve())
             counts["traces"] += 1
     return counts
+
+
+def _plugin_name(name: str) -> str:
+    """The name the PyTorch Profiler plugin looks for (``*.pt.trace.json[.gz]``): HTA's ``rank-0.json.gz`` and
+    verl's ``prof_rank-0.json.gz`` are linked as ``rank-0.pt.trace.json.gz``."""
+    if name.endswith((".pt.trace.json", ".pt.trace.json.gz")):
+        return name
+    gz = name.endswith(".gz")
+    stem = name.removesuffix(".gz").removesuffix(".json")
+    return f"{stem}.pt.trace.json" + (".gz" if gz else "")
 
 
 def _run_name(run: Run) -> str:

@@ -4,6 +4,7 @@ left behind."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import signal
@@ -66,6 +67,20 @@ def test_the_log_folder_is_links_to_the_runs_files(trainer_run, tmp_path):
     links = [p for p in (tmp_path / "logdir").rglob("*") if p.is_file()]
     assert len(links) == 2 and all(p.is_symlink() for p in links)
     assert {p.relative_to(tmp_path / "logdir").parts[:2] for p in links} == {("viewed", "scalars"), ("viewed", "torch")}
+
+
+def test_traces_named_otherwise_are_linked_under_the_names_the_plugin_reads(tmp_path):
+    """HTA's rank files (``sampled_rank-0.json.gz``) and verl's ``prof_rank-0.json.gz``: the PyTorch Profiler plugin
+    lists only ``*.pt.trace.json[.gz]``."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    sampled = ROOT / "tests" / "data" / "traces" / "hta_sampled_ranks" / "sampled_rank-0.json.gz"
+    for name in ("prof_rank-0.json.gz", "rank-1.json", "rank2.pt.trace.json.gz"):
+        data = sampled.read_bytes()
+        (folder / name).write_bytes(gzip.decompress(data) if not name.endswith(".gz") else data)
+    link_logdir([find_run([folder])], tmp_path / "logdir")
+    names = sorted(p.name for p in (tmp_path / "logdir").rglob("*") if p.is_symlink())
+    assert names == ["prof_rank-0.pt.trace.json.gz", "rank-1.pt.trace.json", "rank2.pt.trace.json.gz"]
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -246,3 +247,101 @@ def test_gpu_vllm_rollout_runs_steps(tmp_path):
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
     )
     assert result.returncode == 0, result.stderr[-4000:]
+
+
+def test_two_ranks_and_their_engines_make_one_timeline_in_order_that_tensorboard_serves(tmp_path):
+    """issue 29's timeline: a 2-rank run with the vLLM rollout and the torch tool on every rank; `rlprof timeline`
+    puts both trainers and both engines in one trace, and each engine's work where its trainer waits for it: the
+    forward passes inside the trainer's ``rollout/gen``, the weight reload inside ``rollout/update_weights``, after the
+    generation. TensorBoard's PyTorch Profiler plugin serves the merged trace over HTTP (``rlprof view``)."""
+    import gzip
+    import re
+    import time
+    import urllib.request
+
+    from rlprof.cli import main
+
+    from conftest import free_port, torchrun
+
+    overrides = (
+        "actor_rollout_ref.rollout.name=vllm",
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[2]",
+        "actor_rollout_ref.actor.profiler.all_ranks=true",
+        "actor_rollout_ref.rollout.profiler.all_ranks=true",
+        "trainer.total_training_steps=3",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.rollout.n=2",
+        f"global_profiler.save_path={tmp_path / 'profile'}",
+    )
+    command = trainer_command(tmp_path, *overrides, prefix=(*torchrun(2), "-m"))
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT, env=subprocess_env())
+    assert result.returncode == 0, result.stderr[-4000:]
+    from rlprof.analysis.run import find_run
+    from rlprof.manifest import read_manifest
+
+    engines = [e for e in read_manifest(tmp_path / "profile") if e["tool"] == "vllm_torch"]
+    expected = [(rank, form) for rank in (0, 1) for form in ("chrome_trace", "text")]  # the trace, vLLM's table
+    assert sorted((e["rank"], e["format"]) for e in engines) == expected
+    assert all(Path(e["path"]).parts[:2] == ("vllm_torch", f"rank{e['rank']}") for e in engines)  # a folder per rank
+    assert not [f for f in find_run([tmp_path]).traces if f.path.suffix == ".txt"]  # vLLM's table is not a trace
+    merged_path = tmp_path / "merged.pt.trace.json.gz"
+    assert main(["timeline", str(tmp_path), "-o", str(merged_path)]) == 0
+    with gzip.open(merged_path, "rt") as stream:
+        merged = json.load(stream)["traceEvents"]
+    lanes: dict[str, set[int]] = {}
+    for event in merged:
+        if event.get("ph") == "M" and event.get("name") == "process_name":
+            lanes.setdefault(event["args"]["name"].split(" · ")[0], set()).add(event["pid"])
+    sides = [f"rank {rank} {side} step2" for rank in (0, 1) for side in ("trainer", "vLLM engine")]
+    assert sorted(lanes) == sorted(sides), sorted(lanes)
+    slack = 5000  # µs: kineto's wall clock is off by about a millisecond in each process
+    for rank in (0, 1):
+        trainer, engine = lanes[f"rank {rank} trainer step2"], lanes[f"rank {rank} vLLM engine step2"]
+        gen, sync = (
+            next(e for e in merged if e["pid"] in trainer and e.get("name") == f"rollout/{name}")
+            for name in ("gen", "update_weights")
+        )
+        assert gen["ts"] + gen["dur"] <= sync["ts"]
+        work = [e for e in merged if e["pid"] in engine and e.get("ph") == "X"]
+        forwards = [e for e in work if str(e.get("name")).startswith("execute_")]
+        assert forwards, sorted({e.get("name") for e in work})[:20]
+        assert all(gen["ts"] - slack <= e["ts"] <= gen["ts"] + gen["dur"] + slack for e in forwards), rank
+        reload = [e for e in work if sync["ts"] <= e["ts"] <= sync["ts"] + sync["dur"]]
+        assert reload and not any(e in forwards for e in reload)  # the sync's engine work: no generation in it
+    arrows = [e for e in merged if e.get("name") == "waits on engine"]
+    assert len(arrows) == 8  # gen and update_weights of each rank: a start and an end each
+    assert [e["name"] for e in merged if e.get("cat") == "rlprof" and e.get("ph") == "i"] == ["step 2"]
+
+    view = subprocess.Popen(
+        [sys.executable, "-m", "rlprof.cli", "view", str(merged_path), "--port", str(free_port())],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=subprocess_env(),
+    )
+    try:
+        announced, deadline = "", time.monotonic() + 120
+        while "TensorBoard at" not in announced and time.monotonic() < deadline and view.poll() is None:
+            announced += view.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+", announced)
+        assert url is not None, announced
+        base = f"{url.group(0)}/data/plugin/pytorch_profiler"
+        runs: list[str] = []
+        while not runs and time.monotonic() < deadline:  # the plugin loads traces in the background
+            with urllib.request.urlopen(f"{base}/runs", timeout=10) as answer:
+                runs = json.load(answer)["runs"]
+            time.sleep(0.5)
+        (run,) = runs
+        with urllib.request.urlopen(f"{base}/workers?run={run}&view=Trace", timeout=10) as answer:
+            (worker,) = json.load(answer)
+        with urllib.request.urlopen(f"{base}/trace?run={run}&worker={worker}&span=default", timeout=60) as answer:
+            served = json.loads(gzip.decompress(answer.read()))["traceEvents"]
+        names = {e["args"]["name"].split(" · ")[0] for e in served if e.get("name") == "process_name"}
+        assert names == set(sides) and len(served) == len(merged)
+    finally:
+        view.terminate()
+        view.wait(timeout=60)

@@ -28,9 +28,9 @@ import subprocess
 import sys
 import threading
 import zlib
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import IO, Any, Optional
+from typing import IO, Any, Optional, TypeVar
 
 import msgspec
 
@@ -50,6 +50,8 @@ from rlprof.analysis.trace_model import (
 CHUNK = 1 << 20
 MAX_EVENT_BYTES = 64 << 20
 """The largest single event read; a longer one (a multi-GB string) ends the reading."""
+
+T = TypeVar("T")
 
 DEVICE_OPS = {
     "kernel": KERNEL,
@@ -256,11 +258,12 @@ def _from_object(value: Any) -> Optional[Event]:
 
 
 def iter_batches(
-    path: Path, scan: TraceScan, chunk: Optional[int] = None
-) -> Iterator[memoryview | bytes | list[Event]]:
+    path: Path, scan: TraceScan, chunk: Optional[int] = None, whole: bool = False
+) -> Iterator[memoryview | bytes | list[Any]]:
     """The trace's events, a batch (about ``chunk`` bytes of the file, :data:`CHUNK` by default) at a time: as a JSON
     list to decode (:func:`decoded`; a view valid until the next batch is asked for), or, in a layout other than
-    kineto's, already decoded. Header facts go into ``scan``. The same file is always cut in the same batches."""
+    kineto's, already decoded: as :class:`Event` structs, or with ``whole`` as the events' own dicts, every field
+    kept. Header facts go into ``scan``. The same file is always cut in the same batches."""
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
     stream = _Inflated(path)
@@ -273,7 +276,7 @@ def iter_batches(
         _header(head[:start], scan)
         bracket = head.find(b"[", start)
         if bracket < 0 or head.find(b"\n  {", bracket) < 0 or head.find(b"\n  },", bracket) < 0:
-            yield from _ijson_batches(path, scan)
+            yield from _ijson_batches(path, scan, _as_object if whole else _from_object)
             return
         # The events not yet decoded, after a "[": a batch is handed out in place as a JSON list, its last comma
         # turned into the closing bracket (no copy of the megabyte), then dropped from the buffer.
@@ -344,15 +347,20 @@ def _open(path: Path) -> IO[bytes]:
     return path.open("rb")
 
 
-def _ijson_batches(path: Path, scan: TraceScan) -> Iterator[list[Event]]:
-    """Any other layout of a Chrome trace, streamed by ijson (slower; same results), in bounded memory. yajl's C
-    parser stops at an integer beyond 64 bits (HTA's ``large_integer_trace``): the file is then read again with
-    ijson's pure-Python parser from the event where it stopped."""
+def _as_object(value: Any) -> Optional[dict[str, Any]]:
+    return value if isinstance(value, dict) else None
+
+
+def _ijson_batches(path: Path, scan: TraceScan, convert: Callable[[Any], Optional[T]]) -> Iterator[list[T]]:
+    """Any other layout of a Chrome trace, streamed by ijson (slower; same results), in bounded memory, each event
+    as ``convert`` makes it (None: skipped and counted). yajl's C parser stops at an integer beyond 64 bits (HTA's
+    ``large_integer_trace``): the file is then read again with ijson's pure-Python parser from the event where it
+    stopped."""
     import ijson
 
     yielded = 0
     for backend in (ijson, ijson.get_backend("python")):
-        batch: list[Event] = []
+        batch: list[T] = []
         try:
             with _open(path) as raw:
                 stream = _Bounded(raw, MAX_EVENT_BYTES, path.name)
@@ -360,7 +368,7 @@ def _ijson_batches(path: Path, scan: TraceScan) -> Iterator[list[Event]]:
                     stream.mark()
                     if index < yielded:
                         continue
-                    event = _from_object(item)
+                    event = convert(item)
                     if event is None:
                         scan.skipped += 1
                     else:

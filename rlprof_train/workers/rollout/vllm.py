@@ -163,7 +163,8 @@ class VLLMRollout(Rollout, WindowListener):
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[rollout.dtype]
         session = rlprof.get_session()
         save_path = session.config.global_profiler.save_path if session is not None else "outputs/profile"
-        self.profile_dir = Path(save_path).resolve() / "vllm_torch"
+        rank = session.rank if session is not None else 0  # every engine calls its worker rank 0: a folder per rank
+        self.profile_dir = Path(save_path).resolve() / "vllm_torch" / f"rank{rank}"
         self.profiling: Optional[StepWindow] = None  # the window vLLM's profiler is recording
         self.before: set[Path] = set()
         kv_cache = os.environ.get("VLLM_CPU_KVCACHE_SPACE")  # the user's own setting wins
@@ -320,8 +321,9 @@ class VLLMRollout(Rollout, WindowListener):
         self.llm.stop_profile()
         session = rlprof.get_session()
         for path in sorted(set(self.profile_dir.rglob("*")) - self.before):
-            if path.is_file() and session is not None:
-                session.record_output("vllm_torch", path, window, role="rollout", format="chrome_trace")
+            if path.is_file() and session is not None:  # the trace, and vLLM's table of operators (text)
+                format = "chrome_trace" if path.name.endswith((".json", ".json.gz")) else "text"
+                session.record_output("vllm_torch", path, window, role="rollout", format=format)
 
     def close(self) -> None:
         if self.profiling is not None:
