@@ -50,7 +50,8 @@ from rlprof.analysis.trace_model import TraceScan
 WALL_CLOCK_US = 1e15
 """Times at least this large are wall-clock µs (after September 2001); smaller ones count from something else."""
 MAX_KEPT = 100_000
-"""Collective ends and rollout ranges kept per file, at most (for the skew estimate and the flow arrows)."""
+"""Collective ends and rollout ranges kept per file, at most (for the skew estimate and the flow arrows), and the
+processes given lanes of their own (the rest share one)."""
 ID_SPACE = 1 << 40
 """Flow and async ids of file ``i`` become ``i * ID_SPACE + id``."""
 ID_PHASES = frozenset("stfbenSTFp")
@@ -128,7 +129,9 @@ def plan(run: Run, step: Optional[int] = None) -> tuple[list[Lane], list[str]]:
         notes.append(f"not merged: {', '.join(others)} files (a timeline merges Chrome traces)")
     if not files:
         windows = sorted({f.window_name for f in run.inputs if f.format == "chrome_trace"})
-        where = f" of the window holding step {step} (windows: {', '.join(windows) or 'none'})" if step else ""
+        where = (
+            f" of the window holding step {step} (windows: {', '.join(windows) or 'none'})" if step is not None else ""
+        )
         raise TimelineError(f"{run.name}: no Chrome trace{where} to merge")
     lanes = [_lane(f) for f in files]
     starts = [s for s in (lane.wall_start_us for lane in lanes) if s is not None]
@@ -272,6 +275,8 @@ class _Merger:
     def _write(self, index: int, lane: Lane, event: dict[str, Any], writer: _Writer) -> None:
         lane.events += 1
         key = str(event.get("pid"))
+        if len(lane.pids) >= MAX_KEPT and key not in lane.pids:
+            key = "(more processes)"  # a file naming a million processes does not make a million lanes
         pid = lane.pids.get(key)
         if pid is None:
             pid = lane.pids[key] = self.next_pid

@@ -55,6 +55,35 @@ def test_events_with_wrong_types_are_skipped_and_counted(tmp_path, layout):
     assert any("5 events could not be read" in p for p in scan.problems)
 
 
+@pytest.mark.parametrize("layout", ["blocks", "one line"])
+def test_the_timeline_copies_odd_events_as_they_are_and_skips_what_is_not_an_event(tmp_path, layout):
+    """Wrong types (a text for ts, a list for cat and ph, a number for pid) are copied unchanged, a NaN and nesting
+    deeper than the decoder's stack lose only their event, non-objects are skipped and counted in a note."""
+    odd = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": "abc", "dur": 1},
+        {"ph": ["s"], "cat": ["not", "hashable"], "name": "x", "pid": [1], "tid": 1, "ts": 1, "dur": 1, "id": 3},
+    ]
+    texts = [json.dumps(e) for e in (good(1), *odd, "not an event", [1, 2, 3], good(2))]
+    if layout == "blocks":
+        texts.insert(2, '{"ph": "X", "cat": "cpu_op", "name": "nan", "pid": 1, "tid": 1, "ts": NaN, "dur": 5}')
+        texts.insert(
+            3, '{"ph": "X", "name": "deep", "pid": 1, "tid": 1, "ts": 1, "args": ' + "[" * 5000 + "]" * 5000 + "}"
+        )
+        write(tmp_path / "rank0.json.gz", as_blocks(texts))
+    else:
+        write(tmp_path / "rank0.json.gz", '{"traceEvents": [' + ", ".join(texts) + "]}")
+    from rlprof.analysis.timeline import merge
+
+    timeline = merge(find_run([tmp_path / "rank0.json.gz"]), tmp_path / "merged.json")
+    merged = json.loads((tmp_path / "merged.json").read_text())["traceEvents"]
+    copied = {e["name"]: e for e in merged if e.get("ph") != "M"}
+    names = ["actor/update", "aten::mm", "nan", "x"] if layout == "blocks" else ["actor/update", "aten::mm", "x"]
+    assert [e["name"] for e in merged if e.get("ph") != "M"] == [*names, "actor/update"]
+    assert copied["aten::mm"]["ts"] == "abc" and copied["x"]["cat"] == ["not", "hashable"] and copied["x"]["id"] == 3
+    skipped = 3 if layout == "blocks" else 2  # the two non-objects, and the event nested too deep
+    assert any(f"{skipped} events could not be read" in note for note in timeline.notes), timeline.notes
+
+
 def test_a_nan_mid_file_loses_only_that_event(tmp_path):
     texts = [json.dumps(good(i)) for i in range(1, 4)]
     texts.insert(
