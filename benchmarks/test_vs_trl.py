@@ -37,6 +37,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.long  # about 25 minutes on 2 cores: left out of scripts/test.sh, run with -m long
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "benchmarks" / "trl_grpo.py"
 WARM_UP = 10  # steps left out of the step-time medians

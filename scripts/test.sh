@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up (if needed), check lint, format and types (ruff, mypy), the import graph and the documentation site (mkdocs
-# --strict: a broken link fails), run every test, the slow end-to-end ones included, then the benchmarks.
+# --strict: a broken link fails), run every test, the slow end-to-end ones included, then the benchmarks but the long
+# ones (the comparison with TRL, about 25 minutes: .venv/bin/python -m pytest benchmarks -m long -s).
 # Quick loop while developing: .venv/bin/python -m pytest -m "not slow"
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,4 +12,4 @@ bash scripts/setup.sh
 .venv/bin/python scripts/import_graph.py
 .venv/bin/mkdocs build --strict --quiet
 .venv/bin/python -m pytest tests --durations=15 "$@"
-.venv/bin/python -m pytest benchmarks -p no:cacheprovider --benchmark-columns=min,mean,rounds -q -s
+.venv/bin/python -m pytest benchmarks -m "not long" -p no:cacheprovider --benchmark-columns=min,mean,rounds -q -s

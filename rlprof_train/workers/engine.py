@@ -7,6 +7,7 @@ import datetime
 import os
 import random
 import socket
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -47,6 +48,21 @@ class DistEnv:
                 raise error(found if self.world_size == 1 else f"rank {rank}: {found}")
 
 
+def import_deepspeed() -> Any:
+    """``deepspeed``, imported without the optional ``import mlflow`` of its autotuner (which rlprof never runs): that
+    import costs 2.5-3 s of every trainer process's start on 2 cores. Where mlflow is loaded already (the mlflow
+    tracker), or once deepspeed is, nothing changes; afterwards ``import mlflow`` works as before."""
+    hide = "deepspeed" not in sys.modules and "mlflow" not in sys.modules
+    if hide:
+        sys.modules["mlflow"] = None  # type: ignore[assignment]  # import mlflow raises ImportError, which it catches
+    try:
+        import deepspeed
+    finally:
+        if hide:
+            del sys.modules["mlflow"]
+    return deepspeed
+
+
 def init_distributed(device: str, timeout_s: float = 600.0) -> DistEnv:
     """Join (or, run by hand, create) the process group: gloo on CPU, nccl on CUDA; a collective that waits longer
     than ``timeout_s`` for a peer raises (``trainer.collective_timeout_s``).
@@ -55,7 +71,7 @@ def init_distributed(device: str, timeout_s: float = 600.0) -> DistEnv:
     one whose rendezvous store listens on the loopback only, on a port the kernel picks for a socket we already
     hold (no bind-then-close race). DeepSpeed would otherwise look for MPI.
     """
-    import deepspeed
+    deepspeed = import_deepspeed()
 
     # The engines' optimizers import torch._dynamo; imported after init_process_group it keeps the group (and gloo's
     # worker threads) alive past destroy_process_group, and a worker still freeing the last collective's tensors can
@@ -188,7 +204,7 @@ def make_engine(
     """A DeepSpeed engine around ``module`` at :func:`zero_stage_to_run`'s stage, with AdamW: DeepSpeed's CPU Adam
     when the optimizer is offloaded; otherwise torch's AdamW (no extension build), its fused kernel where
     ``optim.fused`` (the same update up to float rounding, one pass over each tensor; transformers' default)."""
-    import deepspeed
+    deepspeed = import_deepspeed()
 
     stage = zero_stage_to_run(zero_stage, world_size, dtype, offload_optimizer or offload_param, zero_checkpoint)
     hidden_size = getattr(getattr(module, "config", None), "hidden_size", None)

@@ -128,11 +128,11 @@ def runs(random_model, tmp_path_factory):
             "actor_rollout_ref.rollout.n=8",
         ),
         # generation about half the step, training the other half with the wait for rank 1 (160 tokens: generation
-        # 81%, and rollout-bound fired too; 60% with 1.75x the training makes it rollout-bound)
+        # 81%, and rollout-bound fired too; 64 tokens: 33-44%, and training-bound fired once at 67% training)
         "straggler-bound": train(
             root / "straggler",
             random_model,
-            "data.max_response_length=64",
+            "data.max_response_length=96",
             "actor_rollout_ref.actor.reuse_on_policy_log_probs=true",
             "data.train_batch_size=8",
             "actor_rollout_ref.actor.ppo_mini_batch_size=8",

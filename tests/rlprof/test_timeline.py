@@ -82,7 +82,8 @@ PROCESS = textwrap.dedent("""
 """)
 
 
-def test_processes_started_apart_are_placed_by_their_wall_clocks(tmp_path, capsys):
+@pytest.mark.slow  # over 10 s: kept out of the quick loop
+def test_processes_started_apart_are_placed_by_their_wall_clocks(tmp_path):
     """Two processes (kineto's own layout, each with its baseTimeNanoseconds) record a range seconds apart; the merged
     trace puts them as far apart as time.time() in each process says, within 5 ms: kineto's own mapping of its clock
     to the wall clock is off by about a millisecond in each process (0.9-1.3 ms early here), 2.2 ms apart once."""

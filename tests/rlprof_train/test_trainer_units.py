@@ -403,6 +403,7 @@ def test_the_reverse_task_asks_for_the_digits_reversed_and_scores_each_position(
     assert score("") == 0.0 and score("x", truth="") == 0.0
 
 
+@pytest.mark.slow  # over 10 s: kept out of the quick loop
 def test_the_reverse_tasks_embedded_model_has_four_layers_and_one_token_per_digit(tmp_path):
     from rlprof_train.models import load_causal_lm, load_tokenizer
     from rlprof_train.tiny_model import create_tiny_model
