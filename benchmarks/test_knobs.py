@@ -18,6 +18,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.long  # about 3 minutes on 2 cores: left out of scripts/test.sh, run with -m long
+
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = ROOT / "benchmarks" / "knob_probe.py"
 ENTROPY = ("actor_rollout_ref.actor.entropy_coeff=0.01",)

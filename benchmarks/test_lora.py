@@ -15,6 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.long  # about 3 minutes on 2 cores: left out of scripts/test.sh, run with -m long
+
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = 2
 STEPS = 4
