@@ -17,6 +17,7 @@ def kit(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(KIT), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.slow  # 4-9 s: kept out of the quick loop
 def test_run_without_cuda_is_one_line_and_exit_2():
     result = kit("run", "--out", "/tmp/rlprof-gpu-kit-unused")
     assert result.returncode == 2 and result.stdout == ""

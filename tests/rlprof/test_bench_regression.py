@@ -67,6 +67,7 @@ def saved_runs(project: Path) -> list[Path]:
     return sorted((project / ".benchmarks").glob("*/*.json"))
 
 
+@pytest.mark.slow  # 4-9 s: kept out of the quick loop
 def test_the_fixture_stores_the_time_per_role_in_a_users_benchmark(project):
     done = bench(project, "save", "base")
     assert done.returncode == 0, done.stdout + done.stderr

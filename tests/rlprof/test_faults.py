@@ -57,6 +57,7 @@ def test_sigterm_writes_the_open_window_then_dies_of_the_signal(tmp_path):
     assert record["path"] == "torch/step1-2/rank0.pt.trace.json.gz" and record["steps"] == [1, 2]
 
 
+@pytest.mark.slow  # 4-9 s: kept out of the quick loop
 def test_sigterm_also_runs_the_handler_that_was_installed_before(tmp_path):
     setup = """
     def mine(signum, frame):
@@ -69,6 +70,7 @@ def test_sigterm_also_runs_the_handler_that_was_installed_before(tmp_path):
     assert [r["steps"] for r in read_manifest(tmp_path)] == [[1, 2]]
 
 
+@pytest.mark.slow  # 4-9 s: kept out of the quick loop
 def test_a_forked_child_writes_nothing(tmp_path):
     inside = """pid = os.fork()
         if pid == 0:
@@ -82,6 +84,7 @@ def test_a_forked_child_writes_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("limit", [4096, 65536])  # the trace stops part-way: kineto's own NAME.tmp must go too
+@pytest.mark.slow  # 4-9 s: kept out of the quick loop
 def test_a_full_disk_publishes_no_truncated_trace_and_leaves_no_temporary_file(tmp_path, limit):
     setup = f"""
     import resource, torch
@@ -149,6 +152,7 @@ def test_role_tool_config_is_honoured_or_refused():
         rlprof.init({"actor": {"profiler": {"tool_config": {"npu": {"level": 1}}}}})
 
 
+@pytest.mark.slow  # 4-9 s: kept out of the quick loop
 def test_the_process_exits_quickly_after_sigint_with_keyboard_interrupt(tmp_path):
     # Python raises KeyboardInterrupt on SIGINT unless it started with SIGINT ignored, as a shell's background job
     # does (a test run started with `&`): set the foreground's handler

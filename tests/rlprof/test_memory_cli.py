@@ -171,6 +171,7 @@ def test_the_html_timeline_renders_offline(snapshot_file, tmp_path, capsys):
     assert plotly_pixels(screenshot(page, tmp_path / "memory.png")) > 2000, "the allocation timeline was not drawn"
 
 
+@pytest.mark.slow  # 4-9 s: kept out of the quick loop
 def test_host_rss_per_range_of_a_real_run(tmp_path, capsys):
     run_example(
         "global_profiler.tool=torch_memory",

@@ -155,6 +155,7 @@ def test_unknown_backend_lists_the_known_ones():
         parse_backends('["console","neptune"]')
 
 
+@pytest.mark.slow  # 4-9 s: kept out of the quick loop
 def test_resume_ends_with_one_record_per_step_in_every_backend(dirs):
     log_dir = dirs / "run"
     backends = ["tensorboard", "file", "wandb", "mlflow"]
@@ -254,6 +255,7 @@ def test_a_cut_short_last_line_is_dropped_and_appends_start_on_a_new_line(dirs):
     assert (log_dir / "metrics.jsonl").stat().st_size < 100  # nothing of the long line is left
 
 
+@pytest.mark.slow  # 4-9 s: kept out of the quick loop
 def test_a_backend_that_cannot_reach_its_server_is_turned_off_within_the_timeout(dirs, monkeypatch):
     import socket
     import time

@@ -32,6 +32,7 @@ def lora_model(base_dir):
     return load_causal_lm(base_dir, lora=model_cfg)
 
 
+@pytest.mark.slow  # 4-9 s: kept out of the quick loop
 def test_only_adapters_train_and_disabling_them_gives_the_base_model(base_dir):
     from transformers import AutoModelForCausalLM
 

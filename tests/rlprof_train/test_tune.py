@@ -46,6 +46,7 @@ def test_bad_tune_keys_and_trainer_overrides_are_one_line_before_any_trial(capsy
     assert not list(tmp_path.iterdir())  # nothing ran
 
 
+@pytest.mark.slow  # 4-9 s: kept out of the quick loop
 def test_every_tunable_key_is_a_trainer_key_and_only_applicable_knobs_are_searched():
     for knob in KNOBS:  # each candidate loads as a valid override of the defaults
         cfg = load_trainer_config(["--config-name=demo", "algorithm.adv_estimator=gae", f"{ARR}.rollout.name=vllm"])

@@ -77,6 +77,7 @@ def test_a_stall_in_your_own_loop_writes_the_stacks_naming_the_line_and_the_even
     )
 
 
+@pytest.mark.slow  # 4-9 s: kept out of the quick loop
 def test_a_slow_py_spy_does_not_delay_the_stacks_and_close_waits_for_its_dump(tmp_path, monkeypatch):
     """The full suite once read no stacks file after a 3.5 s stall: py-spy (walking a busy process) had not returned
     and the file was written after it. A py-spy that takes 3 s (a script first on PATH): the Python stacks are on
