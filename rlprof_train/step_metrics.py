@@ -52,6 +52,7 @@ def step_metrics(
             "prompt_lengths": batch.prompt_lengths(),
             "sequence_lengths": batch.sequence_lengths().tolist(),
             "engine_requests": batch.extras.get("engine_requests", []),
+            "engine_occupancy": batch.extras.get("engine_occupancy"),
         }
     )
     tensors: dict[str, Any] = {
@@ -71,7 +72,9 @@ def step_metrics(
             max_prompt_length=facts.max_prompt_length,
         )
     )
-    metrics.update(engine_metrics([request for r in everything for request in r["engine_requests"]]))
+    occupancies = [r["engine_occupancy"] for r in everything if r["engine_occupancy"] is not None]
+    occupancy = (sum(o[0] for o in occupancies), sum(o[1] for o in occupancies)) if occupancies else None
+    metrics.update(engine_metrics([request for r in everything for request in r["engine_requests"]], occupancy))
     metrics.update(compute_timing_metrics(timing, prompt_tokens, response_tokens))
     metrics.update(timing_shares(timing))
     if env.world_size > 1:

@@ -111,6 +111,42 @@ def test_a_generation_config_asking_for_more_is_sampled_by_generate(model_dir, p
     assert torch.equal(batch.responses[:, :width] * kept, expected * kept)
 
 
+def test_the_loop_times_each_request_and_the_share_of_row_steps_that_sample_a_token(model_dir, prompts):
+    from rlprof_train.workers.rollout.engine_stats import engine_metrics
+
+    model = load_causal_lm(model_dir).eval()
+    rollout = HFRollout(lambda: model, load_tokenizer(model_dir), zero_stage=1, micro_batch_size=4)
+    ids, mask = prompts
+    examples = [
+        Example(i, tuple(row[m.bool()].tolist()), "x", "0") for i, (row, m) in enumerate(zip(ids, mask, strict=True))
+    ]
+    torch.manual_seed(3)
+    batch = rollout.generate(examples, SamplingParams(2, 1.0, 1.0, -1, 8))
+    requests = batch.extras["engine_requests"]
+    lengths = batch.response_mask.sum(1).tolist()  # [12 prompts x 2], EOS included
+    assert len(requests) == 12 and [r.prompt_tokens for r in requests] == [len(e.prompt_ids) for e in examples]
+    for chunk in range(3):  # micro-batches of 4 prompts: one first token for each, after the earlier one's end
+        own = requests[4 * chunk : 4 * chunk + 4]
+        assert len({r.ttft_s for r in own}) == 1
+        if chunk:
+            assert own[0].ttft_s > max(r.total_s for r in requests[: 4 * chunk])
+    for i, request in enumerate(requests):  # the last token is the longest response's
+        steps = max(lengths[2 * i : 2 * i + 2])
+        spent = request.total_s - request.ttft_s
+        assert spent == pytest.approx(request.itl_s * (steps - 1)) if steps > 1 else request.itl_s is None
+        assert request.queue_s is None and request.preemptions is None and request.cached_tokens is None
+    sampled, row_steps = batch.extras["engine_occupancy"]
+    chunk_steps = [max(lengths[8 * c : 8 * c + 8]) for c in range(3)]
+    assert sampled == sum(lengths) and row_steps == sum(8 * steps for steps in chunk_steps)
+    metrics = engine_metrics(requests, (sampled, row_steps))
+    assert metrics["rollout/engine/batch_occupancy"] == pytest.approx(sum(lengths) / row_steps)
+    assert metrics["rollout/slowest_response_s"] == max(r.total_s for r in requests)
+    assert {"rollout/engine/ttft_ms_p50", "rollout/engine/itl_ms_p99"} <= set(metrics)
+    assert not {"queue_time_ms_p50", "num_preemptions", "prefix_cache_hit_rate"} & {
+        k.removeprefix("rollout/engine/") for k in metrics
+    }  # the hf rollout has no queue, preemption or prefix cache
+
+
 @pytest.mark.parametrize("pad_id", [0, 2])  # 2: a tokenizer without a pad token pads with EOS
 def test_responses_are_cut_after_their_first_eos_and_padded_to_the_response_length(pad_id):
     from rlprof_train.workers.rollout.base import build_rollout_batch

@@ -269,6 +269,9 @@ def test_a_dashboard_keyed_on_the_seeds_metric_names_finds_every_key(tmp_path, m
     accumulator = EventAccumulator(str(tmp_path / "tb"))
     accumulator.Reload()
     assert [k for k in seed_keys if k not in accumulator.Tags()["scalars"]] == []
+    engine = ["rollout/engine/ttft_ms_p50", "rollout/engine/itl_ms_p99", "rollout/engine/batch_occupancy"]
+    assert [k for k in engine if k not in jsonl or k not in accumulator.Tags()["scalars"]] == []  # the hf rollout's
+    assert 0 < jsonl["rollout/engine/batch_occupancy"] <= 1
     from wandb_offline import read_run_history
 
     run_id = json.loads((tmp_path / "logs" / "wandb_run.json").read_text())["run_id"]

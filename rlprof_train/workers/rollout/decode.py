@@ -17,8 +17,9 @@ generation config asks for more processing (repetition penalty, min-p, suppresse
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -96,9 +97,16 @@ def _processors(sampling: Sampling) -> Any:
 
 
 @torch.no_grad()
-def sample(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+def sample(
+    model: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    sampling: Sampling,
+    step_times: Optional[list[float]] = None,
+) -> torch.Tensor:
     """Responses ``[B·n, T]`` (T <= ``max_new_tokens``; rows of a prompt consecutive; EOS kept; pad after it) for
-    left-padded prompts ``[B, P]`` with ``prompt_mask`` ``[B, P]``."""
+    left-padded prompts ``[B, P]`` with ``prompt_mask`` ``[B, P]``; ``step_times`` gets ``time.perf_counter()`` once
+    each step's tokens are known (T of them)."""
     from transformers import DynamicCache
 
     n, device = sampling.n, prompt_ids.device
@@ -130,7 +138,10 @@ def sample(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, samp
             chosen = scores.argmax(dim=-1)
         tokens[active, step] = chosen
         going = chosen != sampling.eos_token_id
-        if step + 1 == sampling.max_new_tokens or not bool(going.any()):
+        any_going = bool(going.any())  # waits for the step's tokens on a GPU
+        if step_times is not None:
+            step_times.append(time.perf_counter())
+        if step + 1 == sampling.max_new_tokens or not any_going:
             return tokens[:, : step + 1]
         if not bool(going.all()):
             keep = going.nonzero().squeeze(1)

@@ -1,6 +1,7 @@
 """The rollout engine's own counters per step: how long each request waited, took to its first token, took per token
 after that, and how often it was preempted, read from what vLLM returns with each request (``RequestOutput.metrics``
-and ``num_cached_tokens``, kept when ``rollout.disable_log_stats=false``), gathered over the ranks.
+and ``num_cached_tokens``, kept when ``rollout.disable_log_stats=false``), or timed by the hf rollout's sampling loop
+(per decode step), gathered over the ranks.
 
 Per step, over the step's requests (one per prompt: vLLM fans a prompt's n samples out and returns them together):
 
@@ -9,7 +10,13 @@ Per step, over the step's requests (one per prompt: vLLM fans a prompt's n sampl
 - ``rollout/engine/itl_ms_p50|p99``: (last token - first token) / (tokens - 1), ms, for requests of 2+ tokens;
 - ``rollout/engine/num_preemptions``: sum over requests;
 - ``rollout/engine/prefix_cache_hit_rate``: prompt tokens served from the prefix cache / prompt tokens;
-- ``rollout/slowest_response_s``: the longest request, from its arrival to its last token.
+- ``rollout/slowest_response_s``: the longest request, from its arrival to its last token;
+- ``rollout/engine/batch_occupancy`` (hf): tokens sampled / (rows x decode steps) of each micro-batch: the share of
+  ``generate``'s row-steps that make a real token (the loop drops finished rows, so 1 - occupancy is the work saved).
+
+The hf rollout has no scheduler queue, preemption or prefix cache, so it reports none of those; a request (a prompt
+and its n responses) arrives when the rollout starts, so its time to the first token includes the micro-batches
+sampled before its own, and its last token is its longest response's.
 """
 
 from __future__ import annotations
@@ -27,15 +34,18 @@ PREFIX = "rollout/engine/"
 class RequestTimes:
     """One request's life in the engine, in seconds."""
 
-    queue_s: float
+    queue_s: Optional[float]
+    """None where the engine has no queue (hf)."""
     ttft_s: float
     itl_s: Optional[float]
     """None for a request of one token."""
     total_s: float
     """Arrival to last token: the time to the first token, then the decoding."""
-    preemptions: int
+    preemptions: Optional[int]
+    """None where the engine never preempts (hf)."""
     prompt_tokens: int
-    cached_tokens: int
+    cached_tokens: Optional[int]
+    """None where the engine has no prefix cache (hf)."""
 
 
 def vllm_request_times(outputs: Sequence[Any]) -> Optional[list[RequestTimes]]:
@@ -61,13 +71,40 @@ def vllm_request_times(outputs: Sequence[Any]) -> Optional[list[RequestTimes]]:
     return found
 
 
-def engine_metrics(requests: Sequence[RequestTimes]) -> dict[str, float]:
-    """The step's engine metrics (see the module doc) over ``requests`` (every rank's); {} for none."""
-    if not requests:
-        return {}
+def hf_request_times(
+    prompt_tokens: Sequence[int], lengths: Sequence[int], n: int, arrival: float, step_times: Sequence[float]
+) -> list[RequestTimes]:
+    """One micro-batch's requests as the hf loop sampled them: ``lengths`` ``[B·n]`` tokens per response (rows of a
+    prompt consecutive), ``step_times`` the clock at the end of each decode step, ``arrival`` when the rollout
+    started (the same clock, seconds)."""
+    found = []
+    for i, prompt in enumerate(prompt_tokens):
+        steps = max(lengths[i * n : (i + 1) * n])
+        first, last = step_times[0], step_times[steps - 1]
+        found.append(
+            RequestTimes(
+                queue_s=None,
+                ttft_s=first - arrival,
+                itl_s=(last - first) / (steps - 1) if steps > 1 else None,
+                total_s=last - arrival,
+                preemptions=None,
+                prompt_tokens=prompt,
+                cached_tokens=None,
+            )
+        )
+    return found
+
+
+def engine_metrics(requests: Sequence[RequestTimes], occupancy: Optional[tuple[int, int]] = None) -> dict[str, float]:
+    """The step's engine metrics (see the module doc) over ``requests`` (every rank's) and the hf loop's
+    ``occupancy`` (tokens sampled, rows x decode steps; summed over ranks); {} for none."""
     metrics: dict[str, float] = {}
+    if occupancy is not None and occupancy[1]:
+        metrics[f"{PREFIX}batch_occupancy"] = occupancy[0] / occupancy[1]
+    if not requests:
+        return metrics
     series = {
-        "queue_time_ms": [r.queue_s * 1e3 for r in requests],
+        "queue_time_ms": [r.queue_s * 1e3 for r in requests if r.queue_s is not None],
         "ttft_ms": [r.ttft_s * 1e3 for r in requests],
         "itl_ms": [r.itl_s * 1e3 for r in requests if r.itl_s is not None],
     }
@@ -75,9 +112,11 @@ def engine_metrics(requests: Sequence[RequestTimes]) -> dict[str, float]:
         if values:
             metrics[f"{PREFIX}{name}_p50"] = quantile(values, 0.5)
             metrics[f"{PREFIX}{name}_p99"] = quantile(values, 0.99)
-    metrics[f"{PREFIX}num_preemptions"] = float(sum(r.preemptions for r in requests))
-    prompt_tokens = sum(r.prompt_tokens for r in requests)
-    if prompt_tokens:
-        metrics[f"{PREFIX}prefix_cache_hit_rate"] = sum(r.cached_tokens for r in requests) / prompt_tokens
+    preemptions = [r.preemptions for r in requests if r.preemptions is not None]
+    if preemptions:
+        metrics[f"{PREFIX}num_preemptions"] = float(sum(preemptions))
+    cached = [(r.cached_tokens, r.prompt_tokens) for r in requests if r.cached_tokens is not None]
+    if sum(prompt for _, prompt in cached):
+        metrics[f"{PREFIX}prefix_cache_hit_rate"] = sum(c for c, _ in cached) / sum(prompt for _, prompt in cached)
     metrics["rollout/slowest_response_s"] = max(r.total_s for r in requests)
     return metrics

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -14,6 +15,7 @@ from rlprof_train.batch import RolloutBatch
 from rlprof_train.data import Example, left_pad
 from rlprof_train.workers.rollout.base import Rollout, SamplingParams, build_rollout_batch
 from rlprof_train.workers.rollout.decode import Sampling, loop_applies, sample
+from rlprof_train.workers.rollout.engine_stats import RequestTimes, hf_request_times
 from rlprof_train.workers.rollout.registry import RolloutContext, register_rollout
 
 
@@ -49,20 +51,42 @@ class HFRollout(Rollout):
             self.tokenizer.eos_token_id,
             self.tokenizer.pad_token_id,
         )
-        run = sample if loop_applies(model) else _generate
+        loop = loop_applies(model)
         responses: list[list[int]] = []
+        requests: list[RequestTimes] = []  # timed by the loop only: generate keeps no per-step times
+        sampled, row_steps = 0, 0
+        arrival = time.perf_counter()
         try:
             with self._gathered(model):
                 chunk_size = self.micro_batch_size or len(prompts)
                 for start in range(0, len(prompts), chunk_size):
                     chunk = prompts[start : start + chunk_size]
                     ids, mask = left_pad([p.prompt_ids for p in chunk], self.tokenizer.pad_token_id)
-                    responses.extend(run(model, ids, mask, settings).tolist())
+                    if not loop:
+                        responses.extend(_generate(model, ids, mask, settings).tolist())
+                        continue
+                    step_times: list[float] = []
+                    rows = sample(model, ids, mask, settings, step_times).tolist()
+                    lengths = [_length(row, settings.eos_token_id) for row in rows]
+                    requests += hf_request_times(
+                        [len(p.prompt_ids) for p in chunk], lengths, sampling.n, arrival, step_times
+                    )
+                    sampled, row_steps = sampled + sum(lengths), row_steps + len(rows) * len(step_times)
+                    responses.extend(rows)
         finally:
             model.train(was_training)
-        return build_rollout_batch(
+        batch = build_rollout_batch(
             prompts, responses, sampling, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         )
+        if loop:
+            batch.extras["engine_requests"] = requests
+            batch.extras["engine_occupancy"] = (sampled, row_steps)
+        return batch
+
+
+def _length(row: list[int], eos_token_id: int) -> int:
+    """Tokens of a response up to its EOS, included (the loop pads after it)."""
+    return row.index(eos_token_id) + 1 if eos_token_id in row else len(row)
 
 
 def _generate(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Sampling) -> torch.Tensor:
