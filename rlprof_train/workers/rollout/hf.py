@@ -20,7 +20,9 @@ from rlprof_train.workers.rollout.registry import RolloutContext, register_rollo
 
 
 class HFRollout(Rollout):
-    """Samples with ``module.generate``; under ZeRO 3 the partitioned weights are gathered for each call."""
+    """Samples with the module (the loop, else ``generate``); under ZeRO 3 its weights are gathered for each call.
+    The loop's decode steps are timed for the engine counters (:mod:`~rlprof_train.workers.rollout.engine_stats`),
+    in ``batch.extras["engine_requests"]`` and ``["engine_occupancy"]``."""
 
     def __init__(
         self, module: Callable[[], Any], tokenizer: Any, zero_stage: int, micro_batch_size: Optional[int]
