@@ -5,10 +5,11 @@ and the trainer over 500 steps with a ``torch`` window every 50th.
 
 Asserted: no descriptor more at the end than after warm-up, and resident memory growth after warm-up under
 ``CEILING_MIB`` (the 0.14 MB per window reported in issue 27 would add 56 MB over the library loop's 400 measured
-windows). Growth is not zero: measured +21 to +23 MiB over the library loop's 400 windows (about 0.05 MB each,
-steady) and +28 to +29 MiB over the trainer's 8 windows, in two runs; the same work profiled by torch.profiler
-alone, without rlprof, stays flat, and no Python object accumulates (tracemalloc), so it is native memory held per
-window; finding it is open work."""
+windows). Growth is not zero: measured +11.4 MiB over the library loop's 400 windows in two runs (about 0.03 MB
+each; +21 to +23 MiB while each range read ``/proc/self/status`` line by line under torch's Python tracer) and +23
+to +29 MiB over the trainer's 8 windows, in four runs; the same work profiled by torch.profiler alone, without
+rlprof, stays flat, and no Python object accumulates (tracemalloc), so it is native memory held per window; the
+rest is open work."""
 
 from __future__ import annotations
 
