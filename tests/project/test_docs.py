@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import yaml
 
 from conftest import ROOT
@@ -51,3 +52,45 @@ def test_every_page_is_in_the_site_navigation():
     nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
     listed = {page for entry in nav for page in entry.values()}
     assert listed == {p.name for p in DOCS.glob("*.md")}
+
+
+@pytest.mark.slow  # 9 s (two collections of benchmarks/): kept out of the quick loop
+def test_the_test_command_runs_every_benchmark_but_the_long_comparisons():
+    """README and docs/setup.md: ``scripts/test.sh`` runs the benchmarks but those marked ``long``, which are the
+    comparisons with TRL, the knob table and LoRA's costs (collected here, not run)."""
+    import subprocess
+    import sys
+
+    commands = [
+        line
+        for line in (ROOT / "scripts" / "test.sh").read_text().splitlines()
+        if "pytest benchmarks" in line and not line.startswith("#")
+    ]
+    assert len(commands) == 1 and '-m "not long"' in commands[0], commands
+
+    def collected(marker: str) -> set[str]:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "benchmarks",
+                "--collect-only",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-m",
+                marker,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        return {line.split("::")[0] for line in result.stdout.splitlines() if "::" in line}
+
+    long = collected("long")
+    assert long == {"benchmarks/test_vs_trl.py", "benchmarks/test_knobs.py", "benchmarks/test_lora.py"}, long
+    rest = collected("not long")
+    assert rest and not rest & long and "benchmarks/test_soak.py" in rest
