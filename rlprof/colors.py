@@ -11,6 +11,7 @@ ROLE_COLORS: dict[str, int] = {
     "ref": 0xFFFF7F0E,  # orange
     "reward": 0xFFD62728,  # red
     "step": 0xFF7F7F7F,  # grey
+    "tool": 0xFFFFD700,  # gold: a multi-turn rollout's tool calls
 }
 OTHER_ROLE_COLORS = (0xFF17BECF, 0xFFBCBD22, 0xFF8C564B, 0xFFE377C2)
 NAMED_COLORS: dict[str, int] = {

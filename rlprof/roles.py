@@ -3,7 +3,8 @@ which block governs a role.
 
 With no role blocks, every role records on rank 0. With role blocks, exactly the roles they govern record, each on
 its ``ranks`` (or every rank with ``all_ranks``). As in verl's colocated actor-rollout-ref worker, ``rollout`` and
-``ref`` follow the ``actor`` block unless they declare their own; ``reward_model.profiler`` is role ``reward``.
+``ref`` follow the ``actor`` block unless they declare their own; ``tool`` (the tool calls of a multi-turn rollout)
+follows ``rollout``'s; ``reward_model.profiler`` is role ``reward``.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Any, Optional
 
 ROLE_ALIASES = {"reward_model": "reward"}
 """Config keys whose ``profiler`` block names another role."""
-ROLE_PARENTS = {"rollout": "actor", "ref": "actor"}
-"""Roles that follow another role's block unless they declare their own (verl's actor-rollout-ref worker)."""
+ROLE_PARENTS = {"rollout": "actor", "ref": "actor", "tool": "rollout"}
+"""Roles that follow another role's block unless they declare their own (verl's actor-rollout-ref worker; a
+multi-turn rollout's tool calls)."""
 
 
 @dataclass
@@ -40,10 +42,12 @@ RoleBlocks = Mapping[str, RoleProfilerConfig]
 
 
 def governing_block(blocks: RoleBlocks, name: str) -> Optional[RoleProfilerConfig]:
-    """The block that governs role ``name``: its own, else its parent's (rollout, ref -> actor), else None."""
+    """The block that governs role ``name``: its own, else the nearest ancestor's (tool -> rollout -> actor,
+    ref -> actor), else None."""
     block = blocks.get(name)
-    if block is None and name in ROLE_PARENTS:
-        block = blocks.get(ROLE_PARENTS[name])
+    while block is None and name in ROLE_PARENTS:
+        name = ROLE_PARENTS[name]
+        block = blocks.get(name)
     return block
 
 

@@ -15,6 +15,11 @@ Tensor = torch.Tensor
 class RolloutBatch:
     """Prompts (left-padded to P) and responses (right-padded to R) as one ``[B, P+R]`` sequence per response.
 
+    ``attention_mask`` marks every real token; ``response_mask`` ``[B, R]`` the response tokens the policy sampled,
+    which the losses and the per-token statistics cover. They differ only in a multi-turn rollout, whose responses
+    also hold the tool replies and chat-template tokens between turns (real, attended to, not the policy's: masked
+    out of the losses, as verl's agent loop masks them).
+
     Filled in phase by phase: rollout (sequences), reward (scores), actor/ref/critic passes (log-probs, values),
     advantage estimation (rewards, advantages, returns). ``uid`` groups the n responses of one prompt.
     """
@@ -51,19 +56,34 @@ class RolloutBatch:
     def responses(self) -> Tensor:
         return self.input_ids[:, self.prompt_length :]
 
+    @property
+    def response_attention(self) -> Tensor:
+        """``[B, R]``: the response's real tokens (the policy's and, multi-turn, the tool replies between them)."""
+        return self.attention_mask[:, self.prompt_length :]
+
     def prompt_lengths(self) -> Tensor:
         return self.attention_mask[:, : self.prompt_length].sum(-1)
 
+    def response_lengths(self) -> Tensor:
+        """Real tokens of each response (tool replies included), as verl counts ``response_length``."""
+        return self.response_attention.sum(-1)
+
     def sequence_lengths(self) -> Tensor:
         """Real tokens (prompt + response) of each sequence."""
-        return self.prompt_lengths() + self.response_mask.sum(-1)
+        return self.prompt_lengths() + self.response_lengths()
+
+    def last_policy_token(self) -> Tensor:
+        """``[B]``: the response position of each row's last sampled token (0 for an empty response): where a
+        sequence-level reward is placed."""
+        positions = torch.arange(self.response_length).expand_as(self.response_mask)
+        return (positions * self.response_mask.bool()).amax(-1)
 
     def trim_padding(self) -> RolloutBatch:
         """The same rows without the prompt columns that are padding in every row (left) and the response columns
         that are padding in every row (right): what a padded forward of this micro-batch really needs."""
         prompt_real = self.attention_mask[:, : self.prompt_length].any(0).nonzero()
         cut_left = int(prompt_real[0]) if len(prompt_real) else self.prompt_length
-        response_real = self.response_mask.any(0).nonzero()
+        response_real = self.response_attention.any(0).nonzero()
         keep_right = int(response_real[-1]) + 1 if len(response_real) else 1
         width = self.input_ids.shape[1]
         trimmed = {}
@@ -173,12 +193,12 @@ class MicroBatching:
             if self.packed:  # a packed micro-batch computes no padding whichever rows it holds
                 return fixed_micro_batches(batch.size, self.size)
             return length_grouped_micro_batches(
-                batch.prompt_lengths().tolist(), batch.response_mask.sum(-1).tolist(), self.size
+                batch.prompt_lengths().tolist(), batch.response_lengths().tolist(), self.size
             )
         if self.packed:
             return token_budget_micro_batches(batch.sequence_lengths().tolist(), self.token_budget)
         return padded_budget_micro_batches(
-            batch.prompt_lengths().tolist(), batch.response_mask.sum(-1).tolist(), self.token_budget
+            batch.prompt_lengths().tolist(), batch.response_lengths().tolist(), self.token_budget
         )
 
     def split(self, batch: RolloutBatch) -> Iterator[tuple[list[int], RolloutBatch]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -22,6 +22,7 @@ import torch
 
 ARITHMETIC_SOURCE = "rlprof/arithmetic"
 REVERSE_SOURCE = "rlprof/reverse"
+CALCULATOR_SOURCE = "rlprof/calculator"
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class Example:
     prompt_ids: tuple[int, ...]
     data_source: str
     ground_truth: str
+    tools_kwargs: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    """Multi-turn: per tool name, the ``create_kwargs`` (and verl's other ``*_kwargs``) of this prompt's tool
+    instances (verl's ``extra_info.tools_kwargs``)."""
 
 
 def arithmetic_rows(count: int, max_operand: int, seed: int) -> list[dict[str, Any]]:
@@ -65,7 +69,21 @@ def reverse_rows(count: int, max_digits: int, seed: int) -> list[dict[str, Any]]
     return rows
 
 
-BUILTIN_TASKS = {"arithmetic": arithmetic_rows, "reverse": reverse_rows}
+def calculator_rows(count: int, max_operand: int, seed: int) -> list[dict[str, Any]]:
+    """``count`` prompts ``"a*b="`` with operands in ``0..max_operand`` (answer: the product), for a multi-turn
+    rollout with the built-in ``calculator`` tool: the policy is to call it with the product's expression and answer
+    with its reply (the embedded model is warm-started on noisy demonstrations of that)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        rows.append(
+            {"prompt": f"{a}*{b}=", "data_source": CALCULATOR_SOURCE, "reward_model": {"ground_truth": str(a * b)}}
+        )
+    return rows
+
+
+BUILTIN_TASKS = {"arithmetic": arithmetic_rows, "reverse": reverse_rows, "calculator": calculator_rows}
 
 
 def read_rows(files: Any) -> list[dict[str, Any]]:
@@ -146,8 +164,9 @@ def _ground_truth(row: dict[str, Any]) -> Any:
     return reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
 
 
-def prompt_text(prompt: Any, tokenizer: Any, use_template: Any) -> str:
-    """The text to tokenise for a prompt cell (string or chat messages)."""
+def prompt_text(prompt: Any, tokenizer: Any, use_template: Any, tools: Optional[list[dict[str, Any]]] = None) -> str:
+    """The text to tokenise for a prompt cell (string or chat messages); ``tools``: the OpenAI function schemas a
+    multi-turn rollout offers, rendered by the chat template where it renders them."""
     if isinstance(prompt, str):
         return prompt
     if not isinstance(prompt, Sequence) or not all(isinstance(m, dict) and "content" in m for m in prompt):
@@ -156,7 +175,7 @@ def prompt_text(prompt: Any, tokenizer: Any, use_template: Any) -> str:
     if use_template is True and not has_template:
         raise ValueError("data.apply_chat_template=true but the tokenizer has no chat template")
     if has_template and use_template in (True, "auto"):
-        return str(tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True))
+        return str(tokenizer.apply_chat_template(list(prompt), tools=tools, tokenize=False, add_generation_prompt=True))
     return "\n".join(m["content"] for m in prompt)
 
 
@@ -169,8 +188,10 @@ def build_examples(
     truncation: str,
     use_template: Any,
     source_name: str,
+    tools: Optional[list[dict[str, Any]]] = None,
 ) -> tuple[list[Example], int]:
-    """Tokenised examples and the number of rows dropped by ``truncation=filter``."""
+    """Tokenised examples and the number of rows dropped by ``truncation=filter``; ``tools``: the schemas of a
+    multi-turn rollout's tools, for the chat template."""
     examples: list[Example] = []
     dropped = 0
     for i, row in enumerate(rows):
@@ -179,7 +200,8 @@ def build_examples(
                 f"{source_name} row {i} has no {prompt_key!r} column (data.prompt_key); "
                 f"columns: {', '.join(sorted(row))}"
             )
-        ids = tokenizer(prompt_text(row[prompt_key], tokenizer, use_template), add_special_tokens=False)["input_ids"]
+        text = prompt_text(row[prompt_key], tokenizer, use_template, tools)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > max_prompt_length:
             if truncation == "error":
                 raise ValueError(
@@ -194,7 +216,11 @@ def build_examples(
         truth = _ground_truth(row)
         examples.append(
             Example(
-                len(examples), tuple(ids), str(row.get("data_source", "unknown")), "" if truth is None else str(truth)
+                len(examples),
+                tuple(ids),
+                str(row.get("data_source", "unknown")),
+                "" if truth is None else str(truth),
+                _tools_kwargs(row, source_name, i),
             )
         )
     if not examples:
@@ -202,8 +228,25 @@ def build_examples(
     return examples, dropped
 
 
-def load_datasets(data_cfg: Any, tokenizer: Any, seed: int) -> tuple[list[Example], list[Example], list[str]]:
-    """(train, val, notes) from ``data.*`` settings; notes are log lines about what was done."""
+def _tools_kwargs(row: dict[str, Any], source_name: str, index: int) -> dict[str, Any]:
+    """verl's ``extra_info.tools_kwargs``: ``{tool name: {"create_kwargs": {...}, ...}}``, or {}."""
+    extra = row.get("extra_info")
+    found = extra.get("tools_kwargs") if isinstance(extra, dict) else None
+    if found is None:
+        return {}
+    if not isinstance(found, dict) or not all(isinstance(v, dict) for v in found.values()):
+        raise ValueError(
+            f"{source_name} row {index}: extra_info.tools_kwargs must map each tool name to its settings "
+            f'({{"calc_gsm8k_reward": {{"create_kwargs": {{...}}}}}}), not {found!r:.120}'
+        )
+    return {str(name): dict(settings) for name, settings in found.items()}
+
+
+def load_datasets(
+    data_cfg: Any, tokenizer: Any, seed: int, tools: Optional[list[dict[str, Any]]] = None
+) -> tuple[list[Example], list[Example], list[str]]:
+    """(train, val, notes) from ``data.*`` settings; notes are log lines about what was done. ``tools``: the tool
+    schemas a multi-turn rollout offers (rendered into chat prompts by the template)."""
     notes = []
     filtered = data_cfg.filter_overlong_prompts  # verl drops them when loading, so truncation never sees them
     dropping = "data.filter_overlong_prompts" if filtered else "data.truncation=filter"
@@ -212,6 +255,7 @@ def load_datasets(data_cfg: Any, tokenizer: Any, seed: int) -> tuple[list[Exampl
         max_prompt_length=data_cfg.max_prompt_length,
         truncation="filter" if filtered else data_cfg.truncation,
         use_template=data_cfg.apply_chat_template,
+        tools=tools,
     )
     if data_cfg.train_files is None:
         if data_cfg.task not in BUILTIN_TASKS:

@@ -19,12 +19,14 @@ from rlprof.schema import ConfigError
 from rlprof.tracking import Tracker, parse_backends
 from rlprof.tracking.tensorboard import tensorboard_dir
 from rlprof_train import checkpoint
+from rlprof_train.agent import Tool
 from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.run_dir import RunLock, stale_note, write_run_record
 from rlprof_train.tiny_model import embedded_model_name, ensure_tiny_model
 from rlprof_train.workers.actor import ActorWorker
 from rlprof_train.workers.engine import DistEnv
 from rlprof_train.workers.rollout import Rollout, RolloutContext, create_rollout, rollout_spec
+from rlprof_train.workers.rollout.multi_turn import MultiTurnRollout
 from rlprof_train.workers.rollout.registry import backend_facts, ignored_settings
 
 EMBEDDED_MODEL_DIR = Path("outputs/models")
@@ -139,15 +141,28 @@ def model_digest(folder: Path) -> str:
 
 
 def make_rollout(
-    cfg: TrainerConfig, env: DistEnv, model_path: str, actor: ActorWorker, tokenizer: Any, log: Log
+    cfg: TrainerConfig, env: DistEnv, model_path: str, actor: ActorWorker, tokenizer: Any, log: Log, tools: list[Tool]
 ) -> Rollout:
-    """The rollout backend registered as ``actor_rollout_ref.rollout.name``; the engine settings it ignores that the
-    config changed are named once."""
+    """The rollout backend registered as ``actor_rollout_ref.rollout.name`` (the engine settings it ignores that the
+    config changed are named once), rolled out over several turns with ``tools`` when ``multi_turn.enable``."""
     rollout = cfg.actor_rollout_ref.rollout
     if env.is_main:
         for line in ignored_settings(rollout_spec(rollout.name), rollout):
             log(line)
-    return create_rollout(RolloutContext(cfg, env, model_path, actor, tokenizer, log))
+    backend = create_rollout(RolloutContext(cfg, env, model_path, actor, tokenizer, log))
+    multi_turn = rollout.multi_turn
+    if not multi_turn.enable:
+        return backend
+    if type(backend).complete is Rollout.complete:
+        backend.close()
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.multi_turn.enable=true: the {rollout.name} rollout cannot continue token "
+            "sequences (Rollout.complete); use hf or vllm"
+        )
+    if env.is_main:
+        names = ", ".join(tool.name for tool in tools) or "no tools"
+        log(f"rollout: multi-turn ({multi_turn.format} tool calls) with {names}")
+    return MultiTurnRollout(backend, tools, multi_turn, tokenizer)
 
 
 def reuses_on_policy_log_probs(cfg: TrainerConfig, log: Log) -> bool:

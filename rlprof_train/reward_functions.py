@@ -13,20 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from rlprof_train.data import ARITHMETIC_SOURCE, REVERSE_SOURCE
+from rlprof_train.data import ARITHMETIC_SOURCE, CALCULATOR_SOURCE, REVERSE_SOURCE
 
 RewardFn = Callable[..., Any]
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-_GSM8K_ANSWER = re.compile(r"####\s*(-?[\d,]+(?:\.\d+)?)")
-BUILTIN_SOURCES = (ARITHMETIC_SOURCE, REVERSE_SOURCE, "openai/gsm8k", "gsm8k")
-
-
-def _normalise_number(text: str) -> str:
-    text = text.replace(",", "").strip()
-    if text.endswith(".0"):
-        text = text[:-2]
-    return text
+_STRICT_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
+_ANY_NUMBER = re.compile(r"(\-?[0-9\.\,]+)")
+_GSM8K_CLIP_CHARS = 300  # verl reads the last 300 characters only (the answer is at the end)
+BUILTIN_SOURCES = (ARITHMETIC_SOURCE, REVERSE_SOURCE, CALCULATOR_SOURCE, "openai/gsm8k", "gsm8k")
+TOOL_RESPONSE_END = "</tool_response>"
+_TOOL_REPLY = re.compile(r"<tool_response>(.*?)</tool_response>", re.DOTALL)
 
 
 def arithmetic_score(solution_str: str, ground_truth: str) -> float:
@@ -44,25 +40,46 @@ def reverse_score(solution_str: str, ground_truth: str) -> float:
     return sum(a == b for a, b in zip(response, truth, strict=False)) / max(len(response), len(truth))
 
 
-def gsm8k_score(solution_str: str, ground_truth: str, method: str = "strict") -> float:
-    """GSM8K-style final answer: ``strict`` takes the number after ``####``, ``flexible`` the last number.
-    1.0 when it equals the ground truth (commas and a trailing ``.0`` ignored), else 0.0."""
+def gsm8k_answer(solution_str: str, method: str = "strict") -> Optional[str]:
+    """The final answer as verl's ``gsm8k.extract_solution`` reads it, from the last 300 characters: ``strict``, the
+    number after the last ``#### `` (commas and ``$`` removed); ``flexible``, the last number (not a lone ``.``)."""
+    text = solution_str[-_GSM8K_CLIP_CHARS:]
     if method == "strict":
-        match = _GSM8K_ANSWER.search(solution_str)
-        answer = match.group(1) if match else None
-    else:
-        numbers = _NUMBER.findall(solution_str)
-        answer = numbers[-1] if numbers else None
-    return 1.0 if answer is not None and _normalise_number(answer) == _normalise_number(ground_truth) else 0.0
+        found = _STRICT_ANSWER.findall(text)
+        return found[-1].replace(",", "").replace("$", "") if found else None
+    numbers = [n for n in _ANY_NUMBER.findall(text) if n not in ("", ".")]
+    return numbers[-1] if numbers else None
+
+
+def gsm8k_score(solution_str: str, ground_truth: str, method: str = "strict") -> float:
+    """verl's ``gsm8k.compute_score`` (format score 0, score 1): 1.0 when :func:`gsm8k_answer` is the ground truth
+    as written, else 0.0."""
+    return 1.0 if gsm8k_answer(solution_str, method) == ground_truth else 0.0
+
+
+def calculator_score(solution_str: str, ground_truth: str) -> dict[str, float]:
+    """The calculator task: ``score`` 1.0 when the final answer (the text after the last tool reply) starts with the
+    correct number; ``tool_call`` 1.0 when the policy called a tool, ``correct_call`` 1.0 when a tool replied with
+    the correct number (the call had the right expression). Their means over a step's responses are
+    ``reward_extra/tool_call`` and ``reward_extra/correct_call``."""
+    final = solution_str.rpartition(TOOL_RESPONSE_END)[2]
+    replies = [reply.strip() for reply in _TOOL_REPLY.findall(solution_str)]
+    return {
+        "score": arithmetic_score(final, ground_truth),
+        "tool_call": float("<tool_call>" in solution_str),
+        "correct_call": float(ground_truth.strip() in replies),
+    }
 
 
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: Optional[dict[str, Any]] = None
-) -> float:
-    """The built-in rewards: the arithmetic and reverse tasks, and GSM8K (``openai/gsm8k``, ``gsm8k``) with the strict
-    check. All compare with ``reward_model.ground_truth``."""
+) -> Any:
+    """The built-in rewards: the arithmetic, reverse and calculator tasks, and GSM8K (``openai/gsm8k``, ``gsm8k``)
+    with the strict check. All compare with ``reward_model.ground_truth``."""
     if data_source == ARITHMETIC_SOURCE:
         return arithmetic_score(solution_str, ground_truth)
+    if data_source == CALCULATOR_SOURCE:
+        return calculator_score(solution_str, ground_truth)
     if data_source == REVERSE_SOURCE:
         return reverse_score(solution_str, ground_truth)
     if data_source in ("openai/gsm8k", "gsm8k"):
@@ -113,11 +130,14 @@ class RewardFunction:
         self.timeout_s = timeout_s
         self._executor: Any = None
 
-    def __call__(self, data_source: str, solution_str: str, ground_truth: str) -> tuple[float, dict[str, float]]:
-        """(score, extra metrics) of one response."""
+    def __call__(
+        self, data_source: str, solution_str: str, ground_truth: str, extra_info: Optional[dict[str, Any]] = None
+    ) -> tuple[float, dict[str, float]]:
+        """(score, extra metrics) of one response; ``extra_info`` is passed on when given (verl's keyword)."""
         sample = f"data_source={data_source!r}, response={solution_str[:200]!r}, ground_truth={ground_truth!r}"
+        arguments: dict[str, Any] = {} if extra_info is None else {"extra_info": extra_info}
         try:
-            value = self._call(data_source, solution_str, ground_truth)
+            value = self._call(data_source, solution_str, ground_truth, arguments)
         except TimeoutError:
             raise RuntimeError(
                 f"the {self.description} took longer than custom_reward_function.timeout_s="
@@ -153,14 +173,14 @@ class RewardFunction:
             )
         return score, extra
 
-    def _call(self, data_source: str, solution_str: str, ground_truth: str) -> Any:
+    def _call(self, data_source: str, solution_str: str, ground_truth: str, arguments: dict[str, Any]) -> Any:
         if self.timeout_s is None:
-            return self.fn(data_source, solution_str, ground_truth)
+            return self.fn(data_source, solution_str, ground_truth, **arguments)
         if self._executor is None:
             from concurrent.futures import ThreadPoolExecutor
 
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlprof-reward")
-        future = self._executor.submit(self.fn, data_source, solution_str, ground_truth)
+        future = self._executor.submit(self.fn, data_source, solution_str, ground_truth, **arguments)
         try:
             return future.result(timeout=self.timeout_s)
         except TimeoutError:

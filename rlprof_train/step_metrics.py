@@ -20,6 +20,7 @@ from rlprof.metrics import (
     timing_spread,
 )
 from rlprof.metrics.dashboard_keys import training_aliases
+from rlprof_train.agent.stats import multi_turn_metrics
 from rlprof_train.batch import RolloutBatch
 from rlprof_train.workers.engine import DistEnv
 from rlprof_train.workers.rollout.engine_stats import engine_metrics
@@ -50,9 +51,11 @@ def step_metrics(
             "timing": timing,
             "tensors": {k: getattr(batch, k) for k in TENSOR_FIELDS},
             "prompt_lengths": batch.prompt_lengths(),
+            "response_lengths": batch.response_lengths(),
             "sequence_lengths": batch.sequence_lengths().tolist(),
             "engine_requests": batch.extras.get("engine_requests", []),
             "engine_occupancy": batch.extras.get("engine_occupancy"),
+            "multi_turn": batch.extras.get("multi_turn"),
         }
     )
     tensors: dict[str, Any] = {
@@ -61,13 +64,15 @@ def step_metrics(
     }
     seq_lens = [n for r in everything for n in r["sequence_lengths"]]
     prompt_lengths = torch.cat([r["prompt_lengths"] for r in everything])
+    response_lengths = torch.cat([r["response_lengths"] for r in everything])
     prompt_tokens = int(prompt_lengths.sum())
-    response_tokens = int(tensors["response_mask"].sum())
+    response_tokens = int(response_lengths.sum())
     metrics = MetricAggregator.from_states(r["workers"] for r in everything).compute()
     metrics.update(
         compute_data_metrics(
             **tensors,
             prompt_lengths=prompt_lengths,
+            response_lengths=response_lengths,
             max_response_length=facts.response_length,
             max_prompt_length=facts.max_prompt_length,
         )
@@ -75,6 +80,14 @@ def step_metrics(
     occupancies = [r["engine_occupancy"] for r in everything if r["engine_occupancy"] is not None]
     occupancy = (sum(o[0] for o in occupancies), sum(o[1] for o in occupancies)) if occupancies else None
     metrics.update(engine_metrics([request for r in everything for request in r["engine_requests"]], occupancy))
+    turns = [r["multi_turn"] for r in everything if r["multi_turn"] is not None]
+    metrics.update(
+        multi_turn_metrics(
+            [t for m in turns for t in m["trajectories"]],
+            [c for m in turns for c in m["calls"]],
+            [m["split"] for m in turns],
+        )
+    )
     metrics.update(compute_timing_metrics(timing, prompt_tokens, response_tokens))
     metrics.update(timing_shares(timing))
     if env.world_size > 1:

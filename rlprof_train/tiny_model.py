@@ -6,6 +6,8 @@ whether the CPU's kernels are AVX2 or AVX-512 (:data:`REPRODUCIBLE_MATH`).
 
 - ``arithmetic``: ``"a+b="`` -> the sum; 2 layers; reward ~0.1 after the warm start.
 - ``reverse``: ``"Reverse the digits: 31415 ->"`` -> ``"51413"``; 4 layers; responses as long as the input.
+- ``calculator``: ``"7*8="`` -> a hermes call of the ``calculator`` tool, its reply, then ``"56"``; 2 layers; the
+  demonstrations call it with the right expression for 25% of examples, with other operands or not at all otherwise.
 
     python -m rlprof_train.tiny_model --out DIR [--task arithmetic|reverse] [--max-operand 4] [--sft-steps N]
 """
@@ -24,7 +26,9 @@ from typing import Any, Optional
 
 import torch
 
-from rlprof_train.data import BUILTIN_TASKS, arithmetic_rows, reverse_rows
+from rlprof_train.agent.builtin import evaluate
+from rlprof_train.agent.parser import hermes_call
+from rlprof_train.data import BUILTIN_TASKS, arithmetic_rows, calculator_rows, reverse_rows
 from rlprof_train.models import position_ids
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
@@ -76,7 +80,39 @@ def _wrong_answer(task: str, truth: str, max_operand: int, rng: random.Random) -
     """A wrong-or-lucky answer of the task's form: a number of the sums' range, or as many random digits."""
     if task == "arithmetic":
         return str(rng.randint(0, 2 * max_operand))
+    if task == "calculator":
+        return str(rng.randint(0, max_operand) * rng.randint(0, max_operand))
     return "".join(rng.choice("0123456789") for _ in truth)
+
+
+def calculator_call(expression: str) -> str:
+    """The calculator task's call, as the demonstrations write it."""
+    return hermes_call("calculator", {"expression": expression})
+
+
+def _demonstration(
+    task: str, example: dict[str, Any], correct: bool, tokenizer: Any, max_operand: int, rng: random.Random
+) -> list[tuple[list[int], bool]]:
+    """One demonstration as ``(token ids, trained)`` segments: the prompt (not trained), then the response. A
+    calculator demonstration calls the tool with the prompt's expression when ``correct``, else with other operands
+    or not at all (half each); the tool's reply (not trained) is the one a multi-turn rollout appends."""
+    from rlprof_train.workers.rollout.multi_turn import ToolReplies
+
+    eos = [tokenizer.eos_token_id]
+    prompt = example["prompt"]
+    segments = [(tokenizer(prompt, add_special_tokens=False)["input_ids"], False)]
+    truth = example["reward_model"]["ground_truth"]
+    if task == "calculator" and (correct or rng.random() < 0.5):
+        expression = prompt.rstrip("=") if correct else f"{rng.randint(0, max_operand)}*{rng.randint(0, max_operand)}"
+        value = str(evaluate(expression))
+        return [
+            *segments,
+            (tokenizer(calculator_call(expression), add_special_tokens=False)["input_ids"] + eos, True),
+            (ToolReplies(tokenizer).tokens([value]), False),
+            (tokenizer(value, add_special_tokens=False)["input_ids"] + eos, True),
+        ]
+    answer = truth if correct else _wrong_answer(task, truth, max_operand, rng)
+    return [*segments, (tokenizer(answer, add_special_tokens=False)["input_ids"] + eos, True)]
 
 
 def format_warm_start(
@@ -89,30 +125,30 @@ def format_warm_start(
     lr: float = 3e-3,
     task: str = "arithmetic",
 ) -> float:
-    """Supervised steps on the task's prompts -> ``"<answer></s>"`` where the answer is the correct one for
-    ``correct_share`` of the examples and a random one of the same form otherwise: a weak SFT model that has the
-    format but not the task. Returns the last loss."""
+    """Supervised steps on the task's prompts -> its demonstrations (:func:`_demonstration`), correct for
+    ``correct_share`` of the examples and of the right form otherwise: a weak SFT model that has the format but not
+    the task. Returns the last loss."""
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
-        prompts, targets = [], []
-        for example in BUILTIN_TASKS[task](64, max_operand, rng.randrange(1 << 30)):
-            prompts.append(tokenizer(example["prompt"], add_special_tokens=False)["input_ids"])
-            correct = rng.random() < correct_share
-            truth = example["reward_model"]["ground_truth"]
-            answer = truth if correct else _wrong_answer(task, truth, max_operand, rng)
-            targets.append(tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
-        width = max(len(p) + len(t) for p, t in zip(prompts, targets, strict=False))
-        ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
+        demonstrations = [
+            _demonstration(task, example, rng.random() < correct_share, tokenizer, max_operand, rng)
+            for example in BUILTIN_TASKS[task](64, max_operand, rng.randrange(1 << 30))
+        ]
+        width = max(sum(len(ids) for ids, _ in segments) for segments in demonstrations)
+        ids = torch.full((len(demonstrations), width), tokenizer.pad_token_id)
         labels = torch.full_like(ids, -100)
         mask = torch.zeros_like(ids)
-        for row, (p, t) in enumerate(zip(prompts, targets, strict=False)):
-            seq = p + t
-            ids[row, width - len(seq) :] = torch.tensor(seq)
-            labels[row, width - len(t) :] = torch.tensor(t)
-            mask[row, width - len(seq) :] = 1
+        for row, segments in enumerate(demonstrations):
+            column = width - sum(len(segment) for segment, _ in segments)
+            mask[row, column:] = 1
+            for segment, trained in segments:
+                ids[row, column : column + len(segment)] = torch.tensor(segment)
+                if trained:
+                    labels[row, column : column + len(segment)] = torch.tensor(segment)
+                column += len(segment)
         loss = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
@@ -120,17 +156,29 @@ def format_warm_start(
     return loss.item()
 
 
-LAYERS = {"arithmetic": 2, "reverse": 4}
-SFT_STEPS = {"arithmetic": 300, "reverse": 150}  # warm-start steps by default (the reverse model's are longer)
+LAYERS = {"arithmetic": 2, "reverse": 4, "calculator": 2}
+SFT_STEPS = {
+    "arithmetic": 300,
+    "reverse": 150,
+    "calculator": 300,
+}  # warm-start steps by default (the reverse model's are longer)
 
 
 def task_corpus(task: str, seed: int) -> list[str]:
     """The text the task's tokenizer is trained on."""
     if task == "arithmetic":
         rows = arithmetic_rows(2000, 99, seed)
+    elif task == "calculator":
+        rows = calculator_rows(2000, 99, seed)
     else:
         rows = reverse_rows(2000, 20, seed)
     corpus = [f"{r['prompt']}{r['reward_model']['ground_truth']}" for r in rows]
+    if task == "calculator":
+        corpus += [
+            f"{calculator_call(r['prompt'].rstrip('='))}\n<tool_response>\n{r['reward_model']['ground_truth']}\n"
+            "</tool_response>\n"
+            for r in rows
+        ]
     return [
         *corpus,
         "What is the answer? Let's think step by step. #### 42",

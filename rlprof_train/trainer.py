@@ -24,6 +24,8 @@ import rlprof
 from rlprof.metrics import MetricAggregator, Reduce
 from rlprof.watchdog import Watchdog
 from rlprof_train import algos, checkpoint, prepare
+from rlprof_train.agent import Tool
+from rlprof_train.agent.tool_config import load_tools, task_tools
 from rlprof_train.batch import MicroBatching, RolloutBatch
 from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.data import Example, StepBatches, load_datasets, shard
@@ -57,8 +59,16 @@ class PPOTrainer:
         self.run_directory = prepare.open_run_directory(cfg, env, log)
         model_path = prepare.prepare_model(cfg, env, log)
         self.tokenizer = load_tokenizer(model_path)
+        multi_turn = arr.rollout.multi_turn
+        tools: list[Tool] = []
+        if multi_turn.enable and multi_turn.tool_config_path:
+            tools = load_tools(multi_turn.tool_config_path)
+        elif multi_turn.enable and cfg.data.train_files is None:  # a built-in task's own tool (the calculator's)
+            tools = task_tools(cfg.data.task)
 
-        train, self.val_examples, notes = load_datasets(cfg.data, self.tokenizer, trainer.seed)
+        train, self.val_examples, notes = load_datasets(
+            cfg.data, self.tokenizer, trainer.seed, [tool.tool_schema for tool in tools] or None
+        )
         self.batches = StepBatches(train, cfg.data.train_batch_size, trainer.seed, cfg.data.shuffle)
         epoch_steps = trainer.total_epochs * self.batches.steps_per_epoch
         self.total_steps = min(trainer.total_training_steps or epoch_steps, epoch_steps)
@@ -118,7 +128,7 @@ class PPOTrainer:
                     f"{key}={requested} runs as stage 0: on one float32 process ZeRO has nothing to partition "
                     "(the same updates, without its gradient buckets)"
                 )
-        self.rollout = prepare.make_rollout(cfg, env, model_path, self.actor, self.tokenizer, log)
+        self.rollout = prepare.make_rollout(cfg, env, model_path, self.actor, self.tokenizer, log, tools)
         self.reuse_log_probs = prepare.reuses_on_policy_log_probs(cfg, log)
         self.kl_ctrl = algos.KLController(
             algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.type, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon

@@ -39,8 +39,13 @@ def compute_data_metrics(
     max_response_length: int,
     max_prompt_length: int,
     values: Optional[Tensor] = None,
+    response_lengths: Optional[Tensor] = None,
 ) -> dict[str, float]:
     """Batch statistics, all ``{mean, max, min}``; per-token tensors are ``[B, T]`` over response tokens.
+
+    ``response_mask`` marks the tokens the policy sampled; ``response_lengths`` ``[B]`` counts each response's real
+    tokens when they are more (a multi-turn response holds tool replies, which verl counts in ``response_length``;
+    default: ``response_mask``'s sum).
 
     - ``critic/score``, ``critic/rewards``: per sequence, the sum over its tokens (score before, reward after the
       KL penalty), over the responses that are not empty (an *aborted* response has no token);
@@ -57,7 +62,7 @@ def compute_data_metrics(
     import torch
 
     mask = response_mask.bool()
-    response_lengths = response_mask.sum(-1).float()
+    response_lengths = (response_mask.sum(-1) if response_lengths is None else response_lengths).float()
     prompt_lengths = prompt_lengths.float()
     aborted = response_lengths == 0
     sequence_rewards = (token_level_rewards * response_mask).sum(-1)[~aborted]

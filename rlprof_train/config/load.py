@@ -200,6 +200,7 @@ def validate(cfg: TrainerConfig, world_size: int = 1) -> None:
         lambda: _check_names_and_paths(cfg),
         lambda: _check_inputs(cfg),
         lambda: _check_reward_model(cfg),
+        lambda: _check_multi_turn(cfg),
         lambda: parse_backends(cfg.trainer.logger),
         lambda: load_profiler_config(as_dict(cfg), world_size=world_size),
     )
@@ -380,6 +381,17 @@ def _check_reward_model(cfg: TrainerConfig) -> None:
         raise _fail("reward_model.model.path", reward_model.model.path, "no model directory (config.json) there")
     if reward_model.model.use_remove_padding:
         raise _fail("reward_model.model.use_remove_padding", True, "only false: responses are scored padded here")
+
+
+def _check_multi_turn(cfg: TrainerConfig) -> None:
+    """The tool config loads (every problem of it in one message); the backend can continue sequences."""
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    if not multi_turn.enable:
+        return
+    if multi_turn.tool_config_path is not None:
+        from rlprof_train.agent.tool_config import load_tools
+
+        load_tools(multi_turn.tool_config_path)
 
 
 def _check_inputs(cfg: TrainerConfig) -> None:

@@ -39,7 +39,8 @@ class DataConfig:
     """Validation files; null: a held-out split of the built-in task."""
     task: str = "arithmetic"
     """Built-in procedural task used when ``train_files`` is null: ``arithmetic`` (``"a+b="``, a 2-layer embedded
-    model) or ``reverse`` (``"Reverse the digits: 314 ->"``, responses as long as the input, a 4-layer model)."""
+    model), ``reverse`` (``"Reverse the digits: 314 ->"``, responses as long as the input, a 4-layer model) or
+    ``calculator`` (``"7*8="`` answered by calling the built-in calculator tool: a multi-turn rollout)."""
     task_max_operand: int = field(default=4, metadata=bounds(ge=0))
     """The built-in task's size: arithmetic operands drawn from 0..N; reverse strings of 1..N digits."""
     train_size: int = field(default=2000, metadata=bounds(ge=1))
@@ -215,6 +216,30 @@ class ValKwargs:
 
 
 @dataclass
+class MultiTurnConfig:
+    """Multi-turn rollout with tool calls (verl's ``rollout.multi_turn``; :mod:`rlprof_train.agent`)."""
+
+    enable: bool = False
+    """Generate until a tool call or the end, run the called tools, append their replies, repeat."""
+    max_assistant_turns: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """Generation turns per trajectory; null: until the response length is used up."""
+    max_user_turns: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """Tool-reply turns per trajectory; null: no limit."""
+    max_parallel_calls: int = field(default=1, metadata=bounds(ge=1))
+    """Tool calls run per turn (the first ones of the turn; verl's default 1)."""
+    max_tool_response_length: int = field(default=256, metadata=bounds(ge=1))
+    """Characters of a tool's reply kept (the rest cut as ``tool_response_truncate_side`` says)."""
+    tool_response_truncate_side: Literal["left", "middle", "right"] = "middle"
+    """Which part of a long reply is kept: left (its start), right (its end), middle (start and end)."""
+    tool_config_path: Optional[str] = None
+    """verl's tool YAML: ``tools:`` entries of ``class_name``, ``config`` and ``tool_schema`` (OpenAI function)."""
+    format: Literal["hermes"] = "hermes"
+    """How the model writes a call: hermes, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``."""
+    tool_timeout_s: float = field(default=30.0, metadata=bounds(gt=0))
+    """A tool call running longer gets an error reply (counted as a failure) and the trajectory goes on."""
+
+
+@dataclass
 class RolloutConfig:
     """Generation (HF generate or vLLM) and the old-log-prob pass."""
 
@@ -265,6 +290,8 @@ class RolloutConfig:
     """vLLM on CPU: KV cache size in whole GiB (``VLLM_CPU_KVCACHE_SPACE``, unless you set that variable)."""
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     """Validation sampling."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Multi-turn, tool-calling rollout."""
     profiler: ProfilerBlock = field(default_factory=_role_profiler)
     """rlprof role ``rollout``."""
 

@@ -22,26 +22,32 @@ class RewardWorker:
         self.model = None if reward.is_custom else model
 
     def score(self, batch: RolloutBatch) -> tuple[torch.Tensor, MetricAggregator]:
-        """``[B, R]`` token-level scores (each response's score on its last real token, 0 elsewhere), and the
-        extra numbers a dict-returning reward function gave, as ``reward_extra/{key}`` (mean over responses)."""
+        """``[B, R]`` token-level scores (each response's score on its last sampled token, 0 elsewhere), and the
+        extra numbers a dict-returning reward function gave, as ``reward_extra/{key}`` (mean over responses).
+
+        A multi-turn batch's rows carry ``extras["reward_extra_info"]`` (turns, tool rewards: verl's
+        ``extra_info`` keys), passed to the reward function as ``extra_info``; the response text then holds every
+        turn and tool reply, as verl decodes it."""
         texts = self.decode(batch)
         scores = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
-        last = (batch.response_mask.sum(-1) - 1).clamp(min=0)
+        last = batch.last_policy_token()
+        extra_infos = batch.extras.get("reward_extra_info", [None] * batch.size)
         metrics = MetricAggregator()
         if self.model is not None:
             prompts = self.tokenizer.batch_decode(batch.input_ids[:, : batch.prompt_length], skip_special_tokens=True)
             scores[torch.arange(batch.size), last] = self.model.score(prompts, texts)
             return scores * batch.response_mask, metrics
-        for row, (text, source, truth) in enumerate(zip(texts, batch.data_source, batch.ground_truth, strict=False)):
-            score, extra = self.reward(source, text, truth)
+        rows = zip(texts, batch.data_source, batch.ground_truth, extra_infos, strict=False)
+        for row, (text, source, truth, extra_info) in enumerate(rows):
+            score, extra = self.reward(source, text, truth, extra_info)
             scores[row, last[row]] = score
             for key, value in extra.items():
                 metrics.add(f"reward_extra/{key}", value, Reduce.MEAN)
         return scores * batch.response_mask, metrics
 
     def decode(self, batch: RolloutBatch) -> list[str]:
-        pad = self.tokenizer.pad_token_id
+        pad, real = self.tokenizer.pad_token_id, batch.response_attention
         texts: list[str] = self.tokenizer.batch_decode(
-            batch.responses * batch.response_mask + pad * (1 - batch.response_mask), skip_special_tokens=True
+            batch.responses * real + pad * (1 - real), skip_special_tokens=True
         )
         return texts

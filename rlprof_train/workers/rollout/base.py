@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import torch
 
@@ -22,6 +24,26 @@ class SamplingParams:
     response_length: int
 
 
+@dataclass(frozen=True)
+class Completion:
+    """One sampled continuation: its tokens (cut after the first EOS, which stays) and, from backends that return
+    them, the sampling distribution's log-prob of each."""
+
+    token_ids: list[int]
+    log_probs: Optional[list[float]] = None
+
+
+@dataclass
+class Completions:
+    """What :meth:`Rollout.complete` sampled, with the engine's timing of it (:mod:`.engine_stats`)."""
+
+    rows: list[Completion]
+    requests: list[Any] = field(default_factory=list)
+    """``RequestTimes`` of each request the engine timed (none when it keeps no times)."""
+    occupancy: Optional[tuple[int, int]] = None
+    """hf: (tokens sampled, rows x decode steps)."""
+
+
 class Rollout(ABC):
     """Generates responses for prompts; ``sync_weights`` makes it sample from the actor's current weights.
 
@@ -33,6 +55,9 @@ class Rollout(ABC):
       every rank with that rank's prompts, inside the trainer's ``rollout/gen`` range, so every rlprof tool's window
       covers it with nothing to do; a backend registered with ``returns_log_probs`` also sets
       ``batch.extras["rollout_log_probs"]`` ([B, T], the sampling distribution's log-probs, 0 outside the response).
+    - ``complete(contexts, n, budgets, sampling)`` samples ``n`` continuations of each token sequence, each of at most
+      its budget of tokens: what a multi-turn rollout (:mod:`~rlprof_train.workers.rollout.multi_turn`) needs from a
+      backend; a backend without it serves single-turn rollouts only.
     - ``sync_weights()`` runs after every actor update (inside ``rollout/update_weights``) and after a resume.
     - ``close()`` runs once at the end, also after a failure.
     - A backend whose engine records on its own (an engine-side profiler) follows rlprof's windows as a
@@ -46,6 +71,14 @@ class Rollout(ABC):
 
     @abstractmethod
     def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch: ...
+
+    def complete(
+        self, contexts: Sequence[Sequence[int]], n: int, budgets: Sequence[int], sampling: SamplingParams
+    ) -> Completions:
+        """``n`` continuations of each of ``contexts`` (context ``i``'s at rows ``i*n .. i*n+n-1``), continuation
+        ``i`` of at most ``budgets[i]`` tokens, sampled as ``sampling`` says (its ``n`` and ``response_length``
+        are not used)."""
+        raise NotImplementedError(f"the {self.name} rollout cannot continue token sequences (multi-turn)")
 
     def sync_weights(self) -> None:
         """Load the actor's latest weights (a no-op for backends that sample from the actor's own module)."""

@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 import torch
 
 from rlprof_train.batch import RolloutBatch
 from rlprof_train.data import Example, left_pad
-from rlprof_train.workers.rollout.base import Rollout, SamplingParams, build_rollout_batch
+from rlprof_train.workers.rollout.base import (
+    Completion,
+    Completions,
+    Rollout,
+    SamplingParams,
+    build_rollout_batch,
+)
 from rlprof_train.workers.rollout.decode import Sampling, loop_applies, sample
 from rlprof_train.workers.rollout.engine_stats import RequestTimes, hf_request_times
 from rlprof_train.workers.rollout.registry import RolloutContext, register_rollout
@@ -39,14 +45,32 @@ class HFRollout(Rollout):
             return deepspeed.zero.GatheredParameters(list(model.parameters()))
         return contextlib.nullcontext()
 
-    @torch.no_grad()
     def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch:
+        sampled = self.complete(
+            [p.prompt_ids for p in prompts], sampling.n, [sampling.response_length] * len(prompts), sampling
+        )
+        batch = build_rollout_batch(
+            prompts,
+            [c.token_ids for c in sampled.rows],
+            sampling,
+            self.tokenizer.pad_token_id,
+            self.tokenizer.eos_token_id,
+        )
+        if sampled.occupancy is not None:
+            batch.extras["engine_requests"] = sampled.requests
+            batch.extras["engine_occupancy"] = sampled.occupancy
+        return batch
+
+    @torch.no_grad()
+    def complete(
+        self, contexts: Sequence[Sequence[int]], n: int, budgets: Sequence[int], sampling: SamplingParams
+    ) -> Completions:
         model = self.module()
         was_training = model.training
         model.eval()
         settings = Sampling(
-            sampling.n,
-            sampling.response_length,
+            n,
+            max(budgets),
             sampling.temperature,
             sampling.top_p,
             sampling.top_k,
@@ -54,36 +78,31 @@ class HFRollout(Rollout):
             self.tokenizer.pad_token_id,
         )
         loop = loop_applies(model)
-        responses: list[list[int]] = []
+        rows: list[Completion] = []
         requests: list[RequestTimes] = []  # timed by the loop only: generate keeps no per-step times
         sampled, row_steps = 0, 0
         arrival = time.perf_counter()
         try:
             with self._gathered(model):
-                chunk_size = self.micro_batch_size or len(prompts)
-                for start in range(0, len(prompts), chunk_size):
-                    chunk = prompts[start : start + chunk_size]
-                    ids, mask = left_pad([p.prompt_ids for p in chunk], self.tokenizer.pad_token_id)
-                    if not loop:
-                        responses.extend(_generate(model, ids, mask, settings).tolist())
-                        continue
+                chunk_size = self.micro_batch_size or len(contexts)
+                for start in range(0, len(contexts), chunk_size):
+                    chunk = contexts[start : start + chunk_size]
+                    ids, mask = left_pad(chunk, self.tokenizer.pad_token_id)
                     step_times: list[float] = []
-                    rows = sample(model, ids, mask, settings, step_times).tolist()
-                    lengths = [_length(row, settings.eos_token_id) for row in rows]
-                    requests += hf_request_times(
-                        [len(p.prompt_ids) for p in chunk], lengths, sampling.n, arrival, step_times
+                    out = (
+                        sample(model, ids, mask, settings, step_times)
+                        if loop
+                        else _generate(model, ids, mask, settings)
                     )
-                    sampled, row_steps = sampled + sum(lengths), row_steps + len(rows) * len(step_times)
-                    responses.extend(rows)
+                    lengths = [_length(row, settings.eos_token_id) for row in out.tolist()]
+                    for row, (tokens, length) in enumerate(zip(out.tolist(), lengths, strict=True)):
+                        rows.append(Completion(tokens[: min(length, budgets[start + row // n])]))
+                    if loop:
+                        requests += hf_request_times([len(c) for c in chunk], lengths, n, arrival, step_times)
+                        sampled, row_steps = sampled + sum(lengths), row_steps + len(lengths) * len(step_times)
         finally:
             model.train(was_training)
-        batch = build_rollout_batch(
-            prompts, responses, sampling, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
-        )
-        if loop:
-            batch.extras["engine_requests"] = requests
-            batch.extras["engine_occupancy"] = (sampled, row_steps)
-        return batch
+        return Completions(rows, requests, (sampled, row_steps) if loop else None)
 
 
 def _length(row: list[int], eos_token_id: int) -> int:

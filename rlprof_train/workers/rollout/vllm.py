@@ -18,7 +18,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,7 +31,13 @@ from rlprof_train.batch import RolloutBatch
 from rlprof_train.config.schema import RolloutConfig, TrainerConfig
 from rlprof_train.data import Example
 from rlprof_train.models import merged_state_dict
-from rlprof_train.workers.rollout.base import Rollout, SamplingParams, build_rollout_batch
+from rlprof_train.workers.rollout.base import (
+    Completion,
+    Completions,
+    Rollout,
+    SamplingParams,
+    build_rollout_batch,
+)
 from rlprof_train.workers.rollout.engine_stats import vllm_request_times
 from rlprof_train.workers.rollout.registry import RolloutContext, register_rollout
 
@@ -215,26 +221,48 @@ class VLLMRollout(Rollout, WindowListener):
             session.add_window_listener(self)
 
     def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch:
+        sampled = self.complete(
+            [p.prompt_ids for p in prompts], sampling.n, [sampling.response_length] * len(prompts), sampling
+        )
+        batch = build_rollout_batch(
+            prompts,
+            [c.token_ids for c in sampled.rows],
+            sampling,
+            self.tokenizer.pad_token_id,
+            self.tokenizer.eos_token_id,
+        )
+        rollout_log_probs = torch.zeros(batch.response_mask.shape)
+        for row, completion in enumerate(sampled.rows):
+            values = (completion.log_probs or [])[: batch.response_length]
+            rollout_log_probs[row, : len(values)] = torch.tensor(values)
+        batch.extras["rollout_log_probs"] = rollout_log_probs * batch.response_mask
+        if sampled.requests:
+            batch.extras["engine_requests"] = sampled.requests
+        return batch
+
+    def complete(
+        self, contexts: Sequence[Sequence[int]], n: int, budgets: Sequence[int], sampling: SamplingParams
+    ) -> Completions:
         from vllm import SamplingParams as VLLMSampling
         from vllm.inputs import TokensPrompt
 
         greedy = sampling.temperature == 0
-        seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()  # from the trainer's per-step seed
+        seeds = torch.randint(0, 2**31 - 1, (len(contexts),)).tolist()  # from the trainer's per-step seed
         params = [
             VLLMSampling(
-                n=sampling.n,
+                n=n,
                 temperature=0.0 if greedy else sampling.temperature,
                 top_p=1.0 if greedy else sampling.top_p,
                 top_k=-1 if greedy or sampling.top_k <= 0 else sampling.top_k,
-                max_tokens=sampling.response_length,
+                max_tokens=budget,
                 seed=seed,
                 logprobs=0,
             )
-            for seed in seeds
+            for seed, budget in zip(seeds, budgets, strict=True)
         ]
         try:
             outputs = self.llm.generate(
-                [TokensPrompt(prompt_token_ids=list(p.prompt_ids)) for p in prompts], params, use_tqdm=False
+                [TokensPrompt(prompt_token_ids=list(c)) for c in contexts], params, use_tqdm=False
             )
         except Exception as exc:
             from vllm.v1.engine.exceptions import EngineDeadError
@@ -244,25 +272,15 @@ class VLLMRollout(Rollout, WindowListener):
                     f"vLLM's engine stopped while generating ({exc}); its own error is in the log above"
                 ) from exc
             raise
-        completions = [c for output in outputs for c in output.outputs]
-        batch = build_rollout_batch(
-            prompts,
-            [list(c.token_ids) for c in completions],
-            sampling,
-            self.tokenizer.pad_token_id,
-            self.tokenizer.eos_token_id,
-        )
-        rollout_log_probs = torch.zeros(batch.response_mask.shape)
-        for row, completion in enumerate(completions):
-            values = [next(iter(step.values())).logprob for step in (completion.logprobs or [])][
-                : batch.response_length
-            ]
-            rollout_log_probs[row, : len(values)] = torch.tensor(values)
-        batch.extras["rollout_log_probs"] = rollout_log_probs * batch.response_mask
-        requests = vllm_request_times(outputs)
-        if requests is not None:
-            batch.extras["engine_requests"] = requests
-        return batch
+        rows = [
+            Completion(
+                list(c.token_ids),
+                [next(iter(step.values())).logprob for step in (c.logprobs or [])][: len(c.token_ids)],
+            )
+            for output in outputs
+            for c in output.outputs
+        ]
+        return Completions(rows, vllm_request_times(outputs) or [])
 
     @torch.no_grad()
     def sync_weights(self) -> None:
