@@ -152,6 +152,8 @@ RULES: list[tuple[str, Rule]] = [
     (f"{ARR}.rollout.layered_summon", NoOp("weights are synced in buckets here")),
     (f"{ARR}.rollout.free_cache_engine", NoOp("the engine's cache is kept between steps")),
     (f"{ARR}.rollout.multi_stage_wake_up", NoOp("an SGLang memory detail")),
+    (f"{ARR}.rollout.over_sample_rate", NoOp("verl declares it but does not read it (verl/workers/config/rollout.py)")),
+    (f"{ARR}.rollout.multi_turn.tokenization_sanity_check_mode", NoOp("replies are tokenised once, as appended")),
     (f"{ARR}.rollout.skip_tokenizer_init", NoOp("an engine start-up detail")),
     (f"{ARR}.rollout.prometheus.*", NoOp("the engine's metrics are not exported to Prometheus here")),
     (f"{ARR}.rollout.trace.*", NoOp("rollout traces are recorded by rlprof's tools here")),

@@ -4,7 +4,9 @@ Each script is run by bash as published; ``python3 -m verl.trainer.main_ppo`` re
 rlprof_train.main_ppo`` through a ``python3`` first on PATH, and the script's ``$@`` takes the substitutions a user
 makes to move it: model and data paths, GPU counts, sizes. The gsm8k parquet files are written in the schema of
 verl's ``examples/data_preprocess/gsm8k.py``. Each runs 2 steps, or stops at once with one config error that lists
-every key it cannot honour (SGLang rollouts; the multi-turn tool-calling case, until rollouts can call tools)."""
+every key it cannot honour (SGLang rollouts). The seed's multi-turn tool-calling script runs with
+``actor_rollout_ref.rollout.name=hf`` or ``vllm`` on data in the schema of verl's
+``examples/data_preprocess/gsm8k_multiturn_w_tool.py``, and is refused naming both as published (SGLang)."""
 
 from __future__ import annotations
 
@@ -37,13 +39,10 @@ RUNS = {
     "examples/ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys.sh": "gae",
     "examples/tuning/0.5b/qwen2-0.5b_grpo-lora_1_h100_fsdp_vllm.sh": "grpo",
 }
+MULTI_TURN = "examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh"
 REFUSED = {  # script -> the keys its one error must name
     "examples/grpo_trainer/run_qwen2-7b_seq_balance.sh": ("actor_rollout_ref.rollout.name='sglang'",),
-    "examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh": (
-        "actor_rollout_ref.rollout.name='sglang'",
-        "actor_rollout_ref.rollout.multi_turn.enable=True",
-        "actor_rollout_ref.rollout.multi_turn.tool_config_path=",
-    ),
+    MULTI_TURN: ("actor_rollout_ref.rollout.name='sglang'", "use vllm", "or hf"),
 }
 QUESTIONS = [(f"What is {a} plus {b}?", a + b) for a in range(4) for b in range(4)]
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -58,23 +57,37 @@ exec "$RLPROF_PYTHON" "$@"
 """
 
 
-def write_gsm8k(folder: Path) -> None:
-    """train/test parquet with the columns verl's gsm8k preprocessing writes."""
+SYSTEM = "Use the `calc_gsm8k_reward` tool, then put your final answer as `#### <answer>`."
+"""verl's gsm8k_multiturn_w_tool.py system prompt, shortened to fit the tiny model's 256 positions."""
+
+
+def write_gsm8k(folder: Path, with_tools: bool = False) -> None:
+    """train/test parquet with the columns verl's gsm8k preprocessing writes (``with_tools``: those of its
+    ``gsm8k_multiturn_w_tool.py``, a system prompt and each row's ``tools_kwargs``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     folder.mkdir(parents=True)
     for split, rows in (("train", QUESTIONS), ("test", QUESTIONS[:8])):
-        records = [
-            {
-                "data_source": "openai/gsm8k",
-                "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
-                "ability": "math",
-                "reward_model": {"style": "rule", "ground_truth": str(answer)},
-                "extra_info": {"split": split, "index": i, "answer": f"#### {answer}", "question": question},
-            }
-            for i, (question, answer) in enumerate(rows)
-        ]
+        records = []
+        for i, (question, answer) in enumerate(rows):
+            extra = {"split": split, "index": i, "answer": f"#### {answer}", "question": question}
+            prompt = [{"role": "user", "content": f"{question} {INSTRUCTION}"}]
+            if with_tools:
+                prompt.insert(0, {"role": "system", "content": SYSTEM})
+                extra |= {
+                    "need_tools_kwargs": True,
+                    "tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": str(answer)}}},
+                }
+            records.append(
+                {
+                    "data_source": "openai/gsm8k",
+                    "prompt": prompt,
+                    "ability": "math",
+                    "reward_model": {"style": "rule", "ground_truth": str(answer)},
+                    "extra_info": extra,
+                }
+            )
         pq.write_table(pa.Table.from_pylist(records), folder / f"{split}.parquet")
 
 
@@ -85,6 +98,7 @@ def place(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("verl")
     write_gsm8k(root / "data" / "gsm8k")
+    write_gsm8k(root / "data" / "gsm8k_multiturn", with_tools=True)
     model = create_tiny_model(root / "model", sft_steps=0)
     texts = [f"{q} {INSTRUCTION}" for q, _ in QUESTIONS]
     reward_model = build_reward_model(root / "reward_model", texts)
@@ -116,11 +130,12 @@ def substitutions(root: Path, model: Path, reward_model: Path) -> list[str]:
     ]
 
 
-def tally(output: str) -> str:
-    """What became of the script's own keys (the ``set -x`` line, less the substitutions): the closing table's row."""
+def tally(output: str, more: int = 0) -> str:
+    """What became of the script's own keys (the ``set -x`` line, less the substitutions and ``more`` arguments after
+    them): the closing table's row."""
     command = next(line for line in output.splitlines() if line.startswith("+ python3 -m verl.trainer.main_ppo"))
     arguments = shlex.split(command[2:])[3:]
-    own = arguments[: len(arguments) - len(substitutions(Path(), Path(), Path()))]
+    own = arguments[: len(arguments) - len(substitutions(Path(), Path(), Path())) - more]
     keys = {a.split("=", 1)[0].lstrip("+") for a in own if "=" in a and not a.startswith("-")}
     aliased = {k for k in keys if re.search(rf"\[INFO\] config: {re.escape(k)}=.* is \S+=", output)}
     no_effect = re.search(r"verl settings with no effect here: (.*)", output)
@@ -133,7 +148,7 @@ def tally(output: str) -> str:
     )
 
 
-def run_script(name: str, place, work: Path) -> subprocess.CompletedProcess:
+def run_script(name: str, place, work: Path, *more: str) -> subprocess.CompletedProcess:
     root, model, reward_model = place
     script = SCRIPTS / name
     work.mkdir()
@@ -146,7 +161,7 @@ def run_script(name: str, place, work: Path) -> subprocess.CompletedProcess:
         WANDB_DIR=str(work),
         OMP_NUM_THREADS="1",
     )
-    command = ["bash", str(script), *substitutions(root, model, reward_model)]
+    command = ["bash", str(script), *substitutions(root, model, reward_model), *more]
     return subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=work, env=env)
 
 
@@ -155,13 +170,44 @@ def test_verl_script_runs_two_steps(name, place, tmp_path):
     result = run_script(name, place, tmp_path / "work")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
-    (record,) = (tmp_path / "work" / "outputs" / "logs").rglob("wandb_run.json")  # the scripts log to wandb
-    run_id = json.loads(record.read_text())["run_id"]
-    (files,) = {p.parent for p in (tmp_path / "work").rglob(f"*-{run_id}") if p.is_dir()}  # under $WANDB_DIR
-    history = read_run_history(files, run_id)
+    history = wandb_history(tmp_path / "work")
     steps = [row["_step"] for row in history if "critic/score/mean" in row]
     assert steps == [1, 2], steps
     print(f"\n{name} ({RUNS[name]}): {tally(output)}, ran 2 steps")
+
+
+def wandb_history(work: Path) -> list[dict]:
+    (record,) = (work / "outputs" / "logs").rglob("wandb_run.json")  # the scripts log to wandb
+    run_id = json.loads(record.read_text())["run_id"]
+    (files,) = {p.parent for p in work.rglob(f"*-{run_id}") if p.is_dir()}  # under $WANDB_DIR
+    return read_run_history(files, run_id)
+
+
+@pytest.mark.parametrize("rollout", ["hf", "vllm"])
+def test_the_seeds_multi_turn_script_runs_with_the_hf_and_vllm_rollouts(rollout, place, tmp_path):
+    """The seed's worked example, verl's script as published (its YAML config, verl's GSM8K tool config, the
+    torch_memory tool and wandb), with only the rollout's name and the moves of a user substituted."""
+    if rollout == "vllm":
+        pytest.importorskip("vllm")
+    data = place[0] / "data" / "gsm8k_multiturn"
+    work = tmp_path / "work"
+    result = run_script(
+        MULTI_TURN,
+        place,
+        work,
+        f"actor_rollout_ref.rollout.name={rollout}",
+        f"data.train_files={data / 'train.parquet'}",
+        f"data.val_files={data / 'test.parquet'}",
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "rollout: multi-turn (hermes tool calls) with calc_gsm8k_reward" in output
+    history = [row for row in wandb_history(work) if "critic/score/mean" in row]
+    assert [row["_step"] for row in history] == [1, 2]
+    assert all(row["num_turns/min"] >= 2 and "tool_call_counts/mean" in row for row in history), history
+    snapshots = list((work / "mem_snapshots").rglob("*"))
+    assert any(p.is_file() for p in snapshots), "the seed's torch_memory tool recorded nothing"
+    print(f"\n{MULTI_TURN} (rollout.name={rollout}): {tally(output, 3)}, ran 2 steps")
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
