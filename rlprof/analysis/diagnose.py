@@ -14,6 +14,7 @@ on the run's kind of machine (:data:`MEASURED_SLOWER`); the finding names it as 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
@@ -387,6 +388,43 @@ def engine_preempting(rule: Rule, report: Report, run: Run, options: ReportOptio
     )
 
 
+MULTI_TURN = f"{ROLLOUT}.multi_turn"
+
+
+def tool_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
+    """A multi-turn rollout waits on its tool calls for most of its time while the rollout is a large part of the
+    step: the slowest tool sets the pace (every call of a turn already runs at once)."""
+    medians = {t.metric: t.median for t in report.tools}
+    wait = medians.get("rollout/tool_wait_share")
+    share = report.breakdown.split.get("rollout", 0.0) if report.breakdown else 0.0
+    limits = rule.thresholds
+    if wait is None or wait < limits["tool_wait"] or share < limits["rollout_share"]:
+        return None
+    p99 = {k.split("/")[1]: v for k, v in medians.items() if k.startswith("tools/") and k.endswith("/latency_ms_p99")}
+    slowest = max(p99, key=p99.__getitem__) if p99 else None
+    evidence = {"tool_wait_share": wait, "rollout_share": share}
+    overrides = []
+    where = ""
+    if slowest is not None:
+        p50, tail = medians.get(f"tools/{slowest}/latency_ms_p50", 0.0), p99[slowest]
+        evidence |= {f"{slowest}_latency_ms_p50": p50, f"{slowest}_latency_ms_p99": tail}
+        where = f"; the slowest tool, {slowest}, takes {p50:.4g} ms per call (median), {tail:.4g} ms at p99"
+        timeout = run.setting(f"{MULTI_TURN}.tool_timeout_s", 30.0)
+        cut = max(1, math.ceil(2 * p50 / 1000))  # twice the median call: the tail past it gets an error reply
+        if isinstance(timeout, (int, float)) and tail > 2 * p50 and cut < timeout:
+            overrides.append(f"{MULTI_TURN}.tool_timeout_s={cut}")
+    turns = medians.get("num_turns/mean")
+    if turns is not None and turns > 4:  # 1 + assistant + reply turns: more than two calls per trajectory
+        assistant = max(2, int(turns // 2) - 1)
+        overrides.append(f"{MULTI_TURN}.max_assistant_turns={assistant}")
+    message = (
+        f"tool-bound: the rollout waits on tool calls for {_pct(wait)} of its time, while it takes {_pct(share)} of "
+        f"the step{where}; make the tool faster or closer (it runs every call of a turn at once already), cut its "
+        "long tail with a timeout, or allow fewer turns"
+    )
+    return rule.finding(message, evidence, overrides)
+
+
 RULES: list[Rule] = [
     Rule("rollout-bound", "Generation dominates the step", {"share": 0.6, "over": 1.75}, rollout_bound),
     Rule("training-bound", "Training passes dominate the step", {"share": 0.6, "over": 1.75}, training_bound),
@@ -407,6 +445,7 @@ RULES: list[Rule] = [
         engine_queue_bound,
     ),
     Rule("engine-preempting", "The engine preempts requests", {"preemptions": 1.0}, engine_preempting),
+    Rule("tool-bound", "The rollout waits on tool calls", {"tool_wait": 0.5, "rollout_share": 0.25}, tool_bound),
 ]
 """Every rule the diagnosis applies, in order."""
 

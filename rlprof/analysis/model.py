@@ -188,6 +188,9 @@ class Report:
     engine: list[Throughput] = field(default_factory=list)
     """The rollout engine's counters and generation's long tail (``rollout/engine/*``, ``rollout/slowest_response_s``,
     ``response_length/p99``): the median over the steps of the breakdown."""
+    tools: list[Throughput] = field(default_factory=list)
+    """A multi-turn rollout's turns and tool calls (``num_turns/mean``, ``tool_call_counts/mean``, the time split,
+    the slowest trajectory, ``tools/*``): the median over the steps of the breakdown."""
 
 
 @dataclass(frozen=True)

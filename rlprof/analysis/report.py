@@ -53,6 +53,7 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
     breakdown = _breakdown(training, options) if training else None
     throughput = _throughput(training, breakdown)
     engine = _engine(training, breakdown)
+    tools = _tools(training, breakdown)
     traces, stragglers = _traces(run, options, unreadable)
     if not run.traces:
         missing.append(
@@ -86,6 +87,7 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
         unreadable,
         stalls=stalls,
         engine=engine,
+        tools=tools,
     )
     return Report(**{**report.__dict__, "findings": diagnose(report, run, options)})
 
@@ -186,13 +188,34 @@ def _engine(records: list[dict[str, Any]], breakdown: Optional[Breakdown]) -> li
     return _medians(records, breakdown, ENGINE_KEYS, "rollout/engine/")
 
 
+TOOL_KEYS = (
+    "rollout/tool_wait_share",
+    "rollout/generation_share",
+    "num_turns/mean",
+    "tool_call_counts/mean",
+    "rollout/slowest_trajectory/seconds",
+    "rollout/slowest_trajectory/turns",
+    "rollout/slowest_trajectory/tool_calls",
+    "rollout/slowest_trajectory/length",
+    "tools/malformed_calls",
+)
+"""A multi-turn rollout's summary, listed before each tool's own ``tools/<name>/*``."""
+
+
+def _tools(records: list[dict[str, Any]], breakdown: Optional[Breakdown]) -> list[Throughput]:
+    """The turns and tool calls of a multi-turn rollout, when the run logged them."""
+    if not any("num_turns/mean" in r for r in records):
+        return []
+    return _medians(records, breakdown, TOOL_KEYS, "tools/")
+
+
 def _medians(
     records: list[dict[str, Any]], breakdown: Optional[Breakdown], keys: tuple[str, ...], prefix: str
 ) -> list[Throughput]:
     """Median and trend of each of ``keys``, then of every key starting with ``prefix``, over the breakdown's
     steps."""
     used = [r for r in records if breakdown is None or r["step"] in set(breakdown.steps)]
-    keys = (*keys, *sorted({k for r in used for k in r if k.startswith(prefix)}))
+    keys = (*keys, *sorted({k for r in used for k in r if k.startswith(prefix)} - set(keys)))
     out = []
     for key in keys:
         values = [v for _, v in series(used, key)]

@@ -29,6 +29,8 @@ def sections(report: Report) -> list[Section]:
         out.append(_medians("Throughput", report.throughput))
     if report.engine:
         out.append(_medians("Rollout engine", report.engine))
+    if report.tools:
+        out.append(_medians("Tool calls", report.tools))
     if report.traces:
         out.append(_traces(report))
     if report.memory is not None:
