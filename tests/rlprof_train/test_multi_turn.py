@@ -264,3 +264,13 @@ def test_metrics_summarise_turns_calls_latency_and_the_time_split():
     assert metrics["rollout/generation_share"] == 0.75 and metrics["rollout/tool_wait_share"] == 0.125
     assert metrics["rollout/slowest_trajectory/turns"] == 5 and metrics["rollout/slowest_trajectory/length"] == 40
     assert multi_turn_metrics([], [], []) == {}
+
+
+def test_tool_calls_follow_the_rollout_roles_block_else_the_actors():
+    from rlprof.roles import RoleProfilerConfig, role_enabled
+
+    actor_only = {"actor": RoleProfilerConfig(ranks=[1])}
+    assert role_enabled(actor_only, "tool", 1) and not role_enabled(actor_only, "tool", 0)
+    rollout_off = {**actor_only, "rollout": RoleProfilerConfig(enable=False)}
+    assert not role_enabled(rollout_off, "tool", 1)
+    assert not role_enabled({"critic": RoleProfilerConfig()}, "tool", 0)
