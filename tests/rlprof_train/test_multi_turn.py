@@ -274,3 +274,19 @@ def test_tool_calls_follow_the_rollout_roles_block_else_the_actors():
     rollout_off = {**actor_only, "rollout": RoleProfilerConfig(enable=False)}
     assert not role_enabled(rollout_off, "tool", 1)
     assert not role_enabled({"critic": RoleProfilerConfig()}, "tool", 0)
+
+
+def test_prompts_are_rendered_with_the_tools_schemas_where_the_template_renders_them(tokenizer):
+    from rlprof_train.data import build_examples
+
+    tokenizer = build_tokenizer(task_corpus("calculator", 0))
+    tokenizer.chat_template = (
+        "{% if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>{% endif %}"
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    rows = [{"prompt": [{"role": "user", "content": "3*4="}], "data_source": "rlprof/calculator"}]
+    common = dict(prompt_key="prompt", max_prompt_length=64, truncation="error", use_template="auto", source_name="x")
+    (with_tools,), _ = build_examples(rows, tokenizer, tools=[CALCULATOR_SCHEMA], **common)
+    (without,), _ = build_examples(rows, tokenizer, **common)
+    assert tokenizer.decode(with_tools.prompt_ids) == "<tools>calculator;</tools>3*4="
+    assert tokenizer.decode(without.prompt_ids) == "3*4="

@@ -167,3 +167,14 @@ def test_the_nsys_report_holds_each_turn_and_tool_call(tmp_path, nsys, capfd, mo
     print(f"\nnsys ranges by role: {dict(by_role)}")
     assert by_role[("rollout", "gen")] == 1 and by_role[("rollout", "gen_turn")] >= 2
     assert by_role[("tool", "calculator")] >= 1
+
+
+def test_the_vllm_rollout_calls_the_tool_and_its_log_probs_match_the_actors_over_the_conversation(tmp_path):
+    """vLLM continues each conversation from its tokens: the policy's tokens of every turn get the engine's
+    log-probs, which the actor's recomputation over the whole conversation (tool replies included) must match."""
+    pytest.importorskip("vllm")
+    run(tmp_path, *TOOL_RUN, "trainer.total_training_steps=2", "actor_rollout_ref.rollout.name=vllm")
+    rows = [r for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl") if r["step"] > 0]
+    print(f"\nvLLM multi-turn: {[(r['tools/calculator/calls'], r['rollout/log_prob_abs_diff']) for r in rows]}")
+    assert all(r["tools/calculator/calls"] > 0 and r["num_turns/max"] >= 4 for r in rows)
+    assert all(r["rollout/log_prob_abs_diff"] < 1e-4 for r in rows)  # on-policy, position by position
