@@ -93,9 +93,9 @@ class HFRollout(Rollout):
                         sample(model, ids, mask, settings, step_times)
                         if loop
                         else _generate(model, ids, mask, settings)
-                    )
-                    lengths = [_length(row, settings.eos_token_id) for row in out.tolist()]
-                    for row, (tokens, length) in enumerate(zip(out.tolist(), lengths, strict=True)):
+                    ).tolist()
+                    lengths = [_length(row, settings.eos_token_id) for row in out]
+                    for row, (tokens, length) in enumerate(zip(out, lengths, strict=True)):
                         rows.append(Completion(tokens[: min(length, budgets[start + row // n])]))
                     if loop:
                         requests += hf_request_times([len(c) for c in chunk], lengths, n, arrival, step_times)
