@@ -116,3 +116,22 @@ def build_rollout_batch(
         n=n,
         temperature=sampling.temperature,
     )
+
+
+def completions_batch(
+    prompts: list[Example], sampled: Completions, sampling: SamplingParams, pad_id: int, eos_id: int
+) -> RolloutBatch:
+    """The single-turn batch of ``sampled`` (``sampling.n`` completions per prompt, in order), with what the backend
+    measured: ``extras["rollout_log_probs"]`` when it returned log-probs, the engine's request times and occupancy."""
+    batch = build_rollout_batch(prompts, [c.token_ids for c in sampled.rows], sampling, pad_id, eos_id)
+    if any(c.log_probs is not None for c in sampled.rows):
+        rollout_log_probs = torch.zeros(batch.response_mask.shape)
+        for row, completion in enumerate(sampled.rows):
+            values = (completion.log_probs or [])[: batch.response_length]
+            rollout_log_probs[row, : len(values)] = torch.tensor(values)
+        batch.extras["rollout_log_probs"] = rollout_log_probs * batch.response_mask
+    if sampled.requests:
+        batch.extras["engine_requests"] = sampled.requests
+    if sampled.occupancy is not None:
+        batch.extras["engine_occupancy"] = sampled.occupancy
+    return batch

@@ -18,7 +18,7 @@ from rlprof_train.workers.rollout.base import (
     Completions,
     Rollout,
     SamplingParams,
-    build_rollout_batch,
+    completions_batch,
 )
 from rlprof_train.workers.rollout.decode import Sampling, loop_applies, sample
 from rlprof_train.workers.rollout.engine_stats import RequestTimes, hf_request_times
@@ -46,20 +46,9 @@ class HFRollout(Rollout):
         return contextlib.nullcontext()
 
     def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch:
-        sampled = self.complete(
-            [p.prompt_ids for p in prompts], sampling.n, [sampling.response_length] * len(prompts), sampling
-        )
-        batch = build_rollout_batch(
-            prompts,
-            [c.token_ids for c in sampled.rows],
-            sampling,
-            self.tokenizer.pad_token_id,
-            self.tokenizer.eos_token_id,
-        )
-        if sampled.occupancy is not None:
-            batch.extras["engine_requests"] = sampled.requests
-            batch.extras["engine_occupancy"] = sampled.occupancy
-        return batch
+        contexts, budgets = [p.prompt_ids for p in prompts], [sampling.response_length] * len(prompts)
+        sampled = self.complete(contexts, sampling.n, budgets, sampling)
+        return completions_batch(prompts, sampled, sampling, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
 
     @torch.no_grad()
     def complete(

@@ -36,7 +36,7 @@ from rlprof_train.workers.rollout.base import (
     Completions,
     Rollout,
     SamplingParams,
-    build_rollout_batch,
+    completions_batch,
 )
 from rlprof_train.workers.rollout.engine_stats import vllm_request_times
 from rlprof_train.workers.rollout.registry import RolloutContext, register_rollout
@@ -221,24 +221,9 @@ class VLLMRollout(Rollout, WindowListener):
             session.add_window_listener(self)
 
     def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch:
-        sampled = self.complete(
-            [p.prompt_ids for p in prompts], sampling.n, [sampling.response_length] * len(prompts), sampling
-        )
-        batch = build_rollout_batch(
-            prompts,
-            [c.token_ids for c in sampled.rows],
-            sampling,
-            self.tokenizer.pad_token_id,
-            self.tokenizer.eos_token_id,
-        )
-        rollout_log_probs = torch.zeros(batch.response_mask.shape)
-        for row, completion in enumerate(sampled.rows):
-            values = (completion.log_probs or [])[: batch.response_length]
-            rollout_log_probs[row, : len(values)] = torch.tensor(values)
-        batch.extras["rollout_log_probs"] = rollout_log_probs * batch.response_mask
-        if sampled.requests:
-            batch.extras["engine_requests"] = sampled.requests
-        return batch
+        contexts, budgets = [p.prompt_ids for p in prompts], [sampling.response_length] * len(prompts)
+        sampled = self.complete(contexts, sampling.n, budgets, sampling)
+        return completions_batch(prompts, sampled, sampling, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
 
     def complete(
         self, contexts: Sequence[Sequence[int]], n: int, budgets: Sequence[int], sampling: SamplingParams
