@@ -1,6 +1,8 @@
 """Running tool methods for a rollout: each call on a thread of its own, inside the rlprof range ``tool/<name>``
-(role ``tool``), with a deadline. A method that is a coroutine (verl's tools are ``async def``) runs on one event loop
-the runner keeps (a thread), so tools that hold loop-bound resources keep working between calls.
+(role ``tool``), with a deadline; the lifecycle methods (``create``, ``calc_reward``, ``release``: bookkeeping, one
+per trajectory) on a small pool of reused threads, with the same deadline. A method that is a coroutine (verl's
+tools are ``async def``) runs on one event loop the runner keeps (a thread), so tools that hold loop-bound resources
+keep working between calls.
 
 A call past its deadline gets an error reply and counts as failed; a coroutine is then cancelled, while a plain
 function cannot be stopped from outside and finishes on its own (daemon) thread, its result dropped.
@@ -14,7 +16,7 @@ import inspect
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -22,6 +24,7 @@ import rlprof
 from rlprof_train.agent.tool import Tool, ToolResponse
 
 TOOL_ROLE = "tool"
+LIFECYCLE_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class ToolRunner:
         self.timeout_s = timeout_s
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._loop_thread: Optional[threading.Thread] = None
+        self._lifecycle = ThreadPoolExecutor(max_workers=LIFECYCLE_THREADS, thread_name_prefix="rlprof-tool-lifecycle")
 
     def invoke(self, method: Callable[..., Any], *args: Any, deadline: float, **kwargs: Any) -> Any:
         """``method(*args, **kwargs)`` on this thread, a coroutine awaited on the runner's loop, by ``deadline``
@@ -59,18 +63,10 @@ class ToolRunner:
             raise
 
     def call_within(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``method`` on a thread of its own, its result by the timeout (TimeoutError past it)."""
+        """A lifecycle ``method`` on the runner's pool, its result by the timeout (TimeoutError past it)."""
         deadline = time.monotonic() + self.timeout_s
-        box: Future[Any] = Future()
-
-        def run() -> None:
-            try:
-                box.set_result(self.invoke(method, *args, deadline=deadline, **kwargs))
-            except BaseException as exc:  # handed to the waiting thread
-                box.set_exception(exc)
-
-        threading.Thread(target=run, name="rlprof-tool", daemon=True).start()
-        return box.result(timeout=max(0.0, deadline - time.monotonic()))
+        future = self._lifecycle.submit(self.invoke, method, *args, deadline=deadline, **kwargs)
+        return future.result(timeout=max(0.0, deadline - time.monotonic()))
 
     def create(self, name: str, tools_kwargs: dict[str, Any]) -> tuple[Optional[str], Optional[str]]:
         """``(instance id, None)`` of a new instance of tool ``name`` (its ``create_kwargs`` from ``tools_kwargs``),
@@ -141,7 +137,8 @@ class ToolRunner:
         return self._loop
 
     def close(self) -> None:
-        """Stop the event loop, if one was started."""
+        """Stop the lifecycle pool (a method still running finishes on its own) and the event loop, if started."""
+        self._lifecycle.shutdown(wait=False, cancel_futures=True)
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             if self._loop_thread is not None:
