@@ -110,13 +110,13 @@ SLOW_TOOL = textwrap.dedent(
 
 
     class SlowCalculator(CalculatorTool):
-        '''The calculator behind a slow service: most calls take 0.6 s, one in eight 2 s.'''
+        '''The calculator behind a slow service: most calls take 0.6 s, one in eight hangs.'''
 
         calls = 0
 
         def execute(self, instance_id, parameters, **kwargs):
             SlowCalculator.calls += 1
-            time.sleep(2.0 if SlowCalculator.calls % 8 == 0 else 0.6)
+            time.sleep(600 if SlowCalculator.calls % 8 == 0 else 0.6)
             return super().execute(instance_id, parameters, **kwargs)
     """
 )
@@ -133,6 +133,9 @@ SLOW_TOOL_CONFIG = """tools:
 
 
 def test_a_rollout_waiting_on_a_slow_tool_is_named_by_the_report_with_the_timeout_to_set(tmp_path, capsys):
+    """A tool that takes 0.6 s and hangs on one call in eight: the hanging calls are given up after the 3 s timeout
+    and counted as failures, the run goes on and ends; the report names the wait and a timeout of twice the median
+    call."""
     (tmp_path / "slow_tool.py").write_text(SLOW_TOOL)
     (tmp_path / "tools.yaml").write_text(SLOW_TOOL_CONFIG)
     env = subprocess_env(OMP_NUM_THREADS="1")
@@ -142,8 +145,12 @@ def test_a_rollout_waiting_on_a_slow_tool_is_named_by_the_report_with_the_timeou
         *TOOL_RUN,
         "trainer.total_training_steps=4",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path / 'tools.yaml'}",
+        "actor_rollout_ref.rollout.multi_turn.tool_timeout_s=3",
         env=env,
     )
+    rows = [r for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl") if r["step"] > 0]
+    assert len(rows) == 4 and all(r["tools/calculator/failures"] >= 1 for r in rows)  # the hanging calls
+    assert all(r["tools/calculator/latency_ms_p99"] == pytest.approx(3000) for r in rows)
     assert main(["report", str(tmp_path / "logs"), "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     (finding,) = [f for f in report["findings"] if f["rule"] == "tool-bound"]
