@@ -26,6 +26,7 @@ from rlprof_train.tiny_model import embedded_model_name, ensure_tiny_model
 from rlprof_train.workers.actor import ActorWorker
 from rlprof_train.workers.engine import DistEnv
 from rlprof_train.workers.rollout import Rollout, RolloutContext, create_rollout, rollout_spec
+from rlprof_train.workers.rollout.base import ContinuingRollout
 from rlprof_train.workers.rollout.multi_turn import MultiTurnRollout
 from rlprof_train.workers.rollout.registry import backend_facts, ignored_settings
 
@@ -153,12 +154,7 @@ def make_rollout(
     multi_turn = rollout.multi_turn
     if not multi_turn.enable:
         return backend
-    if type(backend).complete is Rollout.complete:
-        backend.close()
-        raise ConfigError(
-            f"actor_rollout_ref.rollout.multi_turn.enable=true: the {rollout.name} rollout cannot continue token "
-            "sequences (Rollout.complete); use hf or vllm"
-        )
+    assert isinstance(backend, ContinuingRollout), "check_rollout refuses multi-turn on other backends"
     if env.is_main:
         names = ", ".join(tool.name for tool in tools) or "no tools"
         log(f"rollout: multi-turn ({multi_turn.format} tool calls) with {names}")

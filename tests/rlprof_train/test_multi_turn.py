@@ -290,3 +290,26 @@ def test_prompts_are_rendered_with_the_tools_schemas_where_the_template_renders_
     (without,), _ = build_examples(rows, tokenizer, **common)
     assert tokenizer.decode(with_tools.prompt_ids) == "<tools>calculator;</tools>3*4="
     assert tokenizer.decode(without.prompt_ids) == "3*4="
+
+
+def test_multi_turn_on_a_backend_that_cannot_continue_sequences_is_one_config_error(monkeypatch):
+    from rlprof.schema import ConfigError
+    from rlprof_train.config.load import load_trainer_config, validate
+    from rlprof_train.workers.rollout import registry
+    from rlprof_train.workers.rollout.registry import register_rollout
+
+    monkeypatch.setattr(registry, "_ROLLOUTS", dict(registry._ROLLOUTS))  # registrations of this test only
+
+    @register_rollout("single_turn_only")
+    class SingleTurnOnly(Rollout):
+        def generate(self, prompts, sampling): ...
+
+    with pytest.raises(ConfigError) as raised:
+        validate(load_trainer_config(["--config-name=tool_demo", "actor_rollout_ref.rollout.name=single_turn_only"]))
+    message = str(raised.value)
+    assert message.count("\n") == 0, message
+    assert "actor_rollout_ref.rollout.name='single_turn_only'" in message and "continues token sequences" in message
+    assert message.endswith(": hf, vllm"), message
+    validate(load_trainer_config(["--config-name=demo", "actor_rollout_ref.rollout.name=single_turn_only"]))  # 1 turn
+    with pytest.raises(TypeError, match="does not subclass ContinuingRollout"):
+        register_rollout("claims_it", continues=True)(SingleTurnOnly)

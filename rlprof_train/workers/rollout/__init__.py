@@ -2,7 +2,7 @@
 (transformers' sampling on the actor's module) and ``vllm`` (a vLLM engine), or your own."""
 
 from rlprof_train.workers.rollout import hf, vllm  # noqa: F401  (the built-in backends register themselves)
-from rlprof_train.workers.rollout.base import Rollout, SamplingParams, build_rollout_batch
+from rlprof_train.workers.rollout.base import ContinuingRollout, Rollout, SamplingParams, build_rollout_batch
 from rlprof_train.workers.rollout.registry import (
     RolloutContext,
     RolloutSpec,
@@ -13,6 +13,7 @@ from rlprof_train.workers.rollout.registry import (
 )
 
 __all__ = [
+    "ContinuingRollout",
     "Rollout",
     "RolloutContext",
     "RolloutSpec",

@@ -55,9 +55,8 @@ class Rollout(ABC):
       every rank with that rank's prompts, inside the trainer's ``rollout/gen`` range, so every rlprof tool's window
       covers it with nothing to do; a backend registered with ``returns_log_probs`` also sets
       ``batch.extras["rollout_log_probs"]`` ([B, T], the sampling distribution's log-probs, 0 outside the response).
-    - ``complete(contexts, n, budgets, sampling)`` samples ``n`` continuations of each token sequence, each of at most
-      its budget of tokens: what a multi-turn rollout (:mod:`~rlprof_train.workers.rollout.multi_turn`) needs from a
-      backend; a backend without it serves single-turn rollouts only.
+    - A backend that can continue token sequences is a :class:`ContinuingRollout` (registered with
+      ``continues=True``): multi-turn rollouts (:mod:`~rlprof_train.workers.rollout.multi_turn`) run on it.
     - ``sync_weights()`` runs after every actor update (inside ``rollout/update_weights``) and after a resume.
     - ``close()`` runs once at the end, also after a failure.
     - A backend whose engine records on its own (an engine-side profiler) follows rlprof's windows as a
@@ -72,19 +71,23 @@ class Rollout(ABC):
     @abstractmethod
     def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch: ...
 
+    def sync_weights(self) -> None:
+        """Load the actor's latest weights (a no-op for backends that sample from the actor's own module)."""
+
+    def close(self) -> None:
+        """Finish what the backend records (e.g. an engine-side profile)."""
+
+
+class ContinuingRollout(Rollout):
+    """A backend that also continues token sequences: what a multi-turn rollout needs from it."""
+
+    @abstractmethod
     def complete(
         self, contexts: Sequence[Sequence[int]], n: int, budgets: Sequence[int], sampling: SamplingParams
     ) -> Completions:
         """``n`` continuations of each of ``contexts`` (context ``i``'s at rows ``i*n .. i*n+n-1``), continuation
         ``i`` of at most ``budgets[i]`` tokens, sampled as ``sampling`` says (its ``n`` and ``response_length``
         are not used)."""
-        raise NotImplementedError(f"the {self.name} rollout cannot continue token sequences (multi-turn)")
-
-    def sync_weights(self) -> None:
-        """Load the actor's latest weights (a no-op for backends that sample from the actor's own module)."""
-
-    def close(self) -> None:
-        """Finish what the backend records (e.g. an engine-side profile)."""
 
 
 def build_rollout_batch(

@@ -16,7 +16,7 @@ from rlprof_train.data import Example, left_pad
 from rlprof_train.workers.rollout.base import (
     Completion,
     Completions,
-    Rollout,
+    ContinuingRollout,
     SamplingParams,
     completions_batch,
 )
@@ -25,7 +25,7 @@ from rlprof_train.workers.rollout.engine_stats import RequestTimes, hf_request_t
 from rlprof_train.workers.rollout.registry import RolloutContext, register_rollout
 
 
-class HFRollout(Rollout):
+class HFRollout(ContinuingRollout):
     """Samples with the module (the loop, else ``generate``); under ZeRO 3 its weights are gathered for each call.
     The loop's decode steps are timed for the engine counters (:mod:`~rlprof_train.workers.rollout.engine_stats`),
     in ``batch.extras["engine_requests"]`` and ``["engine_occupancy"]``."""
@@ -121,7 +121,7 @@ def _generate(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, s
     return out[:, prompt_ids.shape[1] :]
 
 
-@register_rollout("hf", title="transformers generate", reads=("micro_batch_size",))
+@register_rollout("hf", title="transformers generate", reads=("micro_batch_size",), continues=True)
 def hf_rollout(context: RolloutContext) -> HFRollout:
     """Samples from the actor's own module: nothing to load or sync."""
     actor, arr = context.actor, context.cfg.actor_rollout_ref

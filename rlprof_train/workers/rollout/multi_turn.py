@@ -1,5 +1,5 @@
 """Multi-turn, tool-calling rollout (``actor_rollout_ref.rollout.multi_turn.enable``), on any backend that can
-continue token sequences (:meth:`~rlprof_train.workers.rollout.base.Rollout.complete`: hf and vllm).
+continue token sequences (a :class:`~rlprof_train.workers.rollout.base.ContinuingRollout`: hf and vllm).
 
 Each trajectory, as verl's tool agent loop runs it::
 
@@ -39,7 +39,7 @@ from rlprof_train.agent.tool import Tool
 from rlprof_train.batch import RolloutBatch
 from rlprof_train.config.schema import MultiTurnConfig
 from rlprof_train.data import Example, left_pad
-from rlprof_train.workers.rollout.base import Completions, Rollout, SamplingParams
+from rlprof_train.workers.rollout.base import Completions, ContinuingRollout, Rollout, SamplingParams
 
 
 @dataclass
@@ -110,7 +110,9 @@ class ToolReplies:
 class MultiTurnRollout(Rollout):
     """Rolls ``backend`` out over several turns, calling ``tools`` (see the module doc)."""
 
-    def __init__(self, backend: Rollout, tools: list[Tool], settings: MultiTurnConfig, tokenizer: Any) -> None:
+    def __init__(
+        self, backend: ContinuingRollout, tools: list[Tool], settings: MultiTurnConfig, tokenizer: Any
+    ) -> None:
         self.backend = backend
         self.name = backend.name
         self.settings = settings

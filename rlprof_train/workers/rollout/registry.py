@@ -18,6 +18,9 @@ need to know about a backend is a property of its registration, never a test of 
 - ``returns_log_probs``: the backend puts the sampling distribution's log-probs of the responses in
   ``batch.extras["rollout_log_probs"]`` ([B, T], zero outside the response mask). The trainer then logs
   ``rollout/log_prob_abs_diff`` against the actor's and keeps the old-log-prob pass.
+- ``continues``: the backend is a :class:`~rlprof_train.workers.rollout.base.ContinuingRollout`: it can continue
+  token sequences, so multi-turn rollouts (``rollout.multi_turn.enable``) run on it; a config asking for them on a
+  backend without it is refused when it is validated.
 - ``preflight``: ``(TrainerConfig) -> problem or None``, run when the config is validated, before any model loads
   (e.g. "vLLM is not installed").
 
@@ -34,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Optional, TypeVar
 from rlprof.schema import ConfigError
 from rlprof_train.config.schema import RolloutConfig, TrainerConfig
 from rlprof_train.workers.engine import DistEnv
-from rlprof_train.workers.rollout.base import Rollout
+from rlprof_train.workers.rollout.base import ContinuingRollout, Rollout
 
 if TYPE_CHECKING:
     from rlprof_train.workers.actor import ActorWorker
@@ -73,6 +76,8 @@ class RolloutSpec:
     returns_log_probs: bool
     """It fills ``batch.extras["rollout_log_probs"]``."""
     preflight: Optional[Callable[[TrainerConfig], Optional[str]]]
+    continues: bool = False
+    """It continues token sequences (a ``ContinuingRollout``): multi-turn rollouts run on it."""
 
 
 _ROLLOUTS: dict[str, RolloutSpec] = {}
@@ -85,6 +90,7 @@ def register_rollout(
     reads: tuple[str, ...] = (),
     returns_log_probs: bool = False,
     preflight: Optional[Callable[[TrainerConfig], Optional[str]]] = None,
+    continues: bool = False,
 ) -> Callable[[T], T]:
     """Register a :class:`Rollout` subclass taking a :class:`RolloutContext` (or a factory function) as ``name``."""
     if not isinstance(name, str) or not name.isidentifier():
@@ -99,7 +105,13 @@ def register_rollout(
             raise TypeError(f"register_rollout({name!r}): {factory!r} is neither a Rollout class nor a factory")
         if isinstance(factory, type) and not issubclass(factory, Rollout):
             raise TypeError(f"register_rollout({name!r}): {factory.__name__} does not subclass Rollout")
-        _ROLLOUTS[name] = RolloutSpec(name, factory, title or name, tuple(reads), returns_log_probs, preflight)
+        if continues and isinstance(factory, type) and not issubclass(factory, ContinuingRollout):
+            raise TypeError(
+                f"register_rollout({name!r}, continues=True): {factory.__name__} does not subclass ContinuingRollout"
+            )
+        _ROLLOUTS[name] = RolloutSpec(
+            name, factory, title or name, tuple(reads), returns_log_probs, preflight, continues
+        )
         return factory
 
     return register
@@ -119,9 +131,16 @@ def rollout_spec(name: str) -> RolloutSpec:
 
 
 def check_rollout(cfg: TrainerConfig) -> None:
-    """The backend is registered and its preflight finds nothing (a :class:`ConfigError` naming the key)."""
+    """The backend is registered, continues sequences when the rollout is multi-turn, and its preflight finds nothing
+    (a :class:`ConfigError` naming the key)."""
     name = cfg.actor_rollout_ref.rollout.name
     spec = rollout_spec(name)
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable and not spec.continues:
+        able = ", ".join(n for n, s in _ROLLOUTS.items() if s.continues)
+        raise ConfigError(
+            f"{KEY}={name!r}: actor_rollout_ref.rollout.multi_turn.enable=true needs a backend that continues token "
+            f"sequences (registered with continues=True): {able}"
+        )
     problem = spec.preflight(cfg) if spec.preflight else None
     if problem:
         raise ConfigError(f"{KEY}={name!r}: {problem}")
@@ -132,6 +151,12 @@ def create_rollout(context: RolloutContext) -> Rollout:
     spec = rollout_spec(context.cfg.actor_rollout_ref.rollout.name)
     rollout = spec.factory(context)
     rollout.name = spec.name
+    if spec.continues and not isinstance(rollout, ContinuingRollout):
+        rollout.close()
+        raise TypeError(
+            f"register_rollout({spec.name!r}, continues=True): its factory made a {type(rollout).__name__}, which "
+            "does not subclass ContinuingRollout"
+        )
     return rollout
 
 

@@ -34,7 +34,7 @@ from rlprof_train.models import merged_state_dict
 from rlprof_train.workers.rollout.base import (
     Completion,
     Completions,
-    Rollout,
+    ContinuingRollout,
     SamplingParams,
     completions_batch,
 )
@@ -148,7 +148,7 @@ def scoped_environ(**variables: str) -> Iterator[None]:
                 os.environ[name] = value
 
 
-class VLLMRollout(Rollout, WindowListener):
+class VLLMRollout(ContinuingRollout, WindowListener):
     """Samples with a vLLM engine; ``sync_weights`` loads the actor's current weights into it."""
 
     def __init__(
@@ -359,6 +359,7 @@ def _installed(cfg: TrainerConfig) -> Optional[str]:
     ),
     returns_log_probs=True,
     preflight=_installed,
+    continues=True,
 )
 def vllm_rollout(context: RolloutContext) -> VLLMRollout:
     """A vLLM engine in this process, loaded from the model directory, synced from the actor after each update."""
