@@ -95,7 +95,9 @@ def _int(run: Run, key: str, default: int) -> int:
 
 
 def _dominant(share: float, other: float, rule: Rule) -> bool:
-    """A group dominates the step: at least ``share`` of it and ``over`` times the other group's share."""
+    """A group dominates the step: at least ``share`` of it and ``over`` times the other group's share (the shares
+    of :attr:`~rlprof.analysis.model.Breakdown.work_split`: waiting in a collective for a slower rank is the
+    straggler rule's evidence, not work of the phase it is spent in)."""
     return share >= rule.thresholds["share"] and share >= rule.thresholds["over"] * other
 
 
@@ -108,8 +110,8 @@ def _pct(share: float) -> str:
 
 def rollout_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
     b = report.breakdown
-    share = b.split.get("rollout", 0.0) if b else 0.0
-    if b is None or not _dominant(share, b.split.get("training", 0.0), rule):
+    share = b.work_split.get("rollout", 0.0) if b else 0.0
+    if b is None or not _dominant(share, b.work_split.get("training", 0.0), rule):
         return None
     gen = next((p for p in b.phases if p.phase == "gen"), None)
     evidence = {"rollout_share": share, **({"gen_median_s": gen.median_s} if gen else {})}
@@ -132,8 +134,8 @@ def rollout_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) 
 
 def training_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
     b = report.breakdown
-    share = b.split.get("training", 0.0) if b else 0.0
-    if b is None or not _dominant(share, b.split.get("rollout", 0.0), rule):
+    share = b.work_split.get("training", 0.0) if b else 0.0
+    if b is None or not _dominant(share, b.work_split.get("rollout", 0.0), rule):
         return None
     heaviest = max((p for p in b.phases if p.group == "training"), key=lambda p: p.median_s)
     evidence = {"training_share": share, f"{heaviest.phase}_share": heaviest.share}

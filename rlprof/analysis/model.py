@@ -36,6 +36,10 @@ class Breakdown:
     phases: list[PhaseStat]
     split: dict[str, float]
     """Median share of the step per group: rollout, training, other, unaccounted."""
+    work_split: dict[str, float]
+    """Median share of the step per group (rollout, training, other) with each phase at its fastest rank's time
+    (``timing_ranks/{phase}/min``): the groups' own work, without the time the logging rank spent in a collective
+    waiting for a slower one. Equals ``split`` on one rank. The rollout- and training-bound rules compare these."""
     idle_share: Optional[float]
     """Median share of wall time between logged steps spent outside the step (validation, checkpoints, logging)."""
     stragglers: dict[str, float]

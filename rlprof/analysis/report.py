@@ -127,6 +127,7 @@ def _breakdown(records: list[dict[str, Any]], options: ReportOptions) -> Breakdo
         for group in ("rollout", "training", "other"):
             split[group] = sum(p.share for p in phases if p.group == group)
         split["unaccounted"] = max(0.0, 1.0 - sum(split.values()))
+    work_split = _work_split(used) or {g: v for g, v in split.items() if g != "unaccounted"}
     stragglers, slowest, slowest_rank = {}, {}, {}
     for key in {k for r in used for k in r if k.startswith("timing_ranks/") and k.endswith("/straggler")}:
         phase = key.split("/")[1]
@@ -145,12 +146,35 @@ def _breakdown(records: list[dict[str, Any]], options: ReportOptions) -> Breakdo
         step_p90_s=quantile(steps, 0.9),
         phases=phases,
         split=split,
+        work_split=work_split,
         idle_share=_idle_share(used),
         stragglers=dict(sorted(stragglers.items(), key=lambda item: -item[1])),
         slowest_rank_share=slowest,
         slowest_rank=slowest_rank,
         per_step=per_step,
     )
+
+
+def _work_split(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Median over steps of each group's share of the step, every phase counted at its fastest rank's time where
+    the ranks' times were logged (``timing_ranks/{phase}/min``), else at the logging rank's own. The rank that
+    reached a collective last did not wait in it, so its time is the phase's work; the others' extra is the wait
+    for it. Empty when no step logged the spread over ranks."""
+    shares: dict[str, list[float]] = {"rollout": [], "training": [], "other": []}
+    for record in records:
+        step = record.get(STEP_KEY)
+        if not isinstance(step, (int, float)) or step <= 0 or not any(k.startswith("timing_ranks/") for k in record):
+            continue
+        sums = dict.fromkeys(shares, 0.0)
+        for key, seconds in record.items():
+            if not key.startswith("timing_s/") or key == STEP_KEY or not isinstance(seconds, (int, float)):
+                continue
+            phase = key[len("timing_s/") :]
+            fastest = record.get(f"timing_ranks/{phase}/min", seconds)
+            sums[phase_group(phase)] += min(float(seconds), float(fastest))
+        for group, seconds in sums.items():
+            shares[group].append(seconds / step)
+    return {group: statistics.median(values) for group, values in shares.items() if values}
 
 
 def _idle_share(records: list[dict[str, Any]]) -> Optional[float]:

@@ -146,6 +146,51 @@ def test_a_run_without_traces_reports_from_metrics_and_says_how_to_record_traces
     assert "[rollout-bound]" in out
 
 
+def test_waiting_for_a_slow_rank_in_a_collective_is_not_counted_as_training(tmp_path):
+    """Rank 0 logs its own phase times: when rank 1 grades slowly (reward), rank 0 spends the difference in
+    update_actor's all-reduce. Its wall split then says training 0.65 of the step (the CI run of the straggler case
+    that fired training-bound as well); counted at each phase's fastest rank (the one that arrived last, no wait)
+    training is its work, 0.45, and only the straggler rule fires."""
+    rows = [
+        {
+            "step": s,
+            "timing_s/step": 1.0,
+            "timing_s/gen": 0.34,
+            "timing_s/reward": 0.01,
+            "timing_s/update_actor": 0.65,
+            "timing_share/rollout": 0.34,
+            "timing_share/training": 0.65,
+            "timing_share/other": 0.01,
+            "timing_ranks/gen/min": 0.33,
+            "timing_ranks/gen/max": 0.34,
+            "timing_ranks/reward/min": 0.01,
+            "timing_ranks/reward/max": 0.21,
+            "timing_ranks/reward/straggler": 1.9,
+            "timing_ranks/reward/slowest_rank": 1,
+            "timing_ranks/update_actor/min": 0.45,
+            "timing_ranks/update_actor/max": 0.65,
+            "timing_ranks/update_actor/straggler": 1.18,
+            "timing_ranks/update_actor/slowest_rank": 0,
+        }
+        for s in range(1, 11)
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = build_report(find_run([tmp_path]))
+    assert report.breakdown is not None
+    assert report.breakdown.split["training"] == 0.65
+    assert report.breakdown.work_split == pytest.approx({"rollout": 0.33, "training": 0.45, "other": 0.01})
+    assert {f.rule for f in report.findings} == {"straggler-bound"}
+    # the same times on one rank (no spread logged): the wall split is the work, and training dominates
+    for row in rows:
+        for key in [k for k in row if k.startswith("timing_ranks/")]:
+            del row[key]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    one_rank = build_report(find_run([tmp_path]))
+    assert one_rank.breakdown is not None
+    assert one_rank.breakdown.work_split == {"rollout": 0.34, "training": 0.65, "other": 0.01}
+    assert {f.rule for f in one_rank.findings} == {"training-bound"}
+
+
 # ----------------------------------------------------------------------------------------------- bad input
 
 
