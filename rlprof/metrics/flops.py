@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -222,6 +223,42 @@ def peak_flops(name: Optional[str] = None, override_tflops: Optional[float] = No
     return PEAK_TFLOPS[max(matches, key=len)] * 1e12 if matches else None
 
 
+FAR_BELOW = 100.0
+"""A peak more than this many times what the device reaches (a dense matmul measured on it, or the pass itself) is
+taken to be wrong: a peak in the wrong unit, or another device's (a bf16 peak for an fp32 pass is 10-20x, and fair)."""
+
+_matmul_rates: dict[str, float] = {}
+
+
+def matmul_flops(name: str) -> Optional[float]:
+    """FLOP/s of a dense square matmul measured once per process on the device called ``name`` when it is this
+    process's (:func:`device_name`), else None: bf16 n=2048 on CUDA, fp32 n=512 on the CPU (the dtypes of the peak
+    table and of the CPU estimate), the best of 5 after one warm-up. A rate a well-fed pass can reach, to check a
+    peak against."""
+    if name not in _matmul_rates:
+        if name != device_name():
+            return None
+        try:
+            import torch
+        except ImportError:
+            return None
+        cuda = name != "cpu"
+        n, dtype = (2048, torch.bfloat16) if cuda else (512, torch.float32)
+        a = torch.randn(n, n, dtype=dtype, device="cuda" if cuda else "cpu")
+        best = float("inf")
+        for _ in range(6):
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            a @ a
+            if cuda:
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - start)
+        del a
+        _matmul_rates[name] = 2 * n**3 / best
+    return _matmul_rates[name]
+
+
 _reported: set[str] = set()
 
 
@@ -258,7 +295,9 @@ def mfu_metrics(
     """``{"perf/mfu/{role}": achieved / peak}`` for a pass over ``seq_lens`` that took ``seconds`` on
     ``num_devices``; empty, with one warning saying why, when the model or the device is unknown. A value above 1,
     which no device reaches, is kept and warned about once per role, naming the peak it was divided by and where that
-    came from (a peak too low, or a pass whose time or devices are not the ones its sequences ran in)."""
+    came from (a peak too low, or a pass whose time or devices are not the ones its sequences ran in). So is a value
+    far below what the device reaches: under ``1 / FAR_BELOW`` while the peak is more than ``FAR_BELOW`` times the
+    rate of a dense matmul measured on the device (:func:`matmul_flops`, once per process) and of the pass itself."""
     try:
         flops = estimate_flops(config, seq_lens, gated_mlp)
     except UnsupportedModel as exc:
@@ -280,4 +319,14 @@ def mfu_metrics(
             "the time and devices of this pass",
             key=f"mfu above 1/{role}",
         )
+    elif mfu < 1 / FAR_BELOW and (matmul := matmul_flops(name)) is not None:
+        reached = max(matmul, achieved / num_devices)
+        if peak > FAR_BELOW * reached:
+            _warn_once(
+                f"perf/mfu/{role}={mfu:.2g} is far below what this device reaches: it ran a dense matmul at "
+                f"{matmul / 1e12:.3g} TFLOP/s and this pass at {achieved / num_devices / 1e12:.3g}, while the peak "
+                f"it is divided by is {peak / 1e12:.3g} TFLOP/s ({_peak_source(name, peak_tflops)}), "
+                f"{peak / reached:.0f}x the faster; set ${PEAK_ENV} to the device's peak in TFLOP/s",
+                key=f"mfu far below/{role}",
+            )
     return {f"perf/mfu/{role}": mfu}

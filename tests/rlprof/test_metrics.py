@@ -317,6 +317,35 @@ def test_an_mfu_above_1_is_warned_about_once_per_role_naming_the_peak_and_its_so
     assert "RLPROF_PEAK_TFLOPS" in messages[0] and "num_devices=1" in messages[0]
 
 
+def test_an_mfu_far_below_what_the_device_reaches_is_warned_about_naming_the_peak(monkeypatch):
+    """A peak given in FLOP/s where TFLOP/s are meant (10^12 too high) makes every MFU tiny: warned once per role,
+    with the matmul rate measured here. A slow pass against a peak within reach is not; nor is a device this process
+    does not have (nothing to measure)."""
+    from rlprof.metrics.flops import FAR_BELOW, matmul_flops
+
+    monkeypatch.delenv("RLPROF_PEAK_TFLOPS", raising=False)
+    rate = matmul_flops("cpu")
+    peak = cpu_peak_flops()
+    assert rate is not None and rate > 1e8 and (peak is None or rate < 1.5 * peak)  # the estimate bounds it
+    assert matmul_flops("NVIDIA A100") is None  # not this process's device
+    flops = estimate_flops(LLAMA, [1000]).training
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monkeypatch.setenv("RLPROF_PEAK_TFLOPS", str(rate))  # FLOP/s given as TFLOP/s
+        for _ in range(2):
+            tiny = mfu_metrics("actor", LLAMA, [1000], flops / rate, device="cpu")["perf/mfu/actor"]
+            assert tiny == pytest.approx(1e-12)
+        monkeypatch.setenv("RLPROF_PEAK_TFLOPS", str(rate / 1e12))  # the right unit, a pass 200x slower than it
+        slow = mfu_metrics("ref", LLAMA, [1000], 200 * flops / rate, device="cpu")["perf/mfu/ref"]
+        assert slow == pytest.approx(1 / 200) and slow < 1 / FAR_BELOW
+        monkeypatch.setenv("RLPROF_PEAK_TFLOPS", str(rate))
+        mfu_metrics("values", LLAMA, [1000], flops / rate, device="NVIDIA A100")
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1, messages
+    assert messages[0].startswith("perf/mfu/actor=1e-12 is far below what this device reaches: it ran a dense matmul")
+    assert "from $RLPROF_PEAK_TFLOPS" in messages[0] and "set $RLPROF_PEAK_TFLOPS to the device's peak" in messages[0]
+
+
 def test_cpu_peak_estimate_and_env_override(monkeypatch):
     assert cpu_peak_flops() is None or cpu_peak_flops() > 1e9
     monkeypatch.setenv("RLPROF_PEAK_TFLOPS", "2.5")
