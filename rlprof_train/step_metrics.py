@@ -55,6 +55,7 @@ def step_metrics(
             "sequence_lengths": batch.sequence_lengths().tolist(),
             "engine_requests": batch.extras.get("engine_requests", []),
             "engine_occupancy": batch.extras.get("engine_occupancy"),
+            "engine_kv_cache_usage": batch.extras.get("engine_kv_cache_usage", []),
             "multi_turn": batch.extras.get("multi_turn"),
         }
     )
@@ -79,7 +80,13 @@ def step_metrics(
     )
     occupancies = [r["engine_occupancy"] for r in everything if r["engine_occupancy"] is not None]
     occupancy = (sum(o[0] for o in occupancies), sum(o[1] for o in occupancies)) if occupancies else None
-    metrics.update(engine_metrics([request for r in everything for request in r["engine_requests"]], occupancy))
+    metrics.update(
+        engine_metrics(
+            [request for r in everything for request in r["engine_requests"]],
+            occupancy,
+            [usage for r in everything for usage in r["engine_kv_cache_usage"]],
+        )
+    )
     turns = [r["multi_turn"] for r in everything if r["multi_turn"] is not None]
     metrics.update(
         multi_turn_metrics(

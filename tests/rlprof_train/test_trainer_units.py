@@ -458,4 +458,11 @@ def test_engine_metrics_are_the_percentiles_sums_and_shares_of_the_requests():
     assert metrics["rollout/engine/prefix_cache_hit_rate"] == pytest.approx(32 / 64)
     assert metrics["rollout/slowest_response_s"] == 0.3
     assert engine_metrics([]) == {}
-    assert not any("kv_cache" in key for key in metrics)  # not with the requests (docs/metrics.md)
+    assert not any("kv_cache" in key for key in metrics)  # not with the requests: per engine iteration
+    with_usage = engine_metrics(requests, kv_cache_usage=[0.0, 0.25, 0.5, 0.25])  # every rank's iterations
+    assert with_usage["rollout/engine/kv_cache_usage"] == 0.5  # the peak
+    assert with_usage["rollout/engine/kv_cache_usage_mean"] == pytest.approx(0.25)
+    assert engine_metrics([], kv_cache_usage=[0.1]) == {
+        "rollout/engine/kv_cache_usage": 0.1,
+        "rollout/engine/kv_cache_usage_mean": 0.1,
+    }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -175,14 +176,24 @@ def test_sampled_seeded_batch_with_more_prompt_tokens_than_the_step_budget_runs(
     assert result.returncode == 0, result.stderr[-4000:]
     assert "vLLM on CPU runs with enable_chunked_prefill=false:" in result.stdout + result.stderr
     rows = [r for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl") if r["step"] > 0]
+    (cache,) = re.findall(r"vLLM: a KV cache of (\d+) blocks of (\d+) tokens", result.stdout + result.stderr)
+    blocks, block = int(cache[0]), int(cache[1])
     for row in rows:
+        assert row["prompt_length/max"] + row["response_length/max"] <= block
         engine = {k.removeprefix("rollout/engine/"): v for k, v in row.items() if k.startswith("rollout/engine/")}
         print(f"\nstep {row['step']}: {engine}, slowest {row['rollout/slowest_response_s']:.3f} s")
-        assert set(engine) == {  # the counters vLLM returns with each request; no KV cache use (per iteration)
+        assert set(engine) == {  # the counters vLLM returns with each request, and its scheduler's KV cache use
             *(f"{name}_{q}" for name in ("queue_time_ms", "ttft_ms", "itl_ms") for q in ("p50", "p99")),
             "num_preemptions",
             "prefix_cache_hit_rate",
+            "kv_cache_usage",
+            "kv_cache_usage_mean",
         }, sorted(engine)
+        # the share of the cache's blocks held (vLLM: used / all but its null block): a whole number of blocks, one
+        # per running sequence here (prompt + response within a block), 64 sequences at most
+        held = engine["kv_cache_usage"] * (blocks - 1)
+        assert held == pytest.approx(round(held), abs=1e-6) and 1 <= round(held) <= 64, held
+        assert 0 < engine["kv_cache_usage_mean"] <= engine["kv_cache_usage"]
         assert engine["queue_time_ms_p99"] > 0 and engine["queue_time_ms_p99"] >= engine["queue_time_ms_p50"] >= 0
         assert engine["ttft_ms_p99"] >= engine["ttft_ms_p50"] > 0 and engine["itl_ms_p99"] >= engine["itl_ms_p50"] > 0
         assert engine["num_preemptions"] >= 0 and engine["prefix_cache_hit_rate"] == 0  # prompts under one block

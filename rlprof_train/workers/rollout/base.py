@@ -42,6 +42,8 @@ class Completions:
     """``RequestTimes`` of each request the engine timed (none when it keeps no times)."""
     occupancy: Optional[tuple[int, int]] = None
     """hf: (tokens sampled, rows x decode steps)."""
+    kv_cache_usage: list[float] = field(default_factory=list)
+    """vllm: the KV cache's use (0..1) at each engine iteration (none when the engine keeps no statistics)."""
 
 
 class Rollout(ABC):
@@ -125,7 +127,8 @@ def completions_batch(
     prompts: list[Example], sampled: Completions, sampling: SamplingParams, pad_id: int, eos_id: int
 ) -> RolloutBatch:
     """The single-turn batch of ``sampled`` (``sampling.n`` completions per prompt, in order), with what the backend
-    measured: ``extras["rollout_log_probs"]`` when it returned log-probs, the engine's request times and occupancy."""
+    measured: ``extras["rollout_log_probs"]`` when it returned log-probs, the engine's request times, occupancy and
+    KV-cache use."""
     batch = build_rollout_batch(prompts, [c.token_ids for c in sampled.rows], sampling, pad_id, eos_id)
     if any(c.log_probs is not None for c in sampled.rows):
         rollout_log_probs = torch.zeros(batch.response_mask.shape)
@@ -137,4 +140,6 @@ def completions_batch(
         batch.extras["engine_requests"] = sampled.requests
     if sampled.occupancy is not None:
         batch.extras["engine_occupancy"] = sampled.occupancy
+    if sampled.kv_cache_usage:
+        batch.extras["engine_kv_cache_usage"] = sampled.kv_cache_usage
     return batch

@@ -1,7 +1,8 @@
 """The rollout engine's own counters per step: how long each request waited, took to its first token, took per token
-after that, and how often it was preempted, read from what vLLM returns with each request (``RequestOutput.metrics``
-and ``num_cached_tokens``, kept when ``rollout.disable_log_stats=false``), or timed by the hf rollout's sampling loop
-(per decode step), gathered over the ranks.
+after that, how often it was preempted and how full the KV cache got, read from what vLLM returns with each request
+(``RequestOutput.metrics`` and ``num_cached_tokens``) and its scheduler's statistics, both kept when
+``rollout.disable_log_stats=false``, or timed by the hf rollout's sampling loop (per decode step), gathered over the
+ranks.
 
 Per step, over the step's requests (one per prompt: vLLM fans a prompt's n samples out and returns them together):
 
@@ -10,6 +11,10 @@ Per step, over the step's requests (one per prompt: vLLM fans a prompt's n sampl
 - ``rollout/engine/itl_ms_p50|p99``: (last token - first token) / (tokens - 1), ms, for requests of 2+ tokens;
 - ``rollout/engine/num_preemptions``: sum over requests;
 - ``rollout/engine/prefix_cache_hit_rate``: prompt tokens served from the prefix cache / prompt tokens;
+- ``rollout/engine/kv_cache_usage`` (vllm): the largest share of the KV cache's blocks in use at any engine iteration
+  of the step (0..1, vLLM's ``kv_cache_usage_perc``; 1 is full: the next sequence waits or preempts another), and
+  ``rollout/engine/kv_cache_usage_mean`` over the iterations (from vLLM's stat-logger interface:
+  :mod:`.vllm_stats`);
 - ``rollout/slowest_response_s``: the longest request, from its arrival to its last token;
 - ``rollout/engine/batch_occupancy`` (hf): tokens sampled / (rows x decode steps) of each micro-batch: the share of
   ``generate``'s row-steps that make a real token (the loop drops finished rows, so 1 - occupancy is the work saved).
@@ -95,12 +100,20 @@ def hf_request_times(
     return found
 
 
-def engine_metrics(requests: Sequence[RequestTimes], occupancy: Optional[tuple[int, int]] = None) -> dict[str, float]:
-    """The step's engine metrics (see the module doc) over ``requests`` (every rank's) and the hf loop's
-    ``occupancy`` (tokens sampled, rows x decode steps; summed over ranks); {} for none."""
+def engine_metrics(
+    requests: Sequence[RequestTimes],
+    occupancy: Optional[tuple[int, int]] = None,
+    kv_cache_usage: Sequence[float] = (),
+) -> dict[str, float]:
+    """The step's engine metrics (see the module doc) over ``requests`` (every rank's), the hf loop's ``occupancy``
+    (tokens sampled, rows x decode steps; summed over ranks) and vLLM's ``kv_cache_usage`` per engine iteration
+    (every rank's engine); {} for none."""
     metrics: dict[str, float] = {}
     if occupancy is not None and occupancy[1]:
         metrics[f"{PREFIX}batch_occupancy"] = occupancy[0] / occupancy[1]
+    if kv_cache_usage:
+        metrics[f"{PREFIX}kv_cache_usage"] = max(kv_cache_usage)
+        metrics[f"{PREFIX}kv_cache_usage_mean"] = sum(kv_cache_usage) / len(kv_cache_usage)
     if not requests:
         return metrics
     series = {

@@ -268,6 +268,9 @@ class MultiTurnRollout(Rollout):
         occupancies = [done.occupancy for done in sampled if done.occupancy is not None]
         if occupancies:
             batch.extras["engine_occupancy"] = (sum(o[0] for o in occupancies), sum(o[1] for o in occupancies))
+        kv_cache_usage = [u for done in sampled for u in done.kv_cache_usage]
+        if kv_cache_usage:
+            batch.extras["engine_kv_cache_usage"] = kv_cache_usage
         batch.extras["reward_extra_info"] = [
             {
                 "num_turns": t.assistant_turns + t.user_turns + 1,

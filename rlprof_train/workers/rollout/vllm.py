@@ -217,6 +217,11 @@ class VLLMRollout(ContinuingRollout, WindowListener):
                 self.llm = LLM(**options)
         except Exception as exc:
             raise ConfigError(explain_start_failure(exc, model_path)) from exc
+        from rlprof_train.workers.rollout.vllm_stats import attach
+
+        self.kv_cache_usage = attach(self.llm)  # None with rollout.disable_log_stats=true
+        cache = self.llm.llm_engine.vllm_config.cache_config
+        log(f"vLLM: a KV cache of {cache.num_gpu_blocks} blocks of {cache.block_size} tokens")
         if session is not None:
             session.add_window_listener(self)
 
@@ -245,6 +250,8 @@ class VLLMRollout(ContinuingRollout, WindowListener):
             )
             for seed, budget in zip(seeds, budgets, strict=True)
         ]
+        if self.kv_cache_usage is not None:
+            self.kv_cache_usage.drain()  # iterations outside this call (none expected) are not this step's
         try:
             outputs = self.llm.generate(
                 [TokensPrompt(prompt_token_ids=list(c)) for c in contexts], params, use_tqdm=False
@@ -265,7 +272,8 @@ class VLLMRollout(ContinuingRollout, WindowListener):
             for output in outputs
             for c in output.outputs
         ]
-        return Completions(rows, vllm_request_times(outputs) or [])
+        kv_cache_usage = self.kv_cache_usage.drain() if self.kv_cache_usage is not None else []
+        return Completions(rows, vllm_request_times(outputs) or [], kv_cache_usage=kv_cache_usage)
 
     @torch.no_grad()
     def sync_weights(self) -> None:
