@@ -53,6 +53,8 @@ class TuneConfig:
     """Measured steps per verification run."""
     verify_repeats: int = field(default=2, metadata=bounds(ge=1))
     """Verification runs of base and best each, interleaved."""
+    max_trials: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """Configurations to measure besides the base, at most (null: as many as the budget allows)."""
     nproc_per_node: int = field(default=1, metadata=bounds(ge=1))
     """Processes per trial (each trial runs under torchrun when more than 1)."""
     trial_timeout_s: Optional[float] = field(default=None, metadata=bounds(gt=0))
@@ -123,6 +125,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         2 * tune.verify_repeats,
         tune.verify_steps,
         tune.trial_timeout_s,
+        tune.max_trials,
     )
 
     def progress(line: str) -> None:

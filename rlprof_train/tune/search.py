@@ -55,6 +55,8 @@ class SearchSettings:
     """Measured steps per verification run."""
     trial_timeout_s: Optional[float] = None
     """A run taking longer fails; default 5x the base's first run, at least 120 s."""
+    max_trials: Optional[int] = None
+    """Configurations measured besides the base, at most (None: as many as the budget allows)."""
 
 
 @dataclass
@@ -131,6 +133,11 @@ class Search:
         reserve = settings.verify_runs * self.expected_run_s(settings.warmup_steps + settings.verify_steps)
         return self.budget.left - reserve >= runs * self.expected_run_s(settings.warmup_steps + settings.trial_steps)
 
+    def room_for_another(self) -> bool:
+        """Whether one more configuration may be measured (``max_trials``; a failed one counts)."""
+        limit = self.settings.max_trials
+        return limit is None or sum(1 for t in self.trials[1:] if t.runs or t.status != OK) < limit
+
     def expected_run_s(self, steps: int) -> float:
         """The wall time of a run of ``steps`` steps: the quickest start-up so far (the first run can include
         one-off work, such as building DeepSpeed's ops) plus ``steps`` median steps of all runs so far."""
@@ -173,10 +180,19 @@ class Search:
                 if not self.affordable():
                     stopped = "the budget ran out"
                     return SearchResult(self.trials, base, best, findings, groups, stopped)
+                if not self.room_for_another():
+                    stopped = f"tune.max_trials={self.settings.max_trials} configurations were measured"
+                    return SearchResult(self.trials, base, best, findings, groups, stopped)
                 winner = self.halve(candidates)
                 if winner is not None and self.duel(best, winner):
                     best, changed = winner, True
                     self.best = best
+        if any(not t.runs and t.status == OK for t in self.trials[1:]):  # candidates left unmeasured
+            stopped = (
+                f"tune.max_trials={self.settings.max_trials} configurations were measured"
+                if not self.room_for_another()
+                else "the budget ran out"
+            )
         return SearchResult(self.trials, base, best, findings, groups, stopped)
 
     def diagnose(self, base: Trial) -> list[str]:
@@ -209,7 +225,7 @@ class Search:
 
     def halve(self, candidates: list[Trial]) -> Optional[Trial]:
         """Successive halving: run all, keep the faster half, run those again, until one is left."""
-        alive = [t for t in candidates if self.affordable() and self.measure(t)]
+        alive = [t for t in candidates if self.affordable() and self.room_for_another() and self.measure(t)]
         while len(alive) > 1:
             alive.sort(key=lambda t: t.median_step_s)
             alive = alive[: math.ceil(len(alive) / 2)]

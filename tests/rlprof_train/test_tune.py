@@ -79,6 +79,20 @@ def test_a_run_is_expected_to_take_the_quickest_start_up_plus_its_steps_and_the_
     assert search.affordable(2) and not search.affordable(3)  # 4 verification runs of 7 steps held back
 
 
+def test_max_trials_caps_the_configurations_measured_besides_the_base(tmp_path):
+    def measured():
+        return Measurement([1.0] * 3, [], None, 5.0, 1.0, [])
+
+    settings = SearchSettings(1, 3, None, verify_runs=2, verify_steps=3, max_trials=2)
+    search = Search(None, 1, [], Launch([], tmp_path, 1, 60), settings, Budget(3600), lambda line: None)  # type: ignore[arg-type]
+    search.trials = [Trial("base", {}, [measured()]), Trial("t01", {"a": 1}, [measured()]), Trial("t02", {"a": 2})]
+    assert search.room_for_another()  # t02 is a candidate not measured yet
+    search.trials[2].status = "failed"  # tried, and failed: it counts
+    assert not search.room_for_another()
+    search.settings = SearchSettings(1, 3, None, verify_runs=2, verify_steps=3)
+    assert search.room_for_another()  # no cap
+
+
 def tune(tmp_path, *args, timeout=1200):
     command = [sys.executable, "-m", "rlprof_train.tune", *args, f"tune.dir={tmp_path / 'tune'}"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=subprocess_env())
@@ -113,9 +127,11 @@ def test_from_a_poor_base_tune_returns_a_verified_faster_configuration_with_the_
 
 @pytest.mark.slow
 def test_a_memory_limit_nothing_fits_under_is_reported_with_the_closest_trial(tmp_path):
-    result, results = tune(tmp_path, "--config-name=demo", "tune.memory_limit_gb=0.2", "tune.budget_minutes=1.5")
+    result, results = tune(
+        tmp_path, "--config-name=demo", "tune.memory_limit_gb=0.2", "tune.budget_minutes=1.5", "tune.max_trials=2"
+    )
     trials = [t for t in results["trials"] if t["runs"]]
-    assert trials and all(t["status"] == "over memory limit" for t in trials)
+    assert len(trials) <= 3 and all(t["status"] == "over memory limit" for t in trials)
     closest = min(trials, key=lambda t: t["peak_memory_gb"])
     assert f"**No configuration fits under 0.20 GB**; closest: {closest['name']}" in result.stdout
     assert f"at {closest['peak_memory_gb']:.2f} GB" in result.stdout and "verification" not in results
@@ -167,13 +183,15 @@ def test_vllms_knobs_are_searched_with_the_vllm_rollout(tmp_path):
         f"{ARR}.rollout.name=vllm",
         f"tune.space=[{ARR}.rollout.max_num_batched_tokens]",
         "tune.budget_minutes=6",  # 4 measured only the base once on a slow machine (each trial starts an engine)
+        "tune.max_trials=1",  # one candidate is enough to show the knob reaches vLLM; the budget is the slow case's
         "tune.trial_steps=2",
         "tune.verify_steps=2",
         "tune.verify_repeats=1",
     )
     searched = [t for t in results["trials"] if t["changes"] and t["runs"]]
-    assert searched and all(list(t["changes"]) == [f"{ARR}.rollout.max_num_batched_tokens"] for t in searched)
-    assert all(t["status"] == "ok" for t in searched), searched
+    assert len(searched) == 1 and list(searched[0]["changes"]) == [f"{ARR}.rollout.max_num_batched_tokens"]
+    assert searched[0]["status"] == "ok", searched
+    assert results["stopped"] == "tune.max_trials=1 configurations were measured"
 
 
 @pytest.mark.slow

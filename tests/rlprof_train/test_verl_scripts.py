@@ -10,6 +10,7 @@ every key it cannot honour (SGLang rollouts). The seed's multi-turn tool-calling
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -165,12 +167,48 @@ def run_script(name: str, place, work: Path, *more: str) -> subprocess.Completed
     return subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=work, env=env)
 
 
+CONCURRENT = 2
+"""Scripts run at once: each spends most of its time starting vLLM (imports in two spawned processes, one core
+each), so two side by side on two cores take about half the time of one after the other."""
+
+
+MULTI_TURN_ROLLOUTS = ("hf", "vllm") if importlib.util.find_spec("vllm") else ("hf",)
+
+
+@pytest.fixture(scope="module")
+def script_runs(place, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """Every script of RUNS, and the multi-turn script with each rollout of MULTI_TURN_ROLLOUTS (keys ``hf``,
+    ``vllm``), each in a work folder of its own, CONCURRENT at a time: key -> (result, work)."""
+    root = tmp_path_factory.mktemp("scripts")
+    data = place[0] / "data" / "gsm8k_multiturn"
+    jobs = {name: (name, ()) for name in sorted(RUNS)} | {
+        rollout: (
+            MULTI_TURN,
+            (
+                f"actor_rollout_ref.rollout.name={rollout}",
+                f"data.train_files={data / 'train.parquet'}",
+                f"data.val_files={data / 'test.parquet'}",
+            ),
+        )
+        for rollout in MULTI_TURN_ROLLOUTS
+    }
+
+    def one(index: int, name: str, more: tuple[str, ...]) -> tuple[subprocess.CompletedProcess, Path]:
+        work = root / f"{index}" / "work"
+        work.parent.mkdir()
+        return run_script(name, place, work, *more), work
+
+    with ThreadPoolExecutor(CONCURRENT) as pool:
+        futures = {key: pool.submit(one, i, *job) for i, (key, job) in enumerate(jobs.items())}
+        return {key: future.result() for key, future in futures.items()}
+
+
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_verl_script_runs_two_steps(name, place, tmp_path):
-    result = run_script(name, place, tmp_path / "work")
+def test_verl_script_runs_two_steps(name, script_runs):
+    result, work = script_runs[name]
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
-    history = wandb_history(tmp_path / "work")
+    history = wandb_history(work)
     steps = [row["_step"] for row in history if "critic/score/mean" in row]
     assert steps == [1, 2], steps
     print(f"\n{name} ({RUNS[name]}): {tally(output)}, ran 2 steps")
@@ -184,21 +222,12 @@ def wandb_history(work: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("rollout", ["hf", "vllm"])
-def test_the_seeds_multi_turn_script_runs_with_the_hf_and_vllm_rollouts(rollout, place, tmp_path):
+def test_the_seeds_multi_turn_script_runs_with_the_hf_and_vllm_rollouts(rollout, script_runs):
     """The seed's worked example, verl's script as published (its YAML config, verl's GSM8K tool config, the
     torch_memory tool and wandb), with only the rollout's name and the moves of a user substituted."""
-    if rollout == "vllm":
-        pytest.importorskip("vllm")
-    data = place[0] / "data" / "gsm8k_multiturn"
-    work = tmp_path / "work"
-    result = run_script(
-        MULTI_TURN,
-        place,
-        work,
-        f"actor_rollout_ref.rollout.name={rollout}",
-        f"data.train_files={data / 'train.parquet'}",
-        f"data.val_files={data / 'test.parquet'}",
-    )
+    if rollout not in MULTI_TURN_ROLLOUTS:
+        pytest.skip("vLLM is not installed")
+    result, work = script_runs[rollout]
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     assert "rollout: multi-turn (hermes tool calls) with calc_gsm8k_reward" in output
