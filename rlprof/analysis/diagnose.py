@@ -371,9 +371,15 @@ def engine_queue_bound(rule: Rule, report: Report, run: Run, options: ReportOpti
 def engine_preempting(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
     """The engine preempts requests every step: its KV cache cannot hold the sequences it runs at once, and a
     preempted request's tokens are computed again."""
-    preemptions = _engine(report).get("num_preemptions", 0.0)
+    engine = _engine(report)
+    preemptions = engine.get("num_preemptions", 0.0)
     if preemptions < rule.thresholds["preemptions"]:
         return None
+    evidence = {"num_preemptions": preemptions}
+    full = ""
+    if "kv_cache_usage" in engine:  # the step's peak share of the cache's blocks (median over steps)
+        evidence["kv_cache_usage"] = engine["kv_cache_usage"]
+        full = f" with its KV cache {_pct(engine['kv_cache_usage'])} full at the peak"
     seqs = _int(run, f"{ROLLOUT}.max_num_seqs", 256)
     if device_kind(report) == "cuda":
         utilization = run.setting(f"{ROLLOUT}.gpu_memory_utilization", 0.5)
@@ -382,12 +388,10 @@ def engine_preempting(rule: Rule, report: Report, run: Run, options: ReportOptio
     else:  # vLLM on CPU sizes its KV cache in GB
         more_cache = f"{ROLLOUT}.kv_cache_space_gb={2 * _int(run, f'{ROLLOUT}.kv_cache_space_gb', 1)}"
     message = (
-        f"engine-preempting: the engine preempts {preemptions:.0f} requests a step (median), recomputing them; "
-        "give its KV cache more memory, or run fewer sequences at once"
+        f"engine-preempting: the engine preempts {preemptions:.0f} requests a step (median){full}, recomputing "
+        "them; give its KV cache more memory, or run fewer sequences at once"
     )
-    return rule.finding(
-        message, {"num_preemptions": preemptions}, [more_cache, f"{ROLLOUT}.max_num_seqs={max(1, seqs // 2)}"]
-    )
+    return rule.finding(message, evidence, [more_cache, f"{ROLLOUT}.max_num_seqs={max(1, seqs // 2)}"])
 
 
 MULTI_TURN = f"{ROLLOUT}.multi_turn"

@@ -213,6 +213,7 @@ def test_engine_counters_are_listed_and_preemptions_every_step_name_the_kv_cache
             "timing_s/gen": 0.5,
             "timing_s/update_actor": 0.4,
             "rollout/engine/num_preemptions": [3, 5, 4, 6][s % 4],
+            "rollout/engine/kv_cache_usage": [0.97, 1.0, 0.99, 1.0][s % 4],
             "rollout/engine/queue_time_ms_p50": 2.0,
             "rollout/engine/ttft_ms_p50": 40.0,
             "rollout/slowest_response_s": 0.45,
@@ -226,6 +227,8 @@ def test_engine_counters_are_listed_and_preemptions_every_step_name_the_kv_cache
     engine = {e["metric"]: e["median"] for e in data["engine"]}
     assert engine["rollout/engine/num_preemptions"] == 4.0 and engine["rollout/slowest_response_s"] == 0.45
     (preempting,) = [f for f in data["findings"] if f["rule"] == "engine-preempting"]
+    assert preempting["evidence"] == {"num_preemptions": 4.0, "kv_cache_usage": 0.99}  # medians of steps 2-8
+    assert "with its KV cache 99% full at the peak" in preempting["message"]
     assert preempting["overrides"] == [
         "actor_rollout_ref.rollout.kv_cache_space_gb=2",
         "actor_rollout_ref.rollout.max_num_seqs=32",
