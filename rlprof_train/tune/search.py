@@ -180,14 +180,11 @@ class Search:
                 if not self.affordable():
                     stopped = "the budget ran out"
                     return SearchResult(self.trials, base, best, findings, groups, stopped)
-                if not self.room_for_another():
-                    stopped = f"tune.max_trials={self.settings.max_trials} configurations were measured"
-                    return SearchResult(self.trials, base, best, findings, groups, stopped)
                 winner = self.halve(candidates)
                 if winner is not None and self.duel(best, winner):
                     best, changed = winner, True
                     self.best = best
-        if any(not t.runs and t.status == OK for t in self.trials[1:]):  # candidates left unmeasured
+        if any(not t.runs and t.status == OK for t in self.trials[1:]):  # candidates left unmeasured: why
             stopped = (
                 f"tune.max_trials={self.settings.max_trials} configurations were measured"
                 if not self.room_for_another()
