@@ -3,15 +3,19 @@ actor's current weights under ZeRO 2 and ZeRO 3, GRPO learns with it, and start-
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -69,7 +73,6 @@ def train_a_little(actor, tokenizer, steps: int = 3) -> None:
 def test_after_sync_vllm_greedy_equals_the_actors_greedy(model_dir, dist_env, zero_stage):
     from rlprof_train.models import load_tokenizer
     from rlprof_train.workers.actor import ActorWorker
-    from rlprof_train.workers.rollout.hf import HFRollout
     from rlprof_train.workers.rollout.vllm import VLLMRollout
 
     cfg = load_trainer_config(
@@ -86,6 +89,7 @@ def test_after_sync_vllm_greedy_equals_the_actors_greedy(model_dir, dist_env, ze
     tokenizer = load_tokenizer(model_dir)
     arr = cfg.actor_rollout_ref
     actor = ActorWorker(arr.actor, arr.model, str(model_dir), dist_env)
+    threads, started = torch.get_num_threads(), vllm_processes()
     engine = VLLMRollout(
         arr.rollout,
         str(model_dir),
@@ -95,8 +99,30 @@ def test_after_sync_vllm_greedy_equals_the_actors_greedy(model_dir, dist_env, ze
         max_prompt_length=cfg.data.max_prompt_length,
         seed=cfg.trainer.seed,
     )
+    # the engine core runs in this process, the model in one worker process; what it set for serving is undone
+    assert vllm_processes() == [*started, "VLLM::Worker"]
+    assert (torch.get_num_threads(), gc.get_freeze_count()) == (threads, 0)
+    check_sync(engine, actor, tokenizer)
+
+
+def all_vllm_processes() -> set[int]:
+    """The process ids of every ``VLLM::`` process on the machine."""
+    return {p.pid for p in psutil.process_iter(["name"]) if (p.info["name"] or "").startswith("VLLM::")}
+
+
+def vllm_processes() -> list[str]:
+    """The names of this process's children that vLLM started (``VLLM::EngineCore``, ``VLLM::Worker``)."""
+    return [p.name() for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM::")]
+
+
+def check_sync(engine, actor, tokenizer) -> None:
+    """Greedy answers equal the actor's before training, differ after it until the weights are synced, and equal them
+    after; sampled log-probs equal the actor's."""
+    from rlprof_train.batch import MicroBatching
+    from rlprof_train.workers.rollout.hf import HFRollout
+
     assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in os.environ  # weights are reloaded without pickling
-    hf = HFRollout(lambda: actor.module, tokenizer, zero_stage, 64)
+    hf = HFRollout(lambda: actor.module, tokenizer, engine.zero_stage, 64)
     greedy = SamplingParams(1, 0.0, 1.0, -1, 4)
     assert (
         engine.generate(examples(tokenizer), greedy).responses.tolist()
@@ -109,8 +135,6 @@ def test_after_sync_vllm_greedy_equals_the_actors_greedy(model_dir, dist_env, ze
     engine.sync_weights()
     assert engine.generate(examples(tokenizer), greedy).responses.tolist() == actor_greedy
     sampled = engine.generate(examples(tokenizer), SamplingParams(4, 1.0, 1.0, -1, 4))
-    from rlprof_train.batch import MicroBatching
-
     old, _ = actor.compute_log_prob(sampled, MicroBatching(64))
     gap = ((old - sampled.extras["rollout_log_probs"]).abs() * sampled.response_mask).max()
     assert gap < 1e-3, f"the engine's log-probs should be the actor's after sync (max gap {gap})"
@@ -163,6 +187,7 @@ def test_sampled_seeded_batch_with_more_prompt_tokens_than_the_step_budget_runs(
     the queue, and no request takes longer than the whole generation phase timed by the trainer."""
     from rlprof.tracking.jsonl import read_jsonl
 
+    engines_before = all_vllm_processes()
     result = run_trainer(
         tmp_path,
         "actor_rollout_ref.rollout.name=vllm",
@@ -175,6 +200,8 @@ def test_sampled_seeded_batch_with_more_prompt_tokens_than_the_step_budget_runs(
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "vLLM on CPU runs with enable_chunked_prefill=false:" in result.stdout + result.stderr
+    assert "Initializing a V1 LLM engine" in result.stdout + result.stderr  # what the refusal test looks for
+    assert all_vllm_processes() <= engines_before  # the run's engine processes ended with it
     rows = [r for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl") if r["step"] > 0]
     (cache,) = re.findall(r"vLLM: a KV cache of (\d+) blocks of (\d+) tokens", result.stdout + result.stderr)
     blocks, block = int(cache[0]), int(cache[1])
@@ -215,6 +242,40 @@ def test_sampled_seeded_batch_with_more_prompt_tokens_than_the_step_budget_runs(
     assert queued["evidence"]["queue_time_ms_p50"] >= 0.5 * queued["evidence"]["ttft_ms_p50"]
 
 
+def test_an_interrupted_vllm_run_leaves_no_engine_process_running(tmp_path):
+    """SIGINT to the trainer alone (a launcher's or a scheduler's signal, not the terminal's group-wide Ctrl-C): the
+    run ends with 130 and vLLM's processes end with it. With vLLM's engine core in a process of its own, that
+    process and its worker were left running, orphaned, for minutes after the trainer had gone."""
+    before = all_vllm_processes()
+    log = tmp_path / "out.txt"
+    with log.open("w") as out:
+        run = subprocess.Popen(
+            trainer_command(tmp_path, "actor_rollout_ref.rollout.name=vllm", "trainer.total_training_steps=500"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=subprocess_env(),
+        )
+    try:
+        deadline = time.monotonic() + 300
+        metrics = tmp_path / "logs" / "metrics.jsonl"
+        while not metrics.exists() or '"step": 2,' not in metrics.read_text():  # training, the engine started
+            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        started = all_vllm_processes() - before
+        assert started, "the run started no vLLM process"
+        run.send_signal(signal.SIGINT)
+        assert run.wait(timeout=60) == 130, log.read_text()[-3000:]
+        deadline = time.monotonic() + 30
+        while started & all_vllm_processes() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not started & all_vllm_processes(), "vLLM processes outlived the interrupted run"
+    finally:
+        run.kill()
+        for pid in all_vllm_processes() - before:
+            psutil.Process(pid).kill()
+
+
 def test_lengths_past_the_models_positions_are_refused_before_the_engine_loads(tmp_path):
     result = run_trainer(
         tmp_path, "actor_rollout_ref.rollout.name=vllm", "data.max_prompt_length=300", "trainer.total_training_steps=1"
@@ -222,7 +283,7 @@ def test_lengths_past_the_models_positions_are_refused_before_the_engine_loads(t
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert "has 256 positions (max_position_embeddings) but vLLM would need 304" in last, last
-    assert "EngineCore" not in result.stderr + result.stdout  # refused before the engine started
+    assert "Initializing a V1 LLM engine" not in result.stderr + result.stdout  # refused before the engine started
     short = run_trainer(
         tmp_path,
         "actor_rollout_ref.rollout.name=vllm",

@@ -7,6 +7,13 @@ the workers' own ``reload_weights`` method reloads them in place from that folde
 weight processing, e.g. the CPU backend's repacking) and the prefix cache is reset. Only vLLM's own methods are
 called by name, so nothing is pickled: ``VLLM_ALLOW_INSECURE_SERIALIZATION`` is never needed (nor set).
 
+Processes: vLLM's engine core (its scheduler) runs in the trainer's process, as verl runs it, and the model in one
+worker process per tensor-parallel rank (vLLM's ``mp`` executor: the worker sets its own threads and memory binding,
+so it stays apart). A separate engine-core process would cost a start of its own (a spawned process importing vLLM
+again, about 7 s on CPU) and a copy of vLLM in memory for no work the trainer can overlap: ``generate`` waits for it.
+What the engine core sets for a serving process is set back for the trainer: torch's thread count and the garbage
+collector's frozen objects. ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` in the environment keeps vLLM's own layout.
+
 Profiling: when rlprof's torch tool has a window open for the rollout role, vLLM's own torch profiler records the
 engine's side too; its traces land in ``{save_path}/vllm_torch/`` and are listed in the manifest.
 """
@@ -14,6 +21,7 @@ engine's side too; its traces land in ``{save_path}/vllm_torch/`` and are listed
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import os
 import shutil
@@ -148,6 +156,20 @@ def scoped_environ(**variables: str) -> Iterator[None]:
                 os.environ[name] = value
 
 
+@contextlib.contextmanager
+def kept_for_the_trainer() -> Iterator[None]:
+    """Undo, after the block, what an engine core started in this process sets for a serving process: torch's intra-op
+    threads (vLLM's executor sets 1: it only schedules) and a frozen garbage-collector heap (``gc.freeze``, which
+    would keep every object of the trainer alive at that moment out of collection for good)."""
+    threads, frozen = torch.get_num_threads(), gc.get_freeze_count()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        if frozen == 0:
+            gc.unfreeze()
+
+
 class VLLMRollout(ContinuingRollout, WindowListener):
     """Samples with a vLLM engine; ``sync_weights`` loads the actor's current weights into it."""
 
@@ -209,12 +231,12 @@ class VLLMRollout(ContinuingRollout, WindowListener):
                 "torch_profiler_with_flops": "flops" in contents,
                 "torch_profiler_dump_cuda_time_total": False,  # a summary table that takes minutes to write
             }
-        engine_env = {}
+        engine_env = {"VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")}
         if not torch.cuda.is_available() and not kv_cache:
             engine_env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gb)
         try:
-            with scoped_environ(**engine_env):
-                self.llm = LLM(**options)
+            with scoped_environ(**engine_env), kept_for_the_trainer():
+                self.llm = LLM(**options, distributed_executor_backend="mp")
         except Exception as exc:
             raise ConfigError(explain_start_failure(exc, model_path)) from exc
         from rlprof_train.workers.rollout.vllm_stats import attach
