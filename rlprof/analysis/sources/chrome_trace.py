@@ -190,6 +190,21 @@ def read_head(path: Path, size: int) -> bytes:
         stream.close()
 
 
+def raw_blocks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
+    """``path``'s bytes, decompressed when it is gzipped, ``size`` at a time (ends early where it cannot be read)."""
+    try:
+        stream = _Inflated(path)
+    except OSError:
+        return
+    try:
+        while block := stream.read(size):
+            yield block
+    except (OSError, zlib.error, EOFError):
+        return
+    finally:
+        stream.close()
+
+
 def _header(header: bytes, scan: TraceScan) -> None:
     """Rank, world size and device name from the part of the file outside the event list."""
     for line in header.splitlines():
