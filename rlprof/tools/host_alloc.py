@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rlprof.tools.base import ToolContext, decorated_sites
+from rlprof.tools.torch_profiler import free_results
 from rlprof.window import StepWindow
 
 FORMAT = "rlprof-host-alloc/1"
@@ -114,14 +115,18 @@ class HostAllocationRecorder:
         if profiler is None:
             raise RuntimeError("host allocation recording was not started")
         profiler.stop()
-        roots = profiler.profiler.kineto_results.experimental_event_tree()
-        return self._document(roots, rank, pid, steps)
+        try:
+            roots = profiler.profiler.kineto_results.experimental_event_tree()
+            return self._document(roots, rank, pid, steps)
+        finally:
+            free_results(profiler)
 
     def abandon(self) -> None:
         """Stop recording without writing anything (the tool is being turned off)."""
         profiler, self._profiler = self._profiler, None
         if profiler is not None:
             profiler.stop()
+            free_results(profiler)
 
     # ----------------------------------------------------------------------------------------------- the tree
 

@@ -41,6 +41,15 @@ class TorchSettings(StepWindowSettings):
     """Accepted for verl compatibility; the torch tool always writes one trace per window per process."""
 
 
+def free_results(profiler: Any) -> None:
+    """Free a stopped ``torch.profiler.profile``'s results now. The object holds itself in a reference cycle (its
+    ``action_map`` of bound methods), so what it recorded (torch's native event tree of the whole window) would wait
+    for Python's full collection, which in a process holding torch runs only once every many windows: measured in
+    the library loop, +11.7 MB of allocated (not freed) memory per 100 one-step ``torch_memory`` windows, released
+    all at once by a full collection."""
+    profiler.profiler = None
+
+
 class IncompleteTrace(RuntimeError):
     """torch wrote a trace that is cut short (for example on a full disk)."""
 
@@ -130,6 +139,12 @@ class TorchProfilerTool(Tool):
     def stop_window(self, window: StepWindow) -> None:
         profiler, self.profiler = self.profiler, None
         profiler.stop()
+        try:
+            self._write(profiler, window)
+        finally:
+            free_results(profiler)
+
+    def _write(self, profiler: Any, window: StepWindow) -> None:
         final = free_name(self.context.window_dir(self.name, window) / f"rank{self.context.rank}{TRACE_SUFFIX}")
         exported = self.context.temp_path(final.with_name(final.name.removesuffix(".gz")))
         packed = self.context.temp_path(final)
@@ -175,3 +190,4 @@ class TorchProfilerTool(Tool):
         if self.profiler is not None:  # turned off mid-window: stop recording, write nothing
             profiler, self.profiler = self.profiler, None
             profiler.stop()
+            free_results(profiler)
