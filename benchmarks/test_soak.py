@@ -1,7 +1,7 @@
 """Soak: long runs keep their descriptors, and their memory within a ceiling. Each run is a process of its own,
 measured whole (resident memory and open descriptors): the library loop over 10,000 steps with a profiling window
-every 20th (500 windows of ``torch_memory``, which on CPU records the host allocation timeline with torch.profiler),
-and the trainer over 500 steps with a ``torch`` window every 50th.
+every 20th (500 windows of ``torch_memory``, which on CPU records the host allocation timeline with torch.profiler;
+5000, every other step, with ``-m long``), and the trainer over 500 steps with a ``torch`` window every 50th.
 
 Asserted: no descriptor more at the end than after warm-up, and resident memory growth after warm-up under
 ``CEILING_MIB``. Before issue 27's fix each window's torch.profiler results waited for Python's full collection (the
@@ -38,7 +38,7 @@ LIBRARY_LOOP = textwrap.dedent(
     import rlprof
 
     warnings.simplefilter("ignore")
-    steps, every = 10_000, 20
+    steps, every = 10_000, int(sys.argv[2])
     rlprof.init({"global_profiler": {"tool": "torch_memory", "steps": list(range(every, steps + 1, every)),
                                      "save_path": sys.argv[1]}})
     process, samples = psutil.Process(), {}
@@ -57,7 +57,7 @@ LIBRARY_LOOP = textwrap.dedent(
                 update(x)
             with rlprof.profile_range("reward", role="reward"):
                 torch.randn(256).mean()
-        if step in (2_000, steps):  # after 100 windows of warm-up, and at the end
+        if step in (2_000, steps):  # after a fifth of the windows as warm-up, and at the end
             samples[step] = {"rss": process.memory_info().rss, "fds": process.num_fds()}
     rlprof.shutdown()
     print(json.dumps(samples))
@@ -69,27 +69,37 @@ def mib(n: float) -> float:
     return n / 2**20
 
 
-def test_the_library_loop_over_10000_steps_and_500_windows_keeps_its_memory_and_descriptors(tmp_path):
+def library_loop(profile: Path, every: int) -> tuple[float, dict, dict, int]:
+    """The loop with a ``torch_memory`` window every ``every`` steps: (seconds, sample at step 2000, at the end,
+    windows written)."""
     start = time.perf_counter()
     result = subprocess.run(
-        [sys.executable, "-c", LIBRARY_LOOP, str(tmp_path / "profile")],
+        [sys.executable, "-c", LIBRARY_LOOP, str(profile), str(every)],
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=3600,
         env=ENV,
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     samples = {int(k): v for k, v in json.loads(result.stdout.splitlines()[-1]).items()}
-    warm, end = samples[2_000], samples[10_000]
+    windows = len(list((profile / "torch_memory").iterdir()))
+    return time.perf_counter() - start, samples[2_000], samples[10_000], windows
+
+
+@pytest.mark.parametrize(
+    "every", [pytest.param(20, id="500 windows"), pytest.param(2, marks=pytest.mark.long, id="5000 windows")]
+)
+def test_the_library_loop_over_10000_steps_keeps_its_memory_and_descriptors(tmp_path, every):
+    """500 windows (a window every 20th step) in the test command; issue 27's 5000 (every other step) with -m long."""
+    seconds, warm, end, windows = library_loop(tmp_path / "profile", every)
     growth = mib(end["rss"] - warm["rss"])
-    windows = len(list((tmp_path / "profile" / "torch_memory").iterdir()))
     print(
-        f"\nsoak, library loop: 10000 steps, {windows} torch_memory windows in {time.perf_counter() - start:.0f} s; "
+        f"\nsoak, library loop: 10000 steps, {windows} torch_memory windows in {seconds:.0f} s; "
         f"RSS {mib(warm['rss']):.1f} MiB at step 2000 -> {mib(end['rss']):.1f} MiB at step 10000 ({growth:+.1f} MiB); "
         f"open descriptors {warm['fds']} -> {end['fds']}"
     )
-    assert windows == 500
+    assert windows == 10_000 // every
     assert growth <= CEILING_MIB and end["fds"] <= warm["fds"]
 
 
