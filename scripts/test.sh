@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up (if needed), check lint, format and types (ruff, mypy), the import graph and the documentation site (mkdocs
 # --strict: a broken link fails), run every test, the slow end-to-end ones included, then the benchmarks but the long
-# ones (TRL, the knob table, LoRA: about 30 minutes; .venv/bin/python -m pytest benchmarks -m long -s).
+# ones (TRL, the knob table, LoRA, the 5000-window soak: about 40 minutes; .venv/bin/python -m pytest benchmarks -m long
+# -s).
 # Quick loop while developing: .venv/bin/python -m pytest -m "not slow"
 set -euo pipefail
 cd "$(dirname "$0")/.."
