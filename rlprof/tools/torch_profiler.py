@@ -45,8 +45,8 @@ def free_results(profiler: Any) -> None:
     """Free a stopped ``torch.profiler.profile``'s results now. The object holds itself in a reference cycle (its
     ``action_map`` of bound methods), so what it recorded (torch's native event tree of the whole window) would wait
     for Python's full collection, which in a process holding torch runs only once every many windows: measured in
-    the library loop, +11.7 MB of allocated (not freed) memory per 100 one-step ``torch_memory`` windows, released
-    all at once by a full collection."""
+    the library loop, +7 MB of allocated (not freed) memory per 100 one-step ``torch_memory`` windows, released all
+    at once by a full collection."""
     profiler.profiler = None
 
 
