@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +34,13 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in (*LAUNCHER_VARIABLES, "WANDB_SERVICE")}
     env.update(PYTHONPATH=str(ROOT), **extra)
     return env
+
+
+def foreground_sigint() -> None:
+    """``preexec_fn`` for a child a test interrupts with SIGINT: SIGINT at its default, as in a terminal's foreground
+    job. A shell without job control starts a background job (``pytest ... &``) with SIGINT ignored, and a child
+    inherits that (Python then installs no KeyboardInterrupt, and rightly leaves it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from rlprof_train.config.load import load_trainer_config
 from rlprof_train.data import Example
 from rlprof_train.workers.rollout.base import SamplingParams
 
-from conftest import ROOT, open_in_perfetto, subprocess_env, trainer_command
+from conftest import ROOT, foreground_sigint, open_in_perfetto, subprocess_env, trainer_command
 
 pytestmark = [
     pytest.mark.slow,
@@ -255,6 +255,7 @@ def test_an_interrupted_vllm_run_leaves_no_engine_process_running(tmp_path):
             stderr=subprocess.STDOUT,
             cwd=ROOT,
             env=subprocess_env(),
+            preexec_fn=foreground_sigint,  # noqa: PLW1509  (one call before exec)
         )
     try:
         deadline = time.monotonic() + 300
