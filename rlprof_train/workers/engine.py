@@ -14,6 +14,8 @@ from typing import Any, Optional
 
 import torch
 
+from rlprof_train.workers.build_lock import warn_about_unheld_locks
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -100,6 +102,7 @@ def init_distributed(device: str, timeout_s: float = 600.0) -> DistEnv:
             "nccl" if device == "cuda" else "gloo", store=store, rank=0, world_size=1, timeout=timeout
         )
         _KEEP_ALIVE.append(store)
+    warn_about_unheld_locks()  # DeepSpeed builds its ops here (its shared-memory op on CPU) and in the engines
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo", timeout=timeout)
     env = DistEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0")))
     if device == "cuda":
