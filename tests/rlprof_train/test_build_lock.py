@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rlprof_train.workers.build_lock import unheld_locks
+from rlprof_train.workers.build_lock import extensions_root, unheld_locks
 
 from conftest import ROOT, subprocess_env, trainer_command
 
@@ -39,6 +39,16 @@ def test_a_lock_no_process_holds_is_found_and_one_held_open_is_not(tmp_path):
         os.close(descriptor)
     assert unheld_locks(tmp_path) == sorted([held_here, left, held_elsewhere])
     assert unheld_locks(tmp_path / "missing") == []
+
+
+def test_the_locks_are_looked_for_where_torch_builds(monkeypatch, tmp_path):
+    """``$TORCH_EXTENSIONS_DIR`` when set, else ``~/.cache/torch_extensions`` (the docs' two places)."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert extensions_root() == tmp_path
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert extensions_root() == tmp_path / "home" / ".cache" / "torch_extensions"
 
 
 @pytest.mark.slow
