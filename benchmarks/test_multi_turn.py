@@ -42,7 +42,7 @@ def test_an_extra_turn_costs_at_most_one_and_a_half_single_turn_rollouts():
         source_name="benchmark",
     )
     sampling = SamplingParams(SAMPLES, 1.0, 1.0, -1, LENGTH)
-    single = HFRollout(lambda: model, tokenizer, 0, None)
+    single = HFRollout(lambda: model, tokenizer, 0, None, torch.device("cpu"))
     multi = MultiTurnRollout(
         single, task_tools("calculator"), MultiTurnConfig(enable=True, max_assistant_turns=2), tokenizer
     )

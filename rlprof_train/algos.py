@@ -460,7 +460,7 @@ def policy_loss(
         clipfrac_lower = masked_mean(((losses > dual) & (advantages < 0)).float(), mask)
         losses = torch.where(advantages < 0, torch.minimum(losses, dual), losses)
     else:
-        clipfrac_lower = torch.zeros((), dtype=losses.dtype)
+        clipfrac_lower = torch.zeros((), dtype=losses.dtype, device=losses.device)
     return PolicyLoss(
         pg_loss=agg_loss(losses, mask, loss_agg_mode, **agg_counts),
         pg_clipfrac=clipfrac,

@@ -75,7 +75,7 @@ class RolloutBatch:
     def last_policy_token(self) -> Tensor:
         """``[B]``: the response position of each row's last sampled token (0 for an empty response): where a
         sequence-level reward is placed."""
-        positions = torch.arange(self.response_length).expand_as(self.response_mask)
+        positions = torch.arange(self.response_length, device=self.response_mask.device).expand_as(self.response_mask)
         return (positions * self.response_mask.bool()).amax(-1)
 
     def trim_padding(self) -> RolloutBatch:
@@ -98,7 +98,7 @@ class RolloutBatch:
 
     def select(self, rows: list[int]) -> RolloutBatch:
         """The rows ``rows`` of every per-response field."""
-        index = torch.tensor(rows, dtype=torch.long)
+        index = torch.tensor(rows, dtype=torch.long, device=self.input_ids.device)
         picked: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -107,6 +107,15 @@ class RolloutBatch:
             elif isinstance(value, list):
                 picked[f.name] = [value[i] for i in rows]
         return replace(self, **picked)
+
+    def to(self, device: torch.device) -> RolloutBatch:
+        """The batch with every tensor (fields and ``extras``) on ``device``: where the step's data crosses to the
+        models' device, once (:class:`~rlprof_train.trainer.PPOTrainer`)."""
+        moved: dict[str, Any] = {
+            f.name: value.to(device) for f in fields(self) if isinstance(value := getattr(self, f.name), Tensor)
+        }
+        extras = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in self.extras.items()}
+        return replace(self, **moved, extras=extras)
 
 
 def fixed_micro_batches(count: int, size: int) -> list[list[int]]:
@@ -210,10 +219,11 @@ class MicroBatching:
 
 def gather_rows(parts: list[tuple[list[int], torch.Tensor]], size: int, width: int) -> torch.Tensor:
     """Reassemble per-micro-batch ``[rows, w]`` results (w <= width, trimmed micro-batches) into ``[size, width]``
-    in the batch's row order, zero-filled on the right."""
-    out = torch.zeros((size, width), dtype=parts[0][1].dtype)
+    in the batch's row order, zero-filled on the right, on the parts' device."""
+    device = parts[0][1].device
+    out = torch.zeros((size, width), dtype=parts[0][1].dtype, device=device)
     for rows, values in parts:
-        out[torch.tensor(rows), : values.shape[1]] = values
+        out[torch.tensor(rows, device=device), : values.shape[1]] = values
     return out
 
 
@@ -240,21 +250,29 @@ class Packed:
 
 
 def pack(input_ids: Tensor, attention_mask: Tensor, response_length: int) -> Packed:
-    """Pack the real tokens of left-padded prompts + right-padded responses (``[B, P+R]``) into one row."""
-    ids, positions, rows, cols, predicts = [], [], [], [], []
-    offset = 0
+    """Pack the real tokens of left-padded prompts + right-padded responses (``[B, P+R]``) into one row.
+
+    Computed on the tensors' device in a few whole-batch operations (no per-row host round trip): with
+    ``real = attention_mask.bool()``, the packed tokens are ``input_ids[real]`` (row-major: row by row, in order);
+    row ``b`` starts at ``starts[b] = Σ_{b' < b} len(b')``; a response token's slot is ``(b, i - n_prompt[b])`` for
+    its position ``i`` in the row's real tokens, and the logit that predicts it is at packed index ``k - 1`` for its
+    own index ``k``."""
+    real = attention_mask.bool()  # [B, P+R]
     prompt_length = input_ids.shape[1] - response_length
-    for row in range(input_ids.shape[0]):
-        real = attention_mask[row].bool()
-        tokens = input_ids[row][real]
-        n_prompt = int(real[:prompt_length].sum())
-        n_response = int(real[prompt_length:].sum())
-        ids.append(tokens)
-        positions.append(torch.arange(len(tokens)))
-        rows.append(torch.full((n_response,), row, dtype=torch.long))
-        cols.append(torch.arange(n_response))
-        predicts.append(offset + n_prompt - 1 + torch.arange(n_response))
-        offset += len(tokens)
+    is_response = real.clone()
+    is_response[:, :prompt_length] = False
+    lengths = real.sum(-1)  # [B]
+    n_prompt = real[:, :prompt_length].sum(-1)  # [B]
+    ids = input_ids[real]  # [T]
+    row_of = torch.repeat_interleave(torch.arange(len(lengths), device=ids.device), lengths)  # [T]
+    starts = lengths.cumsum(0) - lengths  # [B]
+    positions = torch.arange(len(ids), device=ids.device) - starts[row_of]  # [T]: 0 at each row's first token
+    response = is_response[real]  # [T]
+    rows = row_of[response]  # [N]
     return Packed(
-        torch.cat(ids)[None], torch.cat(positions)[None], torch.cat(rows), torch.cat(cols), torch.cat(predicts)
+        ids[None],
+        positions[None],
+        rows,
+        positions[response] - n_prompt[rows],
+        response.nonzero().squeeze(1) - 1,
     )

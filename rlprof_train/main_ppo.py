@@ -20,7 +20,7 @@ import rlprof
 from rlprof.schema import ConfigError
 from rlprof.session import new_run_id
 from rlprof_train.config import as_dict
-from rlprof_train.config.load import load, validate
+from rlprof_train.config.load import load, training_device, validate
 from rlprof_train.launch import launch_world
 
 if TYPE_CHECKING:
@@ -54,8 +54,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from rlprof_train.trainer import PPOTrainer
     from rlprof_train.workers.engine import init_distributed
 
-    device = cfg.trainer.device if cfg.trainer.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    env = init_distributed(device, cfg.trainer.collective_timeout_s)
+    env = init_distributed(training_device(cfg), cfg.trainer.collective_timeout_s)
     progress = Progress(env.rank, env.world_size, cfg.trainer.collective_timeout_s)
     run_id = env.gather(new_run_id())[0]
     rlprof.init(as_dict(cfg), run_id=run_id)

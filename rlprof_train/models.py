@@ -27,13 +27,20 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def load_causal_lm(
-    path: str | Path, dtype: str = "float32", gradient_checkpointing: bool = False, lora: Any = None
+    path: str | Path,
+    dtype: str = "float32",
+    gradient_checkpointing: bool = False,
+    lora: Any = None,
+    device: Optional[torch.device] = None,
 ) -> Any:
-    """A local causal LM in training mode; with ``lora`` (a :class:`~rlprof_train.config.schema.ModelConfig` whose
+    """A local causal LM in training mode, loaded onto ``device`` (None: the host, for a DeepSpeed engine to place as
+    its ZeRO stage and offload say); with ``lora`` (a :class:`~rlprof_train.config.schema.ModelConfig` whose
     ``lora_rank > 0``) wrapped in PEFT LoRA adapters, only they trainable (:func:`with_lora`)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=TORCH_DTYPES[dtype])
+    model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=TORCH_DTYPES[dtype])
+    if device is not None:
+        model = model.to(device)
     model.train()  # from_pretrained returns eval mode, where transformers skips gradient checkpointing
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

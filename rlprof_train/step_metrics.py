@@ -44,14 +44,15 @@ class StepFacts:
 def step_metrics(
     env: DistEnv, facts: StepFacts, batch: RolloutBatch, timing: dict[str, float], workers: MetricAggregator
 ) -> dict[str, float]:
-    """Every metric of the step (verl's names, the seed's aliases, rlprof's timing split); all ranks agree."""
+    """Every metric of the step (verl's names, the seed's aliases, rlprof's timing split); all ranks agree. The
+    batch's tensors are copied to the host here, where the metrics are computed and gathered."""
     everything = env.gather(
         {
             "workers": workers.state(),
             "timing": timing,
-            "tensors": {k: getattr(batch, k) for k in TENSOR_FIELDS},
-            "prompt_lengths": batch.prompt_lengths(),
-            "response_lengths": batch.response_lengths(),
+            "tensors": {k: None if (t := getattr(batch, k)) is None else t.cpu() for k in TENSOR_FIELDS},
+            "prompt_lengths": batch.prompt_lengths().cpu(),
+            "response_lengths": batch.response_lengths().cpu(),
             "sequence_lengths": batch.sequence_lengths().tolist(),
             "engine_requests": batch.extras.get("engine_requests", []),
             "engine_occupancy": batch.extras.get("engine_occupancy"),

@@ -94,9 +94,7 @@ class PPOTrainer:
         reward = RewardFunction(
             cfg.custom_reward_function.path, cfg.custom_reward_function.name, cfg.custom_reward_function.timeout_s
         )
-        self.reward = RewardWorker(
-            reward, self.tokenizer, reward_model(cfg.reward_model, next(self.actor.module.parameters()).device)
-        )
+        self.reward = RewardWorker(reward, self.tokenizer, reward_model(cfg.reward_model, env.device))
         if cfg.reward_model.enable:
             log(
                 f"reward: custom_reward_function {cfg.custom_reward_function.path} scores responses; "
@@ -107,7 +105,7 @@ class PPOTrainer:
             )
         needs_ref = arr.actor.use_kl_loss or algorithm.use_kl_in_reward
         lora_policy = self.actor.engine if arr.model.lora_rank > 0 else None  # the base model: adapters disabled
-        self.ref = RefWorker(arr.ref, arr.model, model_path, lora_policy) if needs_ref else None
+        self.ref = RefWorker(arr.ref, arr.model, model_path, env.device, lora_policy) if needs_ref else None
         needs_critic = algos.adv_estimator(algorithm.adv_estimator).needs_critic
         if cfg.critic.enable if cfg.critic.enable is not None else needs_critic:
             self.critic: Optional[CriticWorker] = CriticWorker(
@@ -203,7 +201,7 @@ class PPOTrainer:
         with self._phase("step", timing, role="trainer"):
             prompts = shard(self.batches.batch(step), self.env.rank, self.env.world_size)
             with self._phase("gen", timing, role="rollout"):
-                batch = self.rollout.generate(prompts, self.sampling)
+                batch = self.generate(prompts, self.sampling)
             if self.estimator.needs_baseline:
                 with self._phase("gen_max", timing, role="rollout"):
                     batch.extras["reward_baselines"] = self.greedy_baselines(prompts)
@@ -275,10 +273,15 @@ class PPOTrainer:
         )
         return metrics
 
+    def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch:
+        """The rollout's batch for ``prompts``, on this rank's device: where the step's data crosses to the models,
+        once (every later phase computes where its inputs are)."""
+        return self.rollout.generate(prompts, sampling).to(self.env.device)
+
     def greedy_baselines(self, prompts: list[Example]) -> torch.Tensor:
         """ReMax's baseline: the score of one greedy response per prompt, for each of its n rows ``[P * n]``."""
         greedy = SamplingParams(1, 0.0, 1.0, -1, self.sampling.response_length)
-        baseline = self.rollout.generate(prompts, greedy)
+        baseline = self.generate(prompts, greedy)
         scores = self.reward.score(baseline)[0].sum(-1)
         return scores.repeat_interleave(self.sampling.n)
 
@@ -292,7 +295,7 @@ class PPOTrainer:
         per_call = max(1, (self.cfg.data.val_batch_size or len(self.val_examples)) // self.env.world_size)
         pairs = []
         for start in range(0, len(prompts), per_call):
-            batch = self.rollout.generate(prompts[start : start + per_call], sampling)
+            batch = self.generate(prompts[start : start + per_call], sampling)
             scores = self.reward.score(batch)[0].sum(-1).tolist()
             pairs += list(zip(batch.data_source, scores, strict=False))
         results = [pair for r in self.env.gather(pairs) for pair in r]

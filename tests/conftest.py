@@ -30,9 +30,12 @@ LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "M
 def subprocess_env(**extra: str) -> dict[str, str]:
     """This environment for a child program, minus what a process group left here (tests that run DeepSpeed in
     this process set RANK/MASTER_PORT...; a child inheriting them would try to join that group's port) and this
-    process's wandb service (a child using it would have its relative paths resolved in this process's folder)."""
+    process's wandb service (a child using it would have its relative paths resolved in this process's folder).
+    ``PYTHONPATH`` is the repository first, then the caller's entries (a GPU machine's wheels installed into a folder,
+    scripts/gpu_kit.sh)."""
     env = {k: v for k, v in os.environ.items() if k not in (*LAUNCHER_VARIABLES, "WANDB_SERVICE")}
-    env.update(PYTHONPATH=str(ROOT), **extra)
+    inherited = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != str(ROOT)]
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), *inherited]), **extra)
     return env
 
 

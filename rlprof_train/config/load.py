@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -26,6 +27,7 @@ from rlprof.tracking import parse_backends
 from rlprof_train import algos
 from rlprof_train.config import verl_compat
 from rlprof_train.config.schema import TrainerConfig, as_dict
+from rlprof_train.launch import launch_world
 from rlprof_train.workers.rollout.registry import check_rollout
 
 DEFAULTS = Path(__file__).parent / "ppo_trainer.yaml"
@@ -194,6 +196,7 @@ def validate(cfg: TrainerConfig, world_size: int = 1) -> None:
     checks = (
         lambda: _import_user_code(cfg),
         lambda: _check_strategy(cfg),
+        lambda: _check_device(cfg),
         lambda: check_rollout(cfg),
         lambda: _check_batches(cfg, world_size),
         lambda: _check_algorithm(cfg),
@@ -221,6 +224,30 @@ def _import_user_code(cfg: TrainerConfig) -> None:
         from rlprof_train.reward_functions import load_custom_reward
 
         load_custom_reward(custom.path, custom.name)
+
+
+def training_device(cfg: TrainerConfig) -> str:
+    """``trainer.device`` with ``auto`` resolved: ``cuda`` where torch sees a GPU, else ``cpu``."""
+    if cfg.trainer.device != "auto":
+        return cfg.trainer.device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _check_device(cfg: TrainerConfig) -> None:
+    """``trainer.device=cuda`` needs a CUDA build of torch that sees a GPU for each process of the node."""
+    if training_device(cfg) != "cuda":
+        return
+    if not torch.cuda.is_available():
+        build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a build without CUDA")
+        raise _fail("trainer.device", "cuda", f"no CUDA device is visible here ({build}); use auto or cpu")
+    per_node, visible = launch_world().per_node, torch.cuda.device_count()
+    if per_node > visible:
+        raise _fail(
+            "trainer.device",
+            "cuda",
+            f"{per_node} processes on this node and {visible} GPU{'s' if visible != 1 else ''} visible: one GPU per "
+            f"process; launch at most {visible} (torchrun --nproc_per_node {visible})",
+        )
 
 
 def _check_strategy(cfg: TrainerConfig) -> None:

@@ -477,7 +477,8 @@ class TrainerSection:
     seed: int = 1
     """Seeds data order and sampling."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Where to train."""
+    """Where to train: ``cuda`` (GPU ``LOCAL_RANK`` of the node for each process), ``cpu``, or ``auto`` (CUDA where
+    torch sees a GPU)."""
     table_every: int = field(default=50, metadata=bounds(ge=1))
     """Console: a table of all metrics and the step's time split every N steps."""
     nonfinite_patience: int = field(default=3, metadata=bounds(ge=1))

@@ -19,11 +19,15 @@ from rlprof_train.workers.build_lock import warn_about_unheld_locks
 
 @dataclass(frozen=True)
 class DistEnv:
-    """This process's place in the data-parallel world, and the few collectives the trainer itself uses."""
+    """This process's place in the data-parallel world, its device, and the few collectives the trainer itself uses.
+
+    ``device`` is where this rank's models and the step's tensors live (``cuda:{local_rank}`` or ``cpu``): every
+    model is made there and the step's data moves there once, when the rollout hands it over."""
 
     rank: int
     world_size: int
     local_rank: int
+    device: torch.device
 
     @property
     def is_main(self) -> bool:
@@ -72,7 +76,12 @@ def init_distributed(device: str, timeout_s: float = 600.0) -> DistEnv:
     torchrun and the deepspeed launcher set RANK/WORLD_SIZE/LOCAL_RANK; a plain ``python -m`` run gets a world of
     one whose rendezvous store listens on the loopback only, on a port the kernel picks for a socket we already
     hold (no bind-then-close race). DeepSpeed would otherwise look for MPI.
+
+    DeepSpeed places the engines' modules on its accelerator, which it detects on its own (CUDA wherever a GPU is
+    visible): ``DS_ACCELERATOR`` is set to ``device`` first, unless the caller set it, so that ``trainer.device=cpu``
+    on a GPU machine trains on the CPU, with every model and tensor there.
     """
+    os.environ.setdefault("DS_ACCELERATOR", device)
     deepspeed = import_deepspeed()
 
     # The engines' optimizers import torch._dynamo; imported after init_process_group it keeps the group (and gloo's
@@ -89,6 +98,10 @@ def init_distributed(device: str, timeout_s: float = 600.0) -> DistEnv:
     distributed_c10d.default_pg_timeout = timeout
     if getattr(distributed_c10d, "default_pg_nccl_timeout", None) is not None:
         distributed_c10d.default_pg_nccl_timeout = timeout  # type: ignore[attr-defined]
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    placed = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
+    if device == "cuda":  # before the group: NCCL binds its communicator to the current device
+        torch.cuda.set_device(placed)
     if "RANK" not in os.environ:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind(("127.0.0.1", 0))
@@ -104,10 +117,7 @@ def init_distributed(device: str, timeout_s: float = 600.0) -> DistEnv:
         _KEEP_ALIVE.append(store)
     warn_about_unheld_locks()  # DeepSpeed builds its ops here (its shared-memory op on CPU) and in the engines
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo", timeout=timeout)
-    env = DistEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0")))
-    if device == "cuda":
-        torch.cuda.set_device(env.local_rank)
-    return env
+    return DistEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), local_rank, placed)
 
 
 _KEEP_ALIVE: list[Any] = []  # the single-process run's store lives as long as the process
@@ -235,9 +245,16 @@ def global_sum(value: float, world_size: int) -> float:
     """Σ over ranks of ``value`` (a collective when world_size > 1)."""
     if world_size == 1:
         return value
-    total = torch.tensor([value], dtype=torch.float64)
+    total = torch.tensor([value], dtype=torch.float64, device=_collective_device())
     torch.distributed.all_reduce(total)
     return float(total)
+
+
+def _collective_device() -> torch.device:
+    """Where a tensor for a collective of the default group must be: NCCL reduces device tensors only."""
+    if torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def activation_offload(enabled: bool) -> Any:

@@ -22,13 +22,21 @@ class RefWorker:
     ``.model``. ``lora_policy``: the actor's engine, whose PEFT module gives the base model with
     ``disable_adapter()`` (used instead of loading a copy when ``model.lora_rank > 0``)."""
 
-    def __init__(self, cfg: RefConfig, model: ModelConfig, model_path: str, lora_policy: Optional[Any] = None) -> None:
+    def __init__(
+        self,
+        cfg: RefConfig,
+        model: ModelConfig,
+        model_path: str,
+        device: torch.device,
+        lora_policy: Optional[Any] = None,
+    ) -> None:
+        """``device``: where the copy is made (the policy's device)."""
         self.cfg = cfg
         self.lora_policy = lora_policy
         self.model = (
             lora_policy
             if lora_policy is not None
-            else load_causal_lm(model_path, model.dtype).eval().requires_grad_(False)
+            else load_causal_lm(model_path, model.dtype, device=device).eval().requires_grad_(False)
         )
         self.batching = MicroBatching(
             cfg.log_prob_micro_batch_size_per_gpu,

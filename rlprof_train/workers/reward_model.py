@@ -46,11 +46,11 @@ class RewardModel:
 
     @torch.no_grad()
     def score(self, prompts: list[str], responses: list[str]) -> torch.Tensor:
-        """``[B]`` scores, ``micro_batch_size_per_gpu`` samples per forward."""
+        """``[B]`` scores on the model's device, ``micro_batch_size_per_gpu`` samples per forward."""
         texts = [self.text(p, r) for p, r in zip(prompts, responses, strict=True)]
         size = self.micro_batch_size or max(len(texts), 1)
         scores = [self._forward(texts[start : start + size]) for start in range(0, len(texts), size)]
-        return torch.cat(scores) if scores else torch.zeros(0)
+        return torch.cat(scores) if scores else torch.zeros(0, device=self.device)
 
     def _forward(self, texts: list[str]) -> torch.Tensor:
         ids = [self._truncated(self.tokenizer(t)["input_ids"]) for t in texts]
@@ -59,7 +59,7 @@ class RewardModel:
         input_ids = torch.tensor([row + [pad] * (width - len(row)) for row in ids], device=self.device)
         mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in ids], device=self.device)
         logits = self.model(input_ids=input_ids, attention_mask=mask).logits  # [b, labels], at the last real token
-        result: torch.Tensor = logits[:, -1].float().cpu()  # [b]: the last label's logit
+        result: torch.Tensor = logits[:, -1].float()  # [b]: the last label's logit
         return result
 
     def _truncated(self, ids: list[int]) -> list[int]:

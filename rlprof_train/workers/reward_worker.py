@@ -29,25 +29,31 @@ class RewardWorker:
         ``extra_info`` keys), passed to the reward function as ``extra_info``; the response text then holds every
         turn and tool reply, as verl decodes it."""
         texts = self.decode(batch)
-        scores = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
-        last = batch.last_policy_token()
         extra_infos = batch.extras.get("reward_extra_info", [None] * batch.size)
         metrics = MetricAggregator()
         if self.model is not None:
-            prompts = self.tokenizer.batch_decode(batch.input_ids[:, : batch.prompt_length], skip_special_tokens=True)
-            scores[torch.arange(batch.size), last] = self.model.score(prompts, texts)
-            return scores * batch.response_mask, metrics
-        rows = zip(texts, batch.data_source, batch.ground_truth, extra_infos, strict=False)
-        for row, (text, source, truth, extra_info) in enumerate(rows):
-            score, extra = self.reward(source, text, truth, extra_info)
-            scores[row, last[row]] = score
-            for key, value in extra.items():
-                metrics.add(f"reward_extra/{key}", value, Reduce.MEAN)
-        return scores * batch.response_mask, metrics
+            prompts = self.tokenizer.batch_decode(
+                batch.input_ids[:, : batch.prompt_length].tolist(), skip_special_tokens=True
+            )
+            per_response = self.model.score(prompts, texts)
+        else:
+            values = []
+            for text, source, truth, extra_info in zip(
+                texts, batch.data_source, batch.ground_truth, extra_infos, strict=False
+            ):
+                score, extra = self.reward(source, text, truth, extra_info)
+                values.append(score)
+                for key, value in extra.items():
+                    metrics.add(f"reward_extra/{key}", value, Reduce.MEAN)
+            per_response = torch.tensor(values, dtype=torch.float32)
+        mask = batch.response_mask
+        scores = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        scores[torch.arange(batch.size, device=mask.device), batch.last_policy_token()] = per_response.to(mask.device)
+        return scores * mask, metrics
 
     def decode(self, batch: RolloutBatch) -> list[str]:
         pad, real = self.tokenizer.pad_token_id, batch.response_attention
         texts: list[str] = self.tokenizer.batch_decode(
-            batch.responses * real + pad * (1 - real), skip_special_tokens=True
+            (batch.responses * real + pad * (1 - real)).tolist(), skip_special_tokens=True
         )
         return texts

@@ -39,14 +39,22 @@ def capture_calls(monkeypatch):
     return calls
 
 
-def test_one_capture_per_step_window(tmp_path, capture_calls):
-    rlprof.init({"global_profiler": {"tool": "nsys", "steps": [2, 3, 5], "save_path": str(tmp_path)}})
+@pytest.mark.parametrize(
+    "continuous, captures",
+    [(False, ["start", "stop"] * 3), (True, ["start", "stop"] * 2)],  # steps 2, 3, 5 / windows 2-3 and 5
+    ids=["a window per step", "profile_continuous_steps"],
+)
+def test_one_capture_per_step_window(tmp_path, capture_calls, continuous, captures):
+    """verl's windows: each selected step is its own (``profile_continuous_steps: false``, verl's default), or runs
+    of consecutive steps are one."""
+    config = {"tool": "nsys", "steps": [2, 3, 5], "save_path": str(tmp_path), "profile_continuous_steps": continuous}
+    rlprof.init({"global_profiler": config})
     for step in range(1, 7):
         with rlprof.step(step):
             with rlprof.profile_range("work", role="actor"):
                 torch.ones(1024, device="cuda").sum().item()
     rlprof.shutdown()
-    assert capture_calls == ["start", "stop", "start", "stop"]  # windows 2-3 and 5
+    assert capture_calls == captures
 
 
 def test_discrete_mode_captures_each_outermost_range(tmp_path, capture_calls):

@@ -116,6 +116,7 @@ def test_cuda_snapshot_per_window_with_role_metadata_and_oom_snapshot(tmp_path, 
         memory_config(
             tmp_path,
             steps=[1, 2],
+            profile_continuous_steps=True,  # one window of steps 1-2 (verl's default: a window per step)
             global_tool_config={"torch_memory": {"trace_alloc_max_entries": 1000, "stack_depth": 4}},
         )
     )

@@ -95,7 +95,7 @@ def test_a_generation_config_asking_for_more_is_sampled_by_generate(model_dir, p
     tokenizer = load_tokenizer(model_dir)
     model.generation_config.repetition_penalty = 1.3
     assert not loop_applies(model)
-    rollout = HFRollout(lambda: model, tokenizer, zero_stage=1, micro_batch_size=None)
+    rollout = HFRollout(lambda: model, tokenizer, zero_stage=1, micro_batch_size=None, device=torch.device("cpu"))
     ids, mask = prompts
     examples = [
         Example(i, tuple(row[m.bool()].tolist()), "x", "0") for i, (row, m) in enumerate(zip(ids, mask, strict=True))
@@ -115,7 +115,9 @@ def test_the_loop_times_each_request_and_the_share_of_row_steps_that_sample_a_to
     from rlprof_train.workers.rollout.engine_stats import engine_metrics
 
     model = load_causal_lm(model_dir).eval()
-    rollout = HFRollout(lambda: model, load_tokenizer(model_dir), zero_stage=1, micro_batch_size=4)
+    rollout = HFRollout(
+        lambda: model, load_tokenizer(model_dir), zero_stage=1, micro_batch_size=4, device=torch.device("cpu")
+    )
     ids, mask = prompts
     examples = [
         Example(i, tuple(row[m.bool()].tolist()), "x", "0") for i, (row, m) in enumerate(zip(ids, mask, strict=True))

@@ -59,7 +59,7 @@ def train_a_little(actor, tokenizer, steps: int = 3) -> None:
     from rlprof_train.batch import MicroBatching
     from rlprof_train.workers.rollout.hf import HFRollout
 
-    hf = HFRollout(lambda: actor.module, tokenizer, actor.cfg.zero_stage, 64)
+    hf = HFRollout(lambda: actor.module, tokenizer, actor.cfg.zero_stage, 64, actor.env.device)
     for step in range(steps):
         torch.manual_seed(step)
         batch = hf.generate(examples(tokenizer), SamplingParams(4, 1.0, 1.0, -1, 4))
@@ -122,7 +122,7 @@ def check_sync(engine, actor, tokenizer) -> None:
     from rlprof_train.workers.rollout.hf import HFRollout
 
     assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in os.environ  # weights are reloaded without pickling
-    hf = HFRollout(lambda: actor.module, tokenizer, engine.zero_stage, 64)
+    hf = HFRollout(lambda: actor.module, tokenizer, engine.zero_stage, 64, actor.env.device)
     greedy = SamplingParams(1, 0.0, 1.0, -1, 4)
     assert (
         engine.generate(examples(tokenizer), greedy).responses.tolist()

@@ -26,17 +26,24 @@ from rlprof_train.workers.rollout.registry import RolloutContext, register_rollo
 
 
 class HFRollout(ContinuingRollout):
-    """Samples with the module (the loop, else ``generate``); under ZeRO 3 its weights are gathered for each call.
-    The loop's decode steps are timed for the engine counters (:mod:`~rlprof_train.workers.rollout.engine_stats`),
-    in ``batch.extras["engine_requests"]`` and ``["engine_occupancy"]``."""
+    """Samples with the module (the loop, else ``generate``) on ``device``, where the module is; under ZeRO 3 its
+    weights are gathered for each call. The loop's decode steps are timed for the engine counters
+    (:mod:`~rlprof_train.workers.rollout.engine_stats`), in ``batch.extras["engine_requests"]`` and
+    ``["engine_occupancy"]``. The sampled tokens come back to the host as lists: the completions."""
 
     def __init__(
-        self, module: Callable[[], Any], tokenizer: Any, zero_stage: int, micro_batch_size: Optional[int]
+        self,
+        module: Callable[[], Any],
+        tokenizer: Any,
+        zero_stage: int,
+        micro_batch_size: Optional[int],
+        device: torch.device,
     ) -> None:
         self.module = module
         self.tokenizer = tokenizer
         self.zero_stage = zero_stage
         self.micro_batch_size = micro_batch_size
+        self.device = device
 
     def _gathered(self, model: Any) -> Any:
         if self.zero_stage == 3:
@@ -76,7 +83,7 @@ class HFRollout(ContinuingRollout):
                 chunk_size = self.micro_batch_size or len(contexts)
                 for start in range(0, len(contexts), chunk_size):
                     chunk = contexts[start : start + chunk_size]
-                    ids, mask = left_pad(chunk, self.tokenizer.pad_token_id)
+                    ids, mask = (t.to(self.device) for t in left_pad(chunk, self.tokenizer.pad_token_id))
                     step_times: list[float] = []
                     out = (
                         sample(model, ids, mask, settings, step_times)
@@ -125,4 +132,6 @@ def _generate(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, s
 def hf_rollout(context: RolloutContext) -> HFRollout:
     """Samples from the actor's own module: nothing to load or sync."""
     actor, arr = context.actor, context.cfg.actor_rollout_ref
-    return HFRollout(lambda: actor.module, context.tokenizer, arr.actor.zero_stage, arr.rollout.micro_batch_size)
+    return HFRollout(
+        lambda: actor.module, context.tokenizer, arr.actor.zero_stage, arr.rollout.micro_batch_size, context.env.device
+    )

@@ -1,0 +1,192 @@
+"""The trainer keeps every tensor where its models are, checked on the CPU with a simulated CUDA device
+(:mod:`simulated_cuda`): the real trainer, built and trained in this process for two steps (validation and a
+checkpoint included) with its models on ``cuda``, raises :class:`~simulated_cuda.DeviceMismatch` wherever a real GPU
+would raise "Expected all tensors to be on the same device". Before device placement was written, the first rollout
+failed so (the prompts stayed on the host), as it did on an H200.
+
+Simulated, named as such: DeepSpeed builds its engines on its CPU accelerator here, so each engine's module is moved to
+``cuda`` after, as DeepSpeed moves it on a GPU machine; its ZeRO and bf16 buffers stay on the host, so stage 0 in
+float32 is what runs here (ZeRO 3 and bf16 on CUDA: ``scripts/gpu_kit.sh``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from rlprof_train.config.load import load_trainer_config
+
+from conftest import build_reward_model
+from simulated_cuda import SIMULATED, DeviceMismatch, SimulatedCuda, on_device
+
+SMALL = (
+    "data.train_batch_size=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=3",
+    "critic.ppo_micro_batch_size_per_gpu=2",
+    "trainer.total_training_steps=2",
+    "trainer.val_before_train=false",
+    "trainer.test_freq=2",
+    "data.val_batch_size=8",
+    "trainer.save_freq=2",
+    'trainer.logger=["file"]',
+)
+
+
+@pytest.fixture(scope="module")
+def cuda_env():
+    """This process's world of one, its device the simulated ``cuda:0``."""
+    from rlprof_train.workers.engine import init_distributed
+
+    return dataclasses.replace(init_distributed("cpu"), device=SIMULATED)
+
+
+def train(tmp_path, env, *overrides: str, config: str = "demo", simulated: bool = True):
+    """The trainer built and trained in this process, under :class:`SimulatedCuda` when ``simulated``; returns it and
+    its metrics records."""
+    from rlprof_train.trainer import PPOTrainer
+
+    cfg = load_trainer_config(
+        [
+            f"--config-name={config}",
+            *SMALL,
+            f"trainer.log_dir={tmp_path / 'logs'}",
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+            *overrides,
+        ]
+    )
+    if not simulated:
+        trainer = PPOTrainer(cfg, env, "host", lambda line: None)
+        trainer.fit()
+    else:
+        with SimulatedCuda() as mode:
+            trainer = PPOTrainer(cfg, env, "simulated", lambda line: None)
+            for worker in (trainer.actor, trainer.critic):
+                if worker is not None:
+                    worker.engine.module.to("cuda")  # what DeepSpeed does with the module on a GPU machine
+            trainer.fit()
+        assert mode.calls > 1000  # the mode really saw the training
+    records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    return trainer, records
+
+
+CASES = {
+    "grpo": (),
+    "gae_critic_dynamic_batches": (
+        "algorithm.adv_estimator=gae",
+        "critic.use_dynamic_bsz=true",
+        "critic.ppo_max_token_len_per_gpu=64",
+    ),
+    "remove_padding": (
+        "algorithm.adv_estimator=gae",
+        "actor_rollout_ref.model.use_remove_padding=true",
+        "critic.model.use_remove_padding=true",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true",
+    ),
+    "remax_kl_in_reward_entropy_checkpointing": (
+        "algorithm.adv_estimator=remax",
+        "algorithm.use_kl_in_reward=true",
+        "actor_rollout_ref.actor.entropy_coeff=0.01",
+        "actor_rollout_ref.actor.entropy_checkpointing=true",
+        "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+    ),
+    "lora": ("actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_trainer_keeps_every_tensor_on_the_device(tmp_path, cuda_env, case):
+    trainer, records = train(tmp_path, cuda_env, *CASES[case])
+    assert on_device(next(trainer.actor.module.parameters()))
+    if trainer.ref is not None and trainer.ref.lora_policy is None:
+        assert on_device(next(trainer.ref.model.parameters()))  # made on the device, not moved by the test
+    if trainer.critic is not None:
+        assert on_device(next(trainer.critic.engine.module.parameters()))
+    assert [r["training/global_step"] for r in records if "actor/pg_loss" in r] == [1.0, 2.0]
+    assert any(key.startswith("val-core/") for key in records[-1])  # validation ran on the device too
+    assert (tmp_path / "ckpt" / "global_step_2").is_dir()
+
+
+def test_a_reward_model_scores_on_the_device(tmp_path, cuda_env):
+    model = build_reward_model(tmp_path / "rm", ["3+4=7", "1+1=2", "0+2=2", "9+9=18"])
+    trainer, records = train(
+        tmp_path, cuda_env, "reward_model.enable=true", f"reward_model.model.path={model}", "trainer.save_freq=-1"
+    )
+    assert trainer.reward.model is not None and on_device(next(trainer.reward.model.model.parameters()))
+    assert len(records) == 2
+
+
+def test_multi_turn_tool_rollouts_stay_on_the_device(tmp_path, cuda_env):
+    _, records = train(
+        tmp_path,
+        cuda_env,
+        "data.max_response_length=24",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        config="tool_demo",
+    )
+    assert [r["training/global_step"] for r in records] == [1.0, 2.0]
+    assert records[-1]["num_turns/mean"] >= 2  # tool calls really happened between the turns
+
+
+def test_the_simulation_moves_nothing_but_placement(tmp_path, cuda_env):
+    """The simulated run computes what the same run computes on the host, to the last bit: only placement is
+    simulated."""
+    overrides = ("algorithm.adv_estimator=gae", "actor_rollout_ref.model.use_remove_padding=true")
+    _, simulated = train(tmp_path / "simulated", cuda_env, *overrides)
+    _, host = train(
+        tmp_path / "host", dataclasses.replace(cuda_env, device=torch.device("cpu")), *overrides, simulated=False
+    )
+    keys = (
+        "actor/pg_loss",
+        "actor/grad_norm",
+        "actor/entropy",
+        "critic/vf_loss",
+        "critic/grad_norm",
+        "critic/score/mean",
+    )
+    assert [{k: r[k] for k in keys} for r in simulated] == [{k: r[k] for k in keys} for r in host]
+    assert host[-1]["actor/grad_norm"] > 0
+
+
+def test_the_simulation_raises_where_cuda_raises(tmp_path, cuda_env):
+    """The check can fail: a rollout whose prompts stay on the host while its model is on the device (what the
+    trainer did before), and the mixing rules CUDA has."""
+    from rlprof_train.data import Example
+    from rlprof_train.models import load_causal_lm, load_tokenizer
+    from rlprof_train.prepare import EMBEDDED_MODEL_DIR
+    from rlprof_train.tiny_model import embedded_model_name, ensure_tiny_model
+    from rlprof_train.workers.rollout import SamplingParams
+    from rlprof_train.workers.rollout.hf import HFRollout
+
+    ensure_tiny_model(EMBEDDED_MODEL_DIR, 4, "arithmetic")
+    folder = EMBEDDED_MODEL_DIR / embedded_model_name("arithmetic", 4)
+    tokenizer = load_tokenizer(folder)
+    prompt = Example(0, tuple(tokenizer("3+4=", add_special_tokens=False)["input_ids"]), "rlprof/arithmetic", "7")
+    with SimulatedCuda():
+        model = load_causal_lm(folder, device=SIMULATED).eval()
+        host = HFRollout(lambda: model, tokenizer, 0, None, torch.device("cpu"))
+        with pytest.raises(DeviceMismatch, match="embedding: expected all tensors on one device"):
+            host.generate([prompt], SamplingParams(2, 1.0, 1.0, -1, 4))
+        device = HFRollout(lambda: model, tokenizer, 0, None, SIMULATED)
+        assert device.generate([prompt], SamplingParams(2, 1.0, 1.0, -1, 4)).input_ids.shape[0] == 2
+
+        on, off = torch.ones(3, device="cuda"), torch.ones(3)
+        with pytest.raises(DeviceMismatch):
+            on + off
+        with pytest.raises(DeviceMismatch):
+            off[torch.zeros(1, dtype=torch.long, device="cuda")]
+        with pytest.raises(DeviceMismatch):
+            on.numpy()
+        assert on_device(on + torch.tensor(2.0))  # a host scalar mixes, as in CUDA
+        assert on_device(on[torch.tensor([0, 2])])  # host indices into a device tensor, as in CUDA
+        assert not on_device(on.cpu()) and on_device(off.to("cuda")) and on_device(torch.zeros_like(on))
+        off[:] = on  # a copy across devices
