@@ -59,6 +59,10 @@ class Geometry:
     task_size: int = 4  # data.task_max_operand
     prompt_length: int = 16
     pairs: int = PAIRS  # pairs run before more are added on a miss
+    warm_up: int = WARM_UP  # steps left out of the step-time medians
+    model: str | None = None  # a directory (the GPU benchmarks' built Llamas); None: the task's embedded model
+    device: str = "cpu"
+    extra: tuple[str, ...] = ()  # rlprof_train overrides beyond the equal-work ones (the GPU's settings)
 
 
 # both at the 1.5x aimed at; the demo's step is mostly 8 compute-bound forward/backward passes of short sequences,
@@ -102,6 +106,9 @@ def trainer_overrides(geometry: Geometry, seed: int, folder: Path) -> list[str]:
         f"trainer.experiment_name=vs-trl-{seed}",
         f"trainer.log_dir={folder / 'logs'}",
         f"trainer.default_local_dir={folder / 'checkpoints'}",
+        f"trainer.device={geometry.device}",
+        *([f"actor_rollout_ref.model.path={geometry.model}"] if geometry.model else []),
+        *geometry.extra,
     ]
 
 
@@ -117,8 +124,9 @@ def run_rlprof(geometry: Geometry, seed: int, folder: Path) -> dict:
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (folder / "logs" / "metrics.jsonl").read_text().splitlines()]
     times = [r["time"] for r in records]
-    timed = records[WARM_UP:]
+    timed = records[geometry.warm_up :]
     return {
+        "records": records,
         "step_s": [b - a for a, b in itertools.pairwise(times)],
         "reward": [r["critic/score/mean"] for r in records],
         "gen_share": statistics.median(r["timing_s/gen"] / r["timing_s/step"] for r in timed),
@@ -167,6 +175,7 @@ def run_trl(geometry: Geometry, seed: int, folder: Path, model: Path) -> dict:
         "beta": 0.1,
         "seed": seed,
         "threads": 2,
+        "device": geometry.device,
     }
     (folder / "spec.json").write_text(json.dumps(spec))
     command = [sys.executable, str(RUNNER), str(folder / "spec.json"), str(folder / "out.json")]
@@ -176,6 +185,28 @@ def run_trl(geometry: Geometry, seed: int, folder: Path, model: Path) -> dict:
     assert result["prompts_match"], "TRL trained on other prompts than rlprof_train at some step"
     assert result["optimizer"] == "AdamW, fused=True", result["optimizer"]  # transformers' default, and ours
     return result
+
+
+def pair(geometry: Geometry, ours: dict, trl: dict) -> dict:
+    """One alternating pair: each side's median s/step after the warm-up, their ratio, and what each learned."""
+    ours_s = statistics.median(ours["step_s"][geometry.warm_up :])
+    trl_s = statistics.median(trl["step_s"][geometry.warm_up :])
+    return {
+        "ours_s": ours_s,
+        "trl_s": trl_s,
+        "ratio": trl_s / ours_s,
+        "ours_mean": statistics.fmean(ours["reward"]),
+        "trl_mean": statistics.fmean(trl["reward"]),
+        "ours_late": late_mean(ours["reward"]),
+        "trl_late": late_mean(trl["reward"]),
+        "ours_first": ours["reward"][:10],
+        "gen_share": ours["gen_share"],
+        "response_mean": ours["response_mean"],
+        "response_range": ours["response_range"],
+        "prompt_range": ours["prompt_range"],
+        "trl_first": trl["reward"][:10],
+        "ours_records": ours["records"][geometry.warm_up :],
+    }
 
 
 def late_mean(rewards: list[float]) -> float:
@@ -242,30 +273,13 @@ def test_rlprof_train_steps_faster_than_trl_and_learns_as_well(benchmark, tmp_pa
         seed = len(pairs) + 1
         ours = run_rlprof(geometry, seed, tmp_path / f"rlprof-{seed}")
         trl = run_trl(geometry, seed, tmp_path / f"trl-{seed}", model)
-        ours_s, trl_s = statistics.median(ours["step_s"][WARM_UP:]), statistics.median(trl["step_s"][WARM_UP:])
-        pairs.append(
-            {
-                "ours_s": ours_s,
-                "trl_s": trl_s,
-                "ratio": trl_s / ours_s,
-                "ours_mean": statistics.fmean(ours["reward"]),
-                "trl_mean": statistics.fmean(trl["reward"]),
-                "ours_late": late_mean(ours["reward"]),
-                "trl_late": late_mean(trl["reward"]),
-                "ours_first": ours["reward"][:10],
-                "gen_share": ours["gen_share"],
-                "response_mean": ours["response_mean"],
-                "response_range": ours["response_range"],
-                "prompt_range": ours["prompt_range"],
-                "trl_first": trl["reward"][:10],
-            }
-        )
+        pairs.append(pair(geometry, ours, trl))
     report = table(geometry, pairs)
     print("\n" + report)
     out = ROOT / "outputs" / "benchmarks" / f"vs_trl_{geometry.name.split(':')[0]}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report)
-    benchmark.extra_info["pairs"] = pairs
+    benchmark.extra_info["pairs"] = [{k: v for k, v in p.items() if k != "ours_records"} for p in pairs]
     benchmark.pedantic(lambda: None, rounds=1)
 
     if geometry is DEMO:  # 300 steps: the reward rises from ~0.2 to ~0.8 (the long geometry's steps barely move it)

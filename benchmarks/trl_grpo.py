@@ -5,7 +5,8 @@
 SPEC (written by test_vs_trl.py): ``model`` (directory), ``rows`` (one list of prompts per training step, each
 ``{"prompt": text, "ids": token ids, "ground_truth": ..., "data_source": ...}``, in rlprof_train's step order),
 ``n`` (completions per prompt), ``micro_batch`` (completions per forward/backward), ``response_length``, ``lr``,
-``beta``, ``seed``, ``threads`` and optionally ``reward`` ({"path", "name"}: a verl-style ``compute_score`` file).
+``beta``, ``seed``, ``threads`` and optionally ``reward`` ({"path", "name"}: a verl-style ``compute_score`` file) and
+``device`` (``cpu``, the default, or ``cuda``: TRL on the GPU, as ``use_cpu=False``).
 
 TRL is configured as the equivalent of rlprof_train's GRPO settings: ``loss_type="dapo"`` (token-mean over the
 accumulated batch), ``beta`` with k3 KL and no bias correction, ``scale_rewards="group"``, one iteration, constant
@@ -95,7 +96,7 @@ def main(spec_path: str, out_path: str) -> None:
         raise SystemExit(f"micro_batch={micro} does not divide the {completions} completions of a step")
     config = GRPOConfig(
         output_dir=str(Path(out_path).parent / "trl-output"),
-        use_cpu=True,
+        use_cpu=spec.get("device", "cpu") == "cpu",
         seed=spec["seed"],
         max_steps=len(steps),
         per_device_train_batch_size=micro,

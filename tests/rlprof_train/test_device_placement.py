@@ -1,22 +1,27 @@
-"""The trainer keeps every tensor where its models are, checked on the CPU with a simulated CUDA device
-(:mod:`simulated_cuda`): the real trainer, built and trained in this process for two steps (validation and a
-checkpoint included) with its models on ``cuda``, raises :class:`~simulated_cuda.DeviceMismatch` wherever a real GPU
-would raise "Expected all tensors to be on the same device". Before device placement was written, the first rollout
-failed so (the prompts stayed on the host), as it did on an H200.
+"""The trainer keeps every tensor where its models are: the real trainer, built and trained in this process for two
+steps (validation and a checkpoint included) with its models on ``cuda``, in every configuration a GPU user runs.
+
+Each case runs twice where it can: on a machine without CUDA, on a **simulated** CUDA device (:mod:`simulated_cuda`),
+which raises :class:`~simulated_cuda.DeviceMismatch` wherever a real GPU would raise "Expected all tensors to be on
+the same device" (before device placement was written, the first rollout failed so: the prompts stayed on the host,
+as on an H200); on a machine with one (``-m gpu``, scripts/gpu_kit.sh), on the **real** device, bf16 and ZeRO 3
+included.
 
 Simulated, named as such: DeepSpeed builds its engines on its CPU accelerator here, so each engine's module is moved to
 ``cuda`` after, as DeepSpeed moves it on a GPU machine; its ZeRO and bf16 buffers stay on the host, so stage 0 in
-float32 is what runs here (ZeRO 3 and bf16 on CUDA: ``scripts/gpu_kit.sh``)."""
+float32 is what the simulation runs (ZeRO 3 and bf16: the real device only)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from typing import NamedTuple
 
 import pytest
 import torch
 
 from rlprof_train.config.load import load_trainer_config
+from rlprof_train.workers.engine import DistEnv
 
 from conftest import build_reward_model
 from simulated_cuda import SIMULATED, DeviceMismatch, SimulatedCuda, on_device
@@ -38,17 +43,40 @@ SMALL = (
 )
 
 
-@pytest.fixture(scope="module")
-def cuda_env():
-    """This process's world of one, its device the simulated ``cuda:0``."""
+class Placement(NamedTuple):
+    env: DistEnv
+    simulated: bool
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(
+            "simulated",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is here: see the cuda runs"),
+        ),
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+        ),
+    ],
+)
+def placement(request) -> Placement:
+    """This process's world of one on ``cuda:0``: simulated on the CPU, or the real device."""
     from rlprof_train.workers.engine import init_distributed
 
-    return dataclasses.replace(init_distributed("cpu"), device=SIMULATED)
+    if request.param == "cuda":
+        return Placement(init_distributed("cuda"), simulated=False)
+    return Placement(dataclasses.replace(init_distributed("cpu"), device=SIMULATED), simulated=True)
 
 
-def train(tmp_path, env, *overrides: str, config: str = "demo", simulated: bool = True):
-    """The trainer built and trained in this process, under :class:`SimulatedCuda` when ``simulated``; returns it and
-    its metrics records."""
+def is_on_device(tensor: torch.Tensor, placement: Placement) -> bool:
+    return on_device(tensor) if placement.simulated else tensor.is_cuda
+
+
+def train(tmp_path, placement: Placement, *overrides: str, config: str = "demo"):
+    """The trainer built and trained in this process where ``placement`` says (the host when its device is the CPU);
+    returns it and its metrics records."""
     from rlprof_train.trainer import PPOTrainer
 
     cfg = load_trainer_config(
@@ -60,12 +88,12 @@ def train(tmp_path, env, *overrides: str, config: str = "demo", simulated: bool 
             *overrides,
         ]
     )
-    if not simulated:
-        trainer = PPOTrainer(cfg, env, "host", lambda line: None)
+    if not placement.simulated:
+        trainer = PPOTrainer(cfg, placement.env, "real", lambda line: None)
         trainer.fit()
     else:
         with SimulatedCuda() as mode:
-            trainer = PPOTrainer(cfg, env, "simulated", lambda line: None)
+            trainer = PPOTrainer(cfg, placement.env, "simulated", lambda line: None)
             for worker in (trainer.actor, trainer.critic):
                 if worker is not None:
                     worker.engine.module.to("cuda")  # what DeepSpeed does with the module on a GPU machine
@@ -100,34 +128,59 @@ CASES = {
     ),
     "lora": ("actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8"),
 }
+REAL_DEVICE_ONLY = {  # DeepSpeed's own buffers are made on its accelerator: CUDA on a GPU machine
+    "bf16_zero1_gae_offload_activations": (
+        "actor_rollout_ref.model.dtype=bfloat16",
+        "actor_rollout_ref.actor.zero_stage=1",
+        "critic.zero_stage=1",
+        "algorithm.adv_estimator=gae",
+        "actor_rollout_ref.model.enable_activation_offload=true",
+    ),
+    "zero3": ("actor_rollout_ref.actor.zero_stage=3", "actor_rollout_ref.model.dtype=bfloat16"),
+}
+
+
+def check_placed(trainer, records, placement: Placement) -> None:
+    assert is_on_device(next(trainer.actor.module.parameters()), placement)
+    if trainer.ref is not None and trainer.ref.lora_policy is None:
+        assert is_on_device(next(trainer.ref.model.parameters()), placement)  # made there, not moved by the test
+    if trainer.critic is not None:
+        assert is_on_device(next(trainer.critic.engine.module.parameters()), placement)
+    assert [r["training/global_step"] for r in records if "actor/pg_loss" in r] == [1.0, 2.0]
+    assert all(r["actor/pg_loss"] == r["actor/pg_loss"] for r in records if "actor/pg_loss" in r)  # finite
+    assert any(key.startswith("val-core/") for key in records[-1])  # validation ran on the device too
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_the_trainer_keeps_every_tensor_on_the_device(tmp_path, cuda_env, case):
-    trainer, records = train(tmp_path, cuda_env, *CASES[case])
-    assert on_device(next(trainer.actor.module.parameters()))
-    if trainer.ref is not None and trainer.ref.lora_policy is None:
-        assert on_device(next(trainer.ref.model.parameters()))  # made on the device, not moved by the test
-    if trainer.critic is not None:
-        assert on_device(next(trainer.critic.engine.module.parameters()))
-    assert [r["training/global_step"] for r in records if "actor/pg_loss" in r] == [1.0, 2.0]
-    assert any(key.startswith("val-core/") for key in records[-1])  # validation ran on the device too
+def test_the_trainer_keeps_every_tensor_on_the_device(tmp_path, placement, case):
+    trainer, records = train(tmp_path, placement, *CASES[case])
+    check_placed(trainer, records, placement)
     assert (tmp_path / "ckpt" / "global_step_2").is_dir()
 
 
-def test_a_reward_model_scores_on_the_device(tmp_path, cuda_env):
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", REAL_DEVICE_ONLY)
+def test_bf16_and_zero_on_the_real_device(tmp_path, placement, case):
+    trainer, records = train(tmp_path, placement, *REAL_DEVICE_ONLY[case])
+    check_placed(trainer, records, placement)
+    assert records[-1]["perf/max_memory_allocated_gb"] > 0
+
+
+def test_a_reward_model_scores_on_the_device(tmp_path, placement):
     model = build_reward_model(tmp_path / "rm", ["3+4=7", "1+1=2", "0+2=2", "9+9=18"])
     trainer, records = train(
-        tmp_path, cuda_env, "reward_model.enable=true", f"reward_model.model.path={model}", "trainer.save_freq=-1"
+        tmp_path, placement, "reward_model.enable=true", f"reward_model.model.path={model}", "trainer.save_freq=-1"
     )
-    assert trainer.reward.model is not None and on_device(next(trainer.reward.model.model.parameters()))
+    assert trainer.reward.model is not None
+    assert is_on_device(next(trainer.reward.model.model.parameters()), placement)
     assert len(records) == 2
 
 
-def test_multi_turn_tool_rollouts_stay_on_the_device(tmp_path, cuda_env):
+def test_multi_turn_tool_rollouts_stay_on_the_device(tmp_path, placement):
     _, records = train(
         tmp_path,
-        cuda_env,
+        placement,
         "data.max_response_length=24",
         "trainer.test_freq=-1",
         "trainer.save_freq=-1",
@@ -137,38 +190,31 @@ def test_multi_turn_tool_rollouts_stay_on_the_device(tmp_path, cuda_env):
     assert records[-1]["num_turns/mean"] >= 2  # tool calls really happened between the turns
 
 
-def test_the_simulation_moves_nothing_but_placement(tmp_path, cuda_env):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the simulation runs where there is no CUDA device")
+def test_the_simulation_moves_nothing_but_placement(tmp_path, placement):
     """The simulated run computes what the same run computes on the host, to the last bit: only placement is
     simulated."""
     overrides = ("algorithm.adv_estimator=gae", "actor_rollout_ref.model.use_remove_padding=true")
-    _, simulated = train(tmp_path / "simulated", cuda_env, *overrides)
-    _, host = train(
-        tmp_path / "host", dataclasses.replace(cuda_env, device=torch.device("cpu")), *overrides, simulated=False
-    )
-    keys = (
-        "actor/pg_loss",
-        "actor/grad_norm",
-        "actor/entropy",
-        "critic/vf_loss",
-        "critic/grad_norm",
-        "critic/score/mean",
-    )
-    assert [{k: r[k] for k in keys} for r in simulated] == [{k: r[k] for k in keys} for r in host]
-    assert host[-1]["actor/grad_norm"] > 0
+    _, simulated = train(tmp_path / "simulated", placement, *overrides)
+    host = Placement(dataclasses.replace(placement.env, device=torch.device("cpu")), simulated=False)
+    _, on_host = train(tmp_path / "host", host, *overrides)
+    keys = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/vf_loss", "critic/grad_norm")
+    assert [{k: r[k] for k in keys} for r in simulated] == [{k: r[k] for k in keys} for r in on_host]
+    assert on_host[-1]["actor/grad_norm"] > 0
 
 
-def test_the_simulation_raises_where_cuda_raises(tmp_path, cuda_env):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the simulation runs where there is no CUDA device")
+def test_the_simulation_raises_where_cuda_raises():
     """The check can fail: a rollout whose prompts stay on the host while its model is on the device (what the
     trainer did before), and the mixing rules CUDA has."""
     from rlprof_train.data import Example
     from rlprof_train.models import load_causal_lm, load_tokenizer
     from rlprof_train.prepare import EMBEDDED_MODEL_DIR
-    from rlprof_train.tiny_model import embedded_model_name, ensure_tiny_model
+    from rlprof_train.tiny_model import ensure_tiny_model
     from rlprof_train.workers.rollout import SamplingParams
     from rlprof_train.workers.rollout.hf import HFRollout
 
-    ensure_tiny_model(EMBEDDED_MODEL_DIR, 4, "arithmetic")
-    folder = EMBEDDED_MODEL_DIR / embedded_model_name("arithmetic", 4)
+    folder = ensure_tiny_model(EMBEDDED_MODEL_DIR, 4, "arithmetic")
     tokenizer = load_tokenizer(folder)
     prompt = Example(0, tuple(tokenizer("3+4=", add_special_tokens=False)["input_ids"]), "rlprof/arithmetic", "7")
     with SimulatedCuda():

@@ -1,0 +1,209 @@
+"""GPU benchmarks (``-m gpu``; skipped without a CUDA device; ``scripts/gpu_kit.sh run`` runs them on a GPU machine):
+
+- **rlprof_train against TRL's GRPOTrainer on one GPU at equal work** (test_vs_trl.py's pairing: the same model,
+  prompts, completions, new tokens, micro-batches and passes, HF sampling on both sides, fp32, alternating runs):
+  a 155M-parameter Llama (``llama_shapes.py``), the arithmetic prompts and reward, 32 prompts x 8 completions of at
+  most 64 new tokens (a random model rarely stops early), micro-batches of 32 completions, one optimizer step per
+  step. Goal: TRL's median s/step over rlprof_train's at least 1.5x. Also stated: rlprof_train's rollout time,
+  its MFU (``perf/mfu/actor`` against the device's dense bf16 peak) and peak memory.
+- **The cost of a recorded window against the bare tool it drives**: a hand-written generate / reference / update
+  loop on the same model (bf16), one recorded step timed from its start to its file written: rlprof's ``torch``
+  window (cpu + cuda) against ``torch.profiler.profile`` with the same activities and ranges exported as a gzipped
+  trace, rlprof's ``torch_memory`` window (the seed's 100000 entries) against ``_record_memory_history`` with the
+  same settings and ``_dump_snapshot``. Alternating repetitions; goal at most 1.05x each.
+
+Results are printed and written to ``outputs/benchmarks/gpu_*.md`` with the device's name and the date.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.util
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from llama_shapes import build
+from test_vs_trl import Geometry, fast_enough, pair, run_rlprof, run_trl, table
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "outputs" / "models"
+OUT = ROOT / "outputs" / "benchmarks"
+
+GPU_155M = Geometry(
+    "gpu 155m: arithmetic prompts, 32 x 8, up to 64 new tokens, micro-batch 32, fp32",
+    steps=8,
+    prompts=32,
+    n=8,
+    response_length=64,
+    micro_batch=32,
+    speed_target=1.5,
+    pairs=2,
+    warm_up=3,
+    device="cuda",
+)
+
+
+def device_line() -> str:
+    return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, {datetime.date.today().isoformat()}"
+
+
+def write(name: str, text: str) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / name).write_text(text)
+    print("\n" + text)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is not installed (the GPU kit carries it)")
+def test_gpu_trainer_against_trl(benchmark, tmp_path):
+    geometry = dataclasses.replace(GPU_155M, model=str(build("155m", MODELS / "llama-155m")))
+    pairs = []
+    for seed in range(1, geometry.pairs + 1):
+        ours = run_rlprof(geometry, seed, tmp_path / f"rlprof-{seed}")
+        trl = run_trl(geometry, seed, tmp_path / f"trl-{seed}", Path(geometry.model or ""))
+        pairs.append(pair(geometry, ours, trl))
+    records = [r for p in pairs for r in p["ours_records"]]
+    gen = statistics.median(r["timing_s/gen"] for r in records)
+    mfu = statistics.median(r["perf/mfu/actor"] for r in records)
+    peak = max(r["perf/max_memory_allocated_gb"] for r in records)
+    report = "\n".join(
+        [
+            table(geometry, pairs),
+            f"device: {device_line()}",
+            f"rlprof_train: rollout {gen:.3f} s a step (median); MFU of the update {100 * mfu:.2f}% of the dense bf16 "
+            f"peak; peak allocated {peak:.1f} GB",
+            "",
+        ]
+    )
+    write("gpu_vs_trl.md", report)
+    benchmark.extra_info.update(ratios=[p["ratio"] for p in pairs], gen_s=gen, mfu=mfu, device=device_line())
+    benchmark.pedantic(lambda: None, rounds=1)
+    assert fast_enough(pairs, geometry), report
+
+
+# ----------------------------------------------------------------------------------------------- window cost
+
+PROMPTS, NEW_TOKENS, MICRO = 32, 24, 16
+REPETITIONS = 4
+TARGET = 1.05
+MEMORY_SETTINGS = dict(context="all", stacks="python", max_entries=100_000)  # what rlprof's torch_memory records
+
+
+class Loop:
+    """generate -> reference log-probs -> update (two micro-batches and an AdamW step) on the 155M model in bf16,
+    each phase a range of its role (rlprof's, or ``record_function`` of the same name for the bare tools)."""
+
+    def __init__(self) -> None:
+        from transformers import AutoModelForCausalLM
+
+        folder = build("155m", MODELS / "llama-155m")
+        self.policy = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda()
+        self.ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda().eval()
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=1e-6)
+        self.prompts = torch.randint(3, 300, (PROMPTS, 16), device="cuda")
+
+    def step(self, ranges) -> None:
+        with ranges("rollout/generate"), torch.no_grad():
+            self.policy.eval()
+            sequences = self.policy.generate(
+                self.prompts, attention_mask=torch.ones_like(self.prompts), max_new_tokens=NEW_TOKENS, do_sample=True,
+                min_new_tokens=NEW_TOKENS, pad_token_id=0,
+            )  # fmt: skip
+        with ranges("ref/log_prob"), torch.no_grad():
+            self.ref(sequences).logits.float().log_softmax(-1)
+        with ranges("actor/update"):
+            self.policy.train()
+            for micro in sequences.split(MICRO):
+                loss = self.policy(micro).logits.float().log_softmax(-1).mean()
+                loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+
+
+def bare_ranges(label: str):
+    return torch.profiler.record_function(label)
+
+
+def rlprof_ranges(label: str):
+    import rlprof
+
+    role, name = label.split("/")
+    return rlprof.profile_range(name, role=role)
+
+
+def rlprof_window(loop: Loop, tool: str, folder: Path) -> float:
+    """Seconds of one step recorded by rlprof's ``tool`` (window start to file written)."""
+    import rlprof
+
+    settings = {"torch": {"contents": ["cpu", "cuda"]}, "torch_memory": {"trace_alloc_max_entries": 100_000}}
+    config = {"tool": tool, "steps": [2], "save_path": str(folder), "global_tool_config": {tool: settings[tool]}}
+    rlprof.init({"global_profiler": config})  # every role's ranges, as the bare tool's
+    with rlprof.step(1):
+        loop.step(rlprof_ranges)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with rlprof.step(2):
+        loop.step(rlprof_ranges)
+    elapsed = time.perf_counter() - start
+    rlprof.shutdown()
+    return elapsed
+
+
+def bare_window(loop: Loop, tool: str, folder: Path) -> float:
+    """Seconds of one step recorded by the bare torch tool (start to file written)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    loop.step(bare_ranges)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    if tool == "torch":
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as profiler:
+            loop.step(bare_ranges)
+        profiler.export_chrome_trace(str(folder / "trace.pt.trace.json.gz"))
+    else:
+        torch.cuda.memory._record_memory_history("all", **MEMORY_SETTINGS)
+        loop.step(bare_ranges)
+        torch.cuda.memory._dump_snapshot(str(folder / "snapshot.pickle"))
+        torch.cuda.memory._record_memory_history(None)
+    return time.perf_counter() - start
+
+
+@pytest.mark.parametrize("tool", ["torch", "torch_memory"])
+def test_gpu_window_costs_what_the_bare_tool_costs(benchmark, tmp_path, tool):
+    loop = Loop()
+    for _ in range(2):  # warm-up: kernels, allocator, CUPTI's first start
+        loop.step(bare_ranges)
+    plain = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        loop.step(bare_ranges)
+        plain.append(time.perf_counter() - start)
+    ours, bare = [], []
+    for rep in range(REPETITIONS):  # alternating, so drift hits both alike
+        bare.append(bare_window(loop, tool, tmp_path / f"bare{rep}"))
+        ours.append(rlprof_window(loop, tool, tmp_path / f"rlprof{rep}"))
+    ratios = sorted(o / b for o, b in zip(ours, bare, strict=True))
+    median = statistics.median(ratios)
+    report = "\n".join(
+        [
+            f"### {tool} window against the bare tool ({device_line()})",
+            "",
+            f"step unrecorded {statistics.median(plain):.3f} s; recorded by rlprof "
+            f"{', '.join(f'{t:.3f}' for t in ours)} s; by the bare tool {', '.join(f'{t:.3f}' for t in bare)} s",
+            f"ratio rlprof / bare: median {median:.3f}x (spread {ratios[0]:.3f}-{ratios[-1]:.3f}x, "
+            f"{REPETITIONS} alternating repetitions); goal <= {TARGET}x",
+            "",
+        ]
+    )
+    write(f"gpu_window_{tool}.md", report)
+    benchmark.extra_info.update(ratios=ratios, ours_s=ours, bare_s=bare, device=device_line())
+    benchmark.pedantic(lambda: None, rounds=1)
+    assert median <= TARGET, report
