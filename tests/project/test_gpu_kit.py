@@ -28,7 +28,9 @@ def test_dry_run_lists_the_gpu_tests_the_trainer_and_the_summaries():
     result = kit("run", "--dry-run")
     assert result.returncode == 0, result.stderr
     for fragment in ("pip install --no-index --no-deps --target", "pytest -m gpu tests", "trainer.device=cuda",
-                     "rlprof.cli report", "rlprof.cli memory", "summary.txt"):  # fmt: skip
+                     "llama_shapes.py 155m", "global_profiler.tool=torch", "rlprof.cli report", "rlprof.cli memory",
+                     "torch.distributed.run --standalone --nproc_per_node 1", "trainer.n_gpus_per_node=1",
+                     "trainer.device=cpu", "pytest -m gpu benchmarks", "summary.txt"):  # fmt: skip
         assert fragment in result.stdout, fragment
 
 
@@ -38,7 +40,7 @@ def test_prepare_gathers_cp312_wheels_under_64_mib():
     assert result.returncode == 0, result.stderr[-3000:]
     wheels = sorted((ROOT / ".gpu_kit" / "wheels").glob("*.whl"))
     names = {w.name.split("-")[0].lower() for w in wheels}
-    assert {"omegaconf", "nvtx", "deepspeed", "msgspec", "ijson", "plotly", "pydantic_core"} <= names
+    assert {"omegaconf", "nvtx", "deepspeed", "msgspec", "ijson", "plotly", "pydantic_core", "trl", "datasets"} <= names
     assert all("cp312" in w.name or "py3-none" in w.name for w in wheels)
     for wheel in wheels:
         assert zipfile.ZipFile(wheel).testzip() is None

@@ -203,6 +203,21 @@ def test_the_simulation_moves_nothing_but_placement(tmp_path, placement):
     assert on_host[-1]["actor/grad_norm"] > 0
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the GPU kit resumes a real one on the host")
+def test_a_checkpoint_written_on_a_gpu_resumes_on_the_host(tmp_path, placement, monkeypatch):
+    """A GPU's checkpoint files tag every storage ``cuda:0`` (torch.save's location tag), which a CPU machine cannot
+    load as saved; resuming from one on the host continues the run. Written here with the tag a GPU writes."""
+    host = Placement(dataclasses.replace(placement.env, device=torch.device("cpu")), simulated=False)
+    with monkeypatch.context() as gpu:
+        gpu.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        train(tmp_path, host)
+    (saved,) = (tmp_path / "ckpt" / "global_step_2" / "actor").glob("*model_states.pt")
+    with pytest.raises(RuntimeError, match="CUDA"):
+        torch.load(saved, weights_only=False)  # as written: on a CUDA device
+    _, records = train(tmp_path, host, "trainer.total_training_steps=3", "trainer.save_freq=-1")
+    assert [r["training/global_step"] for r in records if "actor/pg_loss" in r] == [1.0, 2.0, 3.0]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the simulation runs where there is no CUDA device")
 def test_the_simulation_raises_where_cuda_raises():
     """The check can fail: a rollout whose prompts stay on the host while its model is on the device (what the

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from rlprof.config import ConfigError
 from rlprof_train.config import as_dict
@@ -162,6 +163,27 @@ def test_launcher_variables_that_cannot_form_a_world_are_one_line(variables, fra
     assert main(["--config-name=demo"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and fragment in err and "torchrun" in err, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
+def test_cuda_without_a_gpu_is_one_line_naming_the_build(capsys):
+    assert main(["--config-name=demo", "trainer.device=cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"trainer.device='cuda': no CUDA device is visible here (torch {torch.__version__}" in err
+    assert "use auto or cpu" in err
+
+
+def test_more_processes_on_a_node_than_gpus_is_one_line(monkeypatch, capsys):
+    """The device count is mocked: a machine with 2 GPUs cannot exist here (a hardware boundary)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for name, value in {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4"}.items():
+        monkeypatch.setenv(name, value)
+    assert main(["--config-name=demo", "trainer.device=cuda", "data.train_batch_size=64"]) == 2
+    err = capsys.readouterr().err
+    assert "4 processes on this node and 2 GPUs visible: one GPU per process" in err, err
+    assert "torchrun --nproc_per_node 2" in err and err.count("\n") == 1
 
 
 def test_reward_function_that_does_not_import(tmp_path, capsys):

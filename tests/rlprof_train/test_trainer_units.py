@@ -287,14 +287,16 @@ def test_torchruns_own_store_listens_on_every_interface_as_the_docs_warn(flags, 
 
 @pytest.mark.slow  # over 7 s: kept out of the quick loop
 def test_a_single_process_run_listens_on_the_loopback_only_and_leaves_no_gloo_thread_at_exit():
-    """The store of a run by hand binds 127.0.0.1 only. And the trainer's exit (barrier, destroy_process_group) leaves
+    """DeepSpeed's accelerator is the device asked for (``DS_ACCELERATOR``). The store of a run by hand binds 127.0.0.1 only. And the trainer's exit (barrier, destroy_process_group) leaves
     no gloo worker thread: one still alive while the interpreter finalizes can abort the exit ("terminate called
     without an active exception"). An optimizer's first use imports torch._dynamo, which, imported after the group was
     made, kept it alive."""
     code = textwrap.dedent("""
         import os, psutil, torch
         from rlprof_train.workers.engine import init_distributed
-        init_distributed("cpu")
+        env = init_distributed("cpu")
+        from deepspeed.accelerator import get_accelerator
+        print(os.environ["DS_ACCELERATOR"], get_accelerator().device_name(), env.device)
         print(sorted({c.laddr.ip for c in psutil.Process().net_connections("tcp") if c.status == "LISTEN"}))
         torch.optim.Adam(torch.nn.Linear(2, 2).parameters())
         torch.distributed.barrier()
@@ -305,7 +307,8 @@ def test_a_single_process_run_listens_on_the_loopback_only_and_leaves_no_gloo_th
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=subprocess_env(), cwd=ROOT
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    listening, threads = result.stdout.strip().splitlines()[-2:]
+    accelerator, listening, threads = result.stdout.strip().splitlines()[-3:]
+    assert accelerator == "cpu cpu cpu"  # DeepSpeed's accelerator follows the trainer's device
     assert listening == "['127.0.0.1']"
     assert "gloo" not in threads, threads
 
