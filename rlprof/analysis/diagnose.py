@@ -175,15 +175,22 @@ def memory_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -
         f"{ACTOR}.entropy_from_logits_with_chunking=true",
         f"{ACTOR}.entropy_checkpointing=true",
     ]
-    if memory.oom:
-        top = memory.oom[0]
-        culprit = next(iter(top.by_tag), "")
+    failure = next((s for s in memory.oom if s.oom is not None), None)
+    if failure is not None and failure.oom is not None:
+        moment = failure.oom
+        holder = next(iter(moment.by_tag), "")
         message = (
-            f"out of memory: an OOM snapshot was written ({top.peak_bytes / 2**30:.2f} GiB live at the peak"
-            + (f", most in {culprit}" if culprit else "")
-            + "); lower the memory per micro-batch"
+            f"out of memory: {failure.device} could not allocate {moment.failure.requested / 2**30:.2f} GiB in "
+            f"{moment.failure.tag or 'no rlprof range'} with {moment.failure.device_free / 2**30:.2f} GiB free; "
+            f"{moment.live_bytes / 2**30:.2f} GiB were alive"
+            + (f", most in {holder} ({moment.by_tag[holder] / 2**30:.2f} GiB)" if holder else "")
         )
-        return rule.finding(message, {"oom_peak_gb": top.peak_bytes / 2**30}, overrides)
+        evidence = {
+            "requested_gb": moment.failure.requested / 2**30,
+            "device_free_gb": moment.failure.device_free / 2**30,
+            "live_gb": moment.live_bytes / 2**30,
+        }
+        return rule.finding(message, evidence, [fix.override for fix in memory.remedies] or overrides)
     limit = options.memory_limit_gb or memory.capacity_gb
     peak_gb = memory.peak_from_metrics_gb or 0.0
     if memory.host_rss is not None:

@@ -43,6 +43,30 @@ class SegmentUsage:
     """Free blocks between live ones: the fragmentation that can make a large allocation fail."""
 
 
+@dataclass(frozen=True)
+class OutOfMemory:
+    """An allocation the device could not serve: torch's ``oom`` action in a snapshot's history."""
+
+    requested: int
+    """Bytes asked for."""
+    device_free: int
+    """Bytes the device had free then (CUDA's own count, which other processes' use lowers too)."""
+    device_total: Optional[int]
+    """The device's memory, where the file records it (rlprof's snapshots do; torch's own do not)."""
+    reserved: Optional[int]
+    """Bytes the allocator held from the device then (its segments), where the history allows to tell."""
+    at_event: int
+    """Alloc and free events before it in :attr:`AllocationHistory.events`."""
+    time_us: Optional[float]
+    """None when the file gives no times."""
+    tag: str
+    """The range it failed in (its own metadata, else the range open at its time), or ``""``."""
+    site: str
+    """Where it was asked for (the user's frames, as allocation sites are shown)."""
+    count: int = 1
+    """OOM events in the history (the first is this one)."""
+
+
 @dataclass
 class AllocationHistory:
     source: str
@@ -55,6 +79,8 @@ class AllocationHistory:
     """Events lost to ``trace_alloc_max_entries`` (the oldest ones)."""
     timed: bool = True
     """False when the file gives no times: ``time_us`` is then each event's position in the history."""
+    oom: Optional[OutOfMemory] = None
+    """The first allocation that failed, when the history has one."""
 
 
 @dataclass(frozen=True)
@@ -65,12 +91,33 @@ class SiteBytes:
     count: int
 
 
+@dataclass(frozen=True)
+class OomMoment:
+    """What was alive when an allocation failed: who held the device's memory then."""
+
+    failure: OutOfMemory
+    live_bytes: int
+    """Bytes allocated (alive) at that moment."""
+    reserved_unallocated: Optional[int]
+    """Reserved by the allocator but not allocated (torch's OOM message: "reserved by PyTorch but unallocated"; large
+    means fragmentation, which ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` avoids)."""
+    by_tag: dict[str, int]
+    """Live bytes per range (``""``: outside every range), largest first."""
+    by_role: dict[str, int]
+    """The same per role."""
+    largest: list[SiteBytes]
+    """The largest live allocations, one row each (count 1)."""
+    sites: list[SiteBytes]
+    """Live bytes per allocation site and range."""
+
+
 @dataclass
 class MemorySummary:
     source: str
     device: str
     peak_bytes: int
-    peak_time_us: float
+    peak_time_us: Optional[float]
+    """None when the file gives no times (then only :attr:`peak_event` says when)."""
     peak_event: int
     """Index of the event at which the peak was reached (-1: already at the start)."""
     start_bytes: int
@@ -79,6 +126,8 @@ class MemorySummary:
     """How the device segments are filled at the snapshot (CUDA)."""
     by_tag: dict[str, int]
     """Live bytes at the peak per rlprof range (``""``: outside every range)."""
+    by_role: dict[str, int]
+    """Live bytes at the peak per role (the ranges' roles; ``""``: outside every range)."""
     top_sites: list[SiteBytes]
     timeline: list[tuple[float, int]]
     """(time in µs, live bytes), at most ``points`` samples over the whole history, the peak included."""
@@ -89,7 +138,9 @@ class MemorySummary:
     events: int
     dropped: int
     timed: bool
-    """False when the file gives no times: ``peak_time_us`` and the timeline's times are event positions."""
+    """False when the file gives no times: the timeline's times are event positions."""
+    oom: Optional[OomMoment] = None
+    """The moment an allocation failed, when the history has one."""
 
 
 # --------------------------------------------------------------------------------------------- the summary
@@ -106,15 +157,10 @@ def summarize(history: AllocationHistory, top: int = 10, points: int = 600, arou
         if live > peak:
             peak, peak_index, peak_time = live, index, event.time_us
     samples = _sample_indices(curve, points, peak_index)
-    at_peak, tag_samples = _replay(history, peak_index, samples)
-    by_tag: dict[str, int] = defaultdict(int)
-    by_site: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-    for allocation in at_peak.values():
-        by_tag[allocation.tag] += allocation.size
-        totals = by_site[(allocation.site, allocation.tag)]
-        totals[0] += allocation.size
-        totals[1] += 1
-    sites = sorted((SiteBytes(site, tag, b, n) for (site, tag), (b, n) in by_site.items()), key=lambda s: -s.bytes)
+    oom_index = history.oom.at_event - 1 if history.oom is not None else None
+    at_peak, tag_samples, at_oom = _replay(history, peak_index, samples, oom_index)
+    by_tag = _by_tag(at_peak)
+    sites = _sites(at_peak)
     low, high = max(0, peak_index - around), min(len(history.events), peak_index + around + 1)
     nearby = [
         (
@@ -131,12 +177,13 @@ def summarize(history: AllocationHistory, top: int = 10, points: int = 600, arou
         source=history.source,
         device=history.device,
         peak_bytes=peak,
-        peak_time_us=peak_time,
+        peak_time_us=peak_time if history.timed else None,
         peak_event=peak_index,
         start_bytes=start,
         end_bytes=live,
         segments=history.segments,
-        by_tag=dict(sorted(by_tag.items(), key=lambda item: -item[1])),
+        by_tag=by_tag,
+        by_role=by_role(by_tag),
         top_sites=sites[:top],
         timeline=[curve[i] for i in samples],
         timeline_by_tag={tag: [sample.get(tag, 0) for sample in tag_samples] for tag in tags},
@@ -144,19 +191,66 @@ def summarize(history: AllocationHistory, top: int = 10, points: int = 600, arou
         events=len(history.events),
         dropped=history.dropped,
         timed=history.timed,
+        oom=None if history.oom is None else _oom_moment(history.oom, at_oom, top),
+    )
+
+
+def role_of(tag: str) -> str:
+    """The role of a range label (``actor/update_actor`` -> ``actor``; ``""`` stays ``""``)."""
+    return tag.split("/", 1)[0]
+
+
+def by_role(by_tag: dict[str, int]) -> dict[str, int]:
+    """Bytes per range summed per role, largest first."""
+    roles: dict[str, int] = defaultdict(int)
+    for tag, size in by_tag.items():
+        roles[role_of(tag)] += size
+    return dict(sorted(roles.items(), key=lambda item: -item[1]))
+
+
+def _by_tag(alive: dict[int, Allocation]) -> dict[str, int]:
+    tags: dict[str, int] = defaultdict(int)
+    for allocation in alive.values():
+        tags[allocation.tag] += allocation.size
+    return dict(sorted(tags.items(), key=lambda item: -item[1]))
+
+
+def _sites(alive: dict[int, Allocation]) -> list[SiteBytes]:
+    by_site: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for allocation in alive.values():
+        totals = by_site[(allocation.site, allocation.tag)]
+        totals[0] += allocation.size
+        totals[1] += 1
+    return sorted((SiteBytes(site, tag, b, n) for (site, tag), (b, n) in by_site.items()), key=lambda s: -s.bytes)
+
+
+def _oom_moment(failure: OutOfMemory, alive: dict[int, Allocation], top: int) -> OomMoment:
+    live = sum(a.size for a in alive.values())
+    tags = _by_tag(alive)
+    largest = sorted(alive.values(), key=lambda a: -a.size)[:top]
+    return OomMoment(
+        failure,
+        live,
+        None if failure.reserved is None else max(0, failure.reserved - live),
+        tags,
+        by_role(tags),
+        [SiteBytes(a.site, a.tag, a.size, 1) for a in largest],
+        _sites(alive)[:top],
     )
 
 
 def _replay(
-    history: AllocationHistory, peak_index: int, samples: list[int]
-) -> tuple[dict[int, Allocation], list[dict[str, int]]]:
-    """Replay the events: what was alive at the peak, and live bytes per tag at each sampled event."""
+    history: AllocationHistory, peak_index: int, samples: list[int], oom_index: Optional[int] = None
+) -> tuple[dict[int, Allocation], list[dict[str, int]], dict[int, Allocation]]:
+    """Replay the events: what was alive at the peak, live bytes per tag at each sampled event, and what was alive
+    after event ``oom_index`` (-1: at the start)."""
     alive = dict(history.alive_at_start)
     by_tag_now: dict[str, int] = defaultdict(int)
     for allocation in alive.values():
         by_tag_now[allocation.tag] += allocation.size
     tag_samples: list[dict[str, int]] = []
     at_peak = dict(alive)
+    at_oom = dict(alive)
     for index, event in enumerate(history.events):
         if event.action == "alloc":
             alive[event.address] = event.allocation
@@ -166,9 +260,11 @@ def _replay(
             by_tag_now[ended.tag] -= event.allocation.size
         if index == peak_index:
             at_peak = dict(alive)
+        if index == oom_index:
+            at_oom = dict(alive)
         if len(tag_samples) < len(samples) and index == samples[len(tag_samples)]:
             tag_samples.append(dict(by_tag_now))
-    return at_peak, tag_samples
+    return at_peak, tag_samples, at_oom
 
 
 def _sample_indices(curve: list[tuple[float, int]], points: int, keep: int) -> list[int]:

@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from rlprof.analysis.gpu import GpuSummary
 from rlprof.analysis.memory import HostRss, MemorySummary
+from rlprof.analysis.memory_remedies import Remedy
 
 SCHEMA = "rlprof-report/2"
 
@@ -129,6 +130,9 @@ class MemoryReport:
     host_rss: Optional[HostRss]
     timelines: list[MemorySummary]
     oom: list[MemorySummary]
+    """Histories with an allocation that failed (the OOM snapshots, and any snapshot whose history has one)."""
+    remedies: list[Remedy]
+    """What to try for the first failure: the seed's memory settings not already on in this run."""
     peak_from_metrics_gb: Optional[float]
     """Highest ``perf/max_memory_reserved_gb`` (CUDA) or ``perf/process_rss_gb`` over the steps."""
     capacity_gb: Optional[float]

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from rlprof.analysis.diagnose import diagnose
 from rlprof.analysis.memory import MemorySummary, summarize
+from rlprof.analysis.memory_remedies import remedies
 from rlprof.analysis.metrics import STEP_KEY, growth, quantile, series, training_records, warmup_steps
 from rlprof.analysis.model import (
     SCHEMA,
@@ -370,11 +371,12 @@ def _memory(
         if reader is None or file.format == "host_rss":
             continue
         try:
-            summary = summarize(reader.read(file, run.options))
+            summaries = [summarize(history) for history in reader.read(file, run.options)]
         except SourceError as exc:
             unreadable.append(str(exc).splitlines()[0])
             continue
-        (oom if file.oom else timelines).append(summary)
+        for summary in summaries:  # a snapshot with an OOM in its history is one, whatever its name
+            (oom if summary.oom is not None else timelines).append(summary)
     cuda = any(k == "perf/max_memory_reserved_gb" for r in records for k in r)
     key = "perf/max_memory_reserved_gb" if cuda else "perf/process_rss_gb"
     first_recorded = min((step for file in run.of("host_alloc") for step in file.steps), default=None)
@@ -395,10 +397,12 @@ def _memory(
                 traced[r.role] = max(traced[r.role], r.peak_allocated)
     if rss is None and not timelines and not oom and not peaks and not traced:
         return None
+    failure = next((s.oom for s in oom if s.oom is not None), None)
     return MemoryReport(
         rss,
         timelines,
         oom,
+        remedies(failure, run.setting) if failure is not None else [],
         max(peaks) if peaks else None,
         max(capacities) if capacities else None,
         "cuda" if cuda or run.of("cuda_snapshot") else "cpu",

@@ -41,5 +41,5 @@ def command(args: argparse.Namespace, console: Console) -> int:
     if found.format == "host_rss":
         document = rss_document(read)
     else:
-        document = summary_document(summarize(read, top=args.top), oom=path.name.startswith("oom_"))
+        document = summary_document([summarize(history, top=args.top) for history in read], str(path))
     return emit(document, args, console)

@@ -3,8 +3,13 @@ when ``host_allocations`` is true, the host allocation timeline of :mod:`rlprof.
 
 Files: ``{save_path}/torch_memory/step{S}[-{E}]/rank{R}_pid{P}.pickle`` (open it at pytorch.org/memory_viz),
 plus ``oom_rank{R}_pid{P}_step{N}.pickle`` when CUDA runs out of memory while recording (once per window; the
-observer never raises). Each allocation made inside a range carries ``role/name`` as its user metadata, and
-recorded stacks are cut to ``stack_depth`` frames.
+observer never raises). Each is torch's own snapshot as ``_dump_snapshot`` writes it (every frame recorded kept),
+with two additions torch's readers ignore: each rlprof range's start and end in ``external_annotations`` (torch's
+own format for ranges: ``{"stage": "START"|"END", "name", "device", "time_us"}``, on the allocator's clock), so
+that an allocation made on a thread without the range's metadata (autograd's backward) is owned by the range open
+at its time (:mod:`rlprof.analysis.sources.cuda_snapshot`); and ``rlprof.devices``: each device's name and total
+memory, which an OOM's analysis needs and torch does not record. Each allocation made inside a range carries
+``role/name`` as its user metadata.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import os
 import pickle
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,19 +30,6 @@ from rlprof.tools.registry import register_tool
 from rlprof.window import StepWindow
 
 
-def trim_stacks(snapshot: dict[str, Any], depth: int) -> dict[str, Any]:
-    """Cut every ``frames`` list of a ``torch.cuda.memory._snapshot()`` to its innermost ``depth`` frames (in place)."""
-    for segment in snapshot.get("segments", []):
-        for block in segment.get("blocks", []):
-            if "frames" in block:
-                block["frames"] = block["frames"][:depth]
-    for device_trace in snapshot.get("device_traces", []):
-        for entry in device_trace:
-            if "frames" in entry:
-                entry["frames"] = entry["frames"][:depth]
-    return snapshot
-
-
 @dataclass
 class TorchMemorySettings(StepWindowSettings):
     """CUDA caching-allocator history over each step window, one snapshot pickle per window per rank."""
@@ -44,7 +37,8 @@ class TorchMemorySettings(StepWindowSettings):
     trace_alloc_max_entries: int = field(default=100_000, metadata=bounds(ge=1))
     """Most alloc/free events kept per window (the newest; older ones are dropped and counted)."""
     stack_depth: int = field(default=32, metadata=bounds(ge=0))
-    """Frames kept per recorded allocation stack (0: record no stacks, which is cheaper)."""
+    """verl's setting, which torch has no counterpart for: every frame torch records is kept (the reader shows the
+    user's innermost ones); 0 records no stacks, which is cheaper."""
     host_allocations: Optional[bool] = None
     """Record the host (CPU) allocation timeline of each window with torch.profiler (``profile_memory``):
     null = where CUDA is absent, true = beside the CUDA snapshots too, false = never (RSS per range only)."""
@@ -81,6 +75,8 @@ class CudaMemoryTool(Tool):
         self.window: Optional[StepWindow] = None
         self._oom_written = False
         self._previous = threading.local()
+        self._annotations: list[dict[str, Any]] = []
+        """The window's range starts and ends, in torch's ``external_annotations`` format."""
 
     def start_window(self, window: StepWindow) -> None:
         import torch
@@ -92,6 +88,7 @@ class CudaMemoryTool(Tool):
             max_entries=self.settings.trace_alloc_max_entries,
         )
         self.recording = True
+        self._annotations = []
         if self.host is not None:
             self.host.start_window(window)
         self.window = window
@@ -118,7 +115,10 @@ class CudaMemoryTool(Tool):
 
         tmp = self.context.temp_path(final)
         try:
-            snapshot = trim_stacks(torch.cuda.memory._snapshot(), self.settings.stack_depth)
+            snapshot = torch.cuda.memory._snapshot()
+            ranges = sorted(self._annotations, key=lambda mark: mark["time_us"])
+            snapshot["external_annotations"] = [*snapshot.get("external_annotations", []), *ranges]
+            snapshot["rlprof"] = {"devices": _devices(torch)}
             with tmp.open("wb") as handle:
                 pickle.dump(snapshot, handle)
             return self.context.publish(self.name, tmp, final, window, format="cuda_snapshot", **extra)
@@ -130,6 +130,7 @@ class CudaMemoryTool(Tool):
         import torch
 
         memory, label, local, host = torch.cuda.memory, site.label, self._previous, self.host
+        marks, device = self._annotations, torch.cuda.current_device()
 
         def enter() -> None:
             stack = getattr(local, "stack", None)
@@ -137,12 +138,14 @@ class CudaMemoryTool(Tool):
                 stack = local.stack = []
             stack.append(memory._get_memory_metadata())
             memory._set_memory_metadata(label)
+            marks.append({"stage": "START", "name": label, "device": device, "time_us": time.time_ns() // 1000})
             if host is not None:
                 host.recorder.enter(label)
 
         def exit_() -> None:
             if host is not None:
                 host.recorder.exit()
+            marks.append({"stage": "END", "name": label, "device": device, "time_us": time.time_ns() // 1000})
             memory._set_memory_metadata(local.stack.pop())
 
         return enter, exit_
@@ -166,6 +169,15 @@ class CudaMemoryTool(Tool):
         folder.mkdir(parents=True, exist_ok=True)
         name = f"oom_rank{self.context.rank}_pid{os.getpid()}_step{self.window.last}.pickle"
         self._write_snapshot(folder / name, self.window, oom=True)
+
+
+def _devices(torch: Any) -> dict[int, dict[str, Any]]:
+    """Each visible device's name and total memory (bytes)."""
+    found = {}
+    for index in range(torch.cuda.device_count()):
+        properties = torch.cuda.get_device_properties(index)
+        found[index] = {"name": properties.name, "total_memory": int(properties.total_memory)}
+    return found
 
 
 _oom_tool: Optional[CudaMemoryTool] = None

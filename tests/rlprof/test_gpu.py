@@ -102,7 +102,7 @@ def test_the_trainer_on_cuda_writes_snapshots_with_role_tags_memory_peaks_and_mf
     assert 0 < last["perf/mfu/actor"] < 1  # against that peak
     (snapshot,) = (tmp_path / "profile" / "torch_memory").rglob("step2/*.pickle")
     assert main(["memory", str(snapshot), "--format", "json"]) == 0
-    summary = json.loads(capsys.readouterr().out)
+    summary = json.loads(capsys.readouterr().out)["devices"][0]["summary"]
     assert summary["device"] == "cuda:0" and summary["peak_bytes"] > 0
     assert any(tag.startswith("actor/") for tag in summary["by_tag"]), summary["by_tag"]
 

@@ -15,7 +15,7 @@ import torch
 
 import rlprof
 from rlprof.analysis.memory import summarize
-from rlprof.analysis.sources import read_history
+from rlprof.analysis.sources import read_histories
 from rlprof.cli import main
 from rlprof.manifest import read_manifest
 
@@ -64,7 +64,7 @@ def test_known_tensors_appear_at_their_range_and_line_and_the_state_before_the_w
         document = json.load(handle)
     assert document["format"] == "rlprof-host-alloc/1" and document["steps"] == [2] and document["dropped"] == 0
 
-    summary = summarize(read_history(path))
+    summary = summarize(read_histories(path)[0])
     # by hand: step 2 adds one kept 8 MiB tensor, then a 4 MiB scratch one (the peak), freed at once; 16 MiB and
     # step 1's 8 MiB were alive before the window
     assert summary.by_tag["actor/allocate"] == 12 * MiB
@@ -103,8 +103,8 @@ def test_the_bound_keeps_the_newest_events_and_counts_the_dropped(tmp_path):
         document = json.load(handle)
     assert len(document["events"]) == 1000 and document["dropped"] >= 2000
     assert document["stacks"] == [] and all(e["stack"] is None for e in document["events"])
-    summary = summarize(read_history(timeline(tmp_path)))
-    alive_in_range = sum(a.size for a in read_history(timeline(tmp_path)).alive_at_start.values() if a.tag)
+    summary = summarize(read_histories(timeline(tmp_path))[0])
+    alive_in_range = sum(a.size for a in read_histories(timeline(tmp_path))[0].alive_at_start.values() if a.tag)
     assert alive_in_range >= 2000 * 1024  # the dropped allocations are folded into the state at the start
     assert summary.end_bytes >= summary.start_bytes + 1000 * 1024 - 64 * 1024
 
@@ -142,7 +142,7 @@ def test_the_trainers_peak_holds_the_reward_buffer_and_zero_offload_states_lead_
     )
     result = subprocess_run(command)
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = summarize(read_history(timeline(tmp_path / "profile")))
+    summary = summarize(read_histories(timeline(tmp_path / "profile"))[0])
 
     assert summary.by_tag["reward/lookup_table"] == 32 * 2**20  # the one buffer alive at the peak, nothing else
     (site,) = [s for s in summary.top_sites if s.tag == "reward/lookup_table"]

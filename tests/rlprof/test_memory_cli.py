@@ -124,7 +124,8 @@ def snapshot_file(tmp_path):
 def test_the_peak_and_top_stacks_of_a_snapshot_in_torchs_format(snapshot_file, capsys):
     path, expected = snapshot_file
     assert main(["memory", str(path), "--format", "json", "--top", "10"]) == 0
-    summary = json.loads(capsys.readouterr().out)
+    (device,) = json.loads(capsys.readouterr().out)["devices"]
+    summary = device["summary"]
     assert (summary["peak_bytes"], summary["start_bytes"], summary["end_bytes"]) == (
         expected["peak"],
         expected["start"],

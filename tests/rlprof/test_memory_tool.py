@@ -13,7 +13,6 @@ import torch
 import rlprof
 from rlprof.manifest import read_manifest
 from rlprof.tools.host_memory import read_rss, summarize_by_role
-from rlprof.tools.torch_memory import trim_stacks
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (GPU path of torch_memory)")
 
@@ -94,55 +93,60 @@ def test_summaries_and_rss_reader():
     ]
 
 
-def test_trim_stacks_cuts_frames_of_blocks_and_trace_entries():
-    frames = [{"filename": f"f{i}.py", "line": i, "name": "fn"} for i in range(10)]
-    snapshot = {
-        "segments": [{"blocks": [{"frames": list(frames)}, {"size": 1}]}],
-        "device_traces": [[{"action": "alloc", "frames": list(frames)}]],
-    }
-    trim_stacks(snapshot, 3)
-    assert snapshot["segments"][0]["blocks"][0]["frames"] == frames[:3]
-    assert snapshot["device_traces"][0][0]["frames"] == frames[:3]
-
-
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_snapshot_per_window_with_role_metadata_and_oom_snapshot(tmp_path, capsys):
-    @rlprof.profiled(role="actor", name="alloc")
-    def alloc():
-        return torch.empty(32 * 1024 * 1024, device="cuda")
+    """On the device: a snapshot per window, the range's own allocations tagged; its backward's (autograd's thread:
+    no tag, no stack) owned by the range by time; an OOM inside a range written and read back leading with it."""
+    from rlprof.analysis.sources.cuda_snapshot import NO_PYTHON_STACK
+    from rlprof.cli import main
+
+    layer = torch.nn.Linear(4096, 4096, device="cuda")
+
+    @rlprof.profiled(role="actor", name="update")
+    def update():
+        inputs = torch.randn(8192, 4096, device="cuda")
+        layer(inputs).square().mean().backward()  # the backward runs on autograd's device thread
+        return inputs
+
+    @rlprof.profiled(role="actor", name="huge")
+    def huge():
+        return torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
 
     rlprof.init(
         memory_config(
             tmp_path,
             steps=[1, 2],
             profile_continuous_steps=True,  # one window of steps 1-2 (verl's default: a window per step)
-            global_tool_config={"torch_memory": {"trace_alloc_max_entries": 1000, "stack_depth": 4}},
+            global_tool_config={"torch_memory": {"trace_alloc_max_entries": 10_000}},
         )
     )
     kept = []
     for n in range(4):
         with rlprof.step(n):
-            kept.append(alloc())
+            kept.append(update())
             if n == 2:
                 with pytest.raises(torch.cuda.OutOfMemoryError):
-                    torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+                    huge()
     rlprof.shutdown()
     paths = sorted(m["path"] for m in read_manifest(tmp_path))
-    assert any(p.startswith("torch_memory/step1-2/rank0_pid") and p.endswith(".pickle") for p in paths)
-    assert any(p.startswith("torch_memory/oom_rank0_pid") for p in paths)
-    snapshot = pickle.loads((tmp_path / next(p for p in paths if "step1-2" in p)).read_bytes())
+    window = tmp_path / next(p for p in paths if p.startswith("torch_memory/step1-2/rank0_pid"))
+    oom = tmp_path / next(p for p in paths if p.startswith("torch_memory/oom_rank0_pid"))
+    snapshot = pickle.loads(window.read_bytes())
     allocs = [e for trace in snapshot["device_traces"] for e in trace if e["action"] == "alloc"]
-    assert any(e.get("user_metadata") == "actor/alloc" for e in allocs)
-    assert all(len(e.get("frames", [])) <= 4 for e in allocs)
-    # rlprof memory reads both: the window's snapshot (the 128 MiB blocks tagged actor/alloc) and the OOM one
-    from rlprof.cli import main
+    assert any(e.get("user_metadata") == "actor/update" for e in allocs)
+    assert any(not e.get("user_metadata") and not e.get("frames") for e in allocs)  # the backward's
+    assert {m["name"] for m in snapshot["external_annotations"]} >= {"actor/update"}
+    assert snapshot["rlprof"]["devices"][0]["total_memory"] == torch.cuda.get_device_properties(0).total_memory
 
-    window = tmp_path / next(p for p in paths if "step1-2" in p)
     assert main(["memory", str(window), "--format", "json"]) == 0
-    summary = json.loads(capsys.readouterr().out)
-    assert summary["by_tag"]["actor/alloc"] >= 128 * 2**20 and summary["peak_bytes"] >= 128 * 2**20
-    oom = tmp_path / next(p for p in paths if p.startswith("torch_memory/oom_"))
+    summary = json.loads(capsys.readouterr().out)["devices"][0]["summary"]
+    backward = [s for s in summary["top_sites"] if s["site"] == NO_PYTHON_STACK]
+    assert backward and all(s["tag"] == "actor/update" for s in backward)  # owned by the range that ran it
+    assert summary["by_tag"]["actor/update"] >= 8192 * 4096 * 4 and summary["by_role"]["actor"] > 0
+
     assert main(["memory", str(oom), "--format", "md", "--html", str(tmp_path / "oom.html")]) == 0
     text = capsys.readouterr().out
-    assert "OOM snapshot" in text and "actor/alloc" in text and (tmp_path / "oom.html").stat().st_size > 0
+    head = text[: text.index("Live at the failure per role")]
+    assert "cuda:0 ran out of memory" in head and "1.000 PiB requested in actor/huge" in head, head
+    assert "free of" in head and "What to try" in text and (tmp_path / "oom.html").stat().st_size > 0

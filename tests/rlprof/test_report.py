@@ -16,7 +16,7 @@ from rlprof.analysis.model import ReportOptions
 from rlprof.analysis.report import build_report
 from rlprof.analysis.run import find_run
 from rlprof.analysis.sources.chrome_trace import scan_trace
-from rlprof.analysis.sources.memory_files import cuda_history, load_snapshot
+from rlprof.analysis.sources.cuda_snapshot import cuda_history, load_snapshot
 from rlprof.cli import main
 
 from conftest import run_example

@@ -287,10 +287,10 @@ def test_torchruns_own_store_listens_on_every_interface_as_the_docs_warn(flags, 
 
 @pytest.mark.slow  # over 7 s: kept out of the quick loop
 def test_a_single_process_run_listens_on_the_loopback_only_and_leaves_no_gloo_thread_at_exit():
-    """DeepSpeed's accelerator is the device asked for (``DS_ACCELERATOR``). The store of a run by hand binds 127.0.0.1 only. And the trainer's exit (barrier, destroy_process_group) leaves
-    no gloo worker thread: one still alive while the interpreter finalizes can abort the exit ("terminate called
-    without an active exception"). An optimizer's first use imports torch._dynamo, which, imported after the group was
-    made, kept it alive."""
+    """DeepSpeed's accelerator is the device asked for (``DS_ACCELERATOR``). The store of a run by hand binds
+    127.0.0.1 only. And the trainer's exit (barrier, destroy_process_group) leaves no gloo worker thread: one still
+    alive while the interpreter finalizes can abort the exit ("terminate called without an active exception"). An
+    optimizer's first use imports torch._dynamo, which, imported after the group was made, kept it alive."""
     code = textwrap.dedent("""
         import os, psutil, torch
         from rlprof_train.workers.engine import init_distributed

@@ -1,22 +1,51 @@
-"""``rlprof memory FILE``: one memory file's summary as a document: a CUDA or OOM snapshot, a host allocation
-timeline (:class:`~rlprof.analysis.memory.MemorySummary`) or an RSS-per-range file
-(:class:`~rlprof.analysis.memory.HostRss`), with the allocation timeline charts."""
+"""``rlprof memory FILE``: one memory file's summary as a document: a CUDA snapshot (each device; the one that ran
+out of memory first, the failure leading) or a host allocation timeline
+(:class:`~rlprof.analysis.memory.MemorySummary`), or an RSS-per-range file (:class:`~rlprof.analysis.memory.HostRss`),
+with the allocation timeline charts."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Optional
+
 from rlprof.analysis.document import Document, Section, Table
-from rlprof.analysis.memory import HostRss, MemorySummary
+from rlprof.analysis.memory import HostRss, MemorySummary, OomMoment
+from rlprof.analysis.memory_remedies import Remedy, remedies
 from rlprof.analysis.render.units import human_bytes, pct
 
 
-def summary_document(summary: MemorySummary, oom: bool) -> Document:
-    name = summary.source.replace("\\", "/").rsplit("/", 1)[-1]
-    return Document(
-        f"rlprof memory: {name}",
-        summary_sections(summary, oom),
-        summary,
-        lambda: {"Memory": timeline_charts(summary)},
-    )
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One device of a memory file: its summary, and what to try when it ran out of memory."""
+
+    summary: MemorySummary
+    remedies: list[Remedy]
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    """What ``rlprof memory --format json`` writes."""
+
+    source: str
+    devices: list[DeviceMemory]
+
+
+def summary_document(summaries: list[MemorySummary], source: str) -> Document:
+    """The devices of one file (a failing device first)."""
+    name = source.replace("\\", "/").rsplit("/", 1)[-1]
+    devices = [DeviceMemory(s, remedies(s.oom) if s.oom is not None else []) for s in summaries]
+    several = len(devices) > 1
+    sections = [
+        section
+        for device in devices
+        for section in summary_sections(device.summary, device.remedies, device.summary.device if several else "")
+    ]
+
+    def charts() -> dict[str, list[str]]:
+        return {"Memory": [chart for s in summaries for chart in timeline_charts(s)]}
+
+    return Document(f"rlprof memory: {name}", sections, MemoryReading(source, devices), charts)
 
 
 def rss_document(rss: HostRss) -> Document:
@@ -28,10 +57,19 @@ def rss_document(rss: HostRss) -> Document:
     )
 
 
-def summary_sections(summary: MemorySummary, oom: bool) -> list[Section]:
-    head = Section("Memory", [timeline_line(summary, oom)])
-    when = f"t = {summary.peak_time_us:.0f} µs" if summary.timed else "no times in the file"
-    head.lines.append(f"peak reached at event {summary.peak_event} ({when})")
+def summary_sections(summary: MemorySummary, fixes: Sequence[Remedy], device: str = "") -> list[Section]:
+    """The failure first (when the history has one), then the peak; ``device`` names them when a file has several."""
+    suffix = f" ({device})" if device else ""
+    sections = [oom_section(summary, summary.oom, fixes, suffix)] if summary.oom is not None else []
+    head = Section(f"Memory{suffix}", [timeline_line(summary)])
+    head.lines.append(f"peak reached at event {summary.peak_event} ({_when(summary, summary.peak_time_us)})")
+    head.tables.append(
+        Table(
+            ["role", "live at peak"],
+            [[role or "(outside ranges)", human_bytes(size)] for role, size in summary.by_role.items()],
+            "Live bytes at the peak per role",
+        )
+    )
     head.tables.append(
         Table(
             ["rlprof range", "live at peak"],
@@ -56,7 +94,58 @@ def summary_sections(summary: MemorySummary, oom: bool) -> list[Section]:
             "Around the peak",
         )
     )
-    return [head]
+    return [*sections, head]
+
+
+def oom_section(summary: MemorySummary, moment: OomMoment, fixes: Sequence[Remedy], suffix: str = "") -> Section:
+    """The failed request, who held the device then, and what to try."""
+    failure = moment.failure
+    where = f"in {failure.tag}" if failure.tag else "outside every rlprof range"
+    total = f" of {human_bytes(failure.device_total)}" if failure.device_total else ""
+    others = f" (and {failure.count - 1} more later)" if failure.count > 1 else ""
+    lines = [
+        f"{summary.device} ran out of memory{others}: {human_bytes(failure.requested)} requested {where}, with "
+        f"{human_bytes(failure.device_free)} free{total} on the device (after event {failure.at_event} of "
+        f"{summary.events}, {_when(summary, failure.time_us)})",
+        f"requested at: {failure.site}",
+        f"alive then: {human_bytes(moment.live_bytes)} allocated"
+        + (
+            f", {human_bytes(moment.reserved_unallocated)} reserved but unallocated (fragmentation; "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True avoids it)"
+            if moment.reserved_unallocated
+            else ""
+        ),
+    ]
+    section = Section(f"Out of memory{suffix}", lines)
+    section.tables.append(
+        Table(
+            ["role", "live"],
+            [[role or "(outside ranges)", human_bytes(size)] for role, size in moment.by_role.items()],
+            "Live at the failure per role",
+        )
+    )
+    section.tables.append(
+        Table(
+            ["range", "live"],
+            [[tag or "(outside ranges)", human_bytes(size)] for tag, size in moment.by_tag.items()],
+            "Live at the failure per range",
+        )
+    )
+    section.tables.append(
+        Table(
+            ["size", "allocation site (innermost first)", "range"],
+            [[human_bytes(a.bytes), a.site, a.tag or "-"] for a in moment.largest],
+            "The largest live allocations",
+        )
+    )
+    section.tables.append(
+        Table(
+            ["override to try", "lowers", "live bytes it acts on"],
+            [[fix.override, fix.acts_on, human_bytes(fix.bytes)] for fix in fixes],
+            "What to try, the most bytes first",
+        )
+    )
+    return section
 
 
 def rss_sections(rss: HostRss) -> list[Section]:
@@ -100,8 +189,15 @@ def rss_charts(rss: HostRss) -> list[str]:
     return [figure_html(figure)]
 
 
-def timeline_line(summary: MemorySummary, oom: bool) -> str:
-    head = "OOM snapshot" if oom else f"{summary.device} allocations"
+def _when(summary: MemorySummary, time_us: Optional[float]) -> str:
+    """A time of the history as milliseconds since its first event, or that the file has none."""
+    if time_us is None or not summary.timeline:
+        return "no times in the file"
+    return f"{(time_us - summary.timeline[0][0]) / 1000:.1f} ms into the recording"
+
+
+def timeline_line(summary: MemorySummary) -> str:
+    head = "OOM snapshot" if summary.oom is not None else f"{summary.device} allocations"
     segments = summary.segments
     extra = (
         f", reserved {human_bytes(segments.reserved)} (free between blocks {human_bytes(segments.free_external)}, "
@@ -112,7 +208,7 @@ def timeline_line(summary: MemorySummary, oom: bool) -> str:
     dropped = f", {summary.dropped} oldest events dropped" if summary.dropped else ""
     order = "" if summary.timed else " (the file has no times: events are in order)"
     return (
-        f"{head} {summary.source}: peak {human_bytes(summary.peak_bytes)} (start "
+        f"{head} {summary.source} ({summary.device}): peak {human_bytes(summary.peak_bytes)} (start "
         f"{human_bytes(summary.start_bytes)}, end {human_bytes(summary.end_bytes)}){extra}; "
         f"{summary.events} events{dropped}{order}"
     )
@@ -140,8 +236,9 @@ def timeline_charts(summary: MemorySummary) -> list[str]:
             line={"shape": "hv", "width": 0.5},
         )
     if summary.timeline:
+        peak_at = summary.peak_time_us if summary.peak_time_us is not None else float(summary.peak_event)
         figure.add_scatter(
-            x=[(summary.peak_time_us - summary.timeline[0][0]) / scale],
+            x=[(peak_at - summary.timeline[0][0]) / scale],
             y=[summary.peak_bytes / 2**20],
             mode="markers",
             marker={"size": 10, "color": "red"},

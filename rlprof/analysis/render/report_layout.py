@@ -8,7 +8,7 @@ from typing import Any
 from rlprof.analysis.document import Document, Section, Table
 from rlprof.analysis.gpu import GpuSummary
 from rlprof.analysis.model import Report, Throughput
-from rlprof.analysis.render.memory_layout import timeline_charts, timeline_line
+from rlprof.analysis.render.memory_layout import oom_section, timeline_charts, timeline_line
 from rlprof.analysis.render.units import human_bytes, ms, pct, seconds, short_name, trend
 
 
@@ -18,7 +18,9 @@ def document(report: Report) -> Document:
 
 
 def sections(report: Report) -> list[Section]:
-    out = [_overview(report)]
+    memory = report.memory
+    failures = [oom_section(s, s.oom, memory.remedies) for s in memory.oom if s.oom is not None] if memory else []
+    out = [*failures, _overview(report)]  # an out-of-memory failure leads: it is what the run ended on
     if report.stalls:
         out.append(_stalls(report))
     if report.findings:
@@ -283,7 +285,14 @@ def _memory(report: Report) -> Section:
             )
         )
     for summary in memory.timelines + memory.oom:
-        section.lines.append(timeline_line(summary, oom=summary in memory.oom))
+        section.lines.append(timeline_line(summary))
+        section.tables.append(
+            Table(
+                ["role", "live at peak"],
+                [[role or "(outside ranges)", human_bytes(size)] for role, size in summary.by_role.items()],
+                f"Memory per role at the peak of {summary.source.rsplit('/', 1)[-1]} ({summary.device})",
+            )
+        )
         section.tables.append(
             Table(
                 ["allocation site", "range", "live at peak", "count"],

@@ -11,8 +11,12 @@ NAME_WIDTH = 60
 
 
 def human_bytes(value: float) -> str:
-    """``512 B``, ``1.5 KiB``, ``12.0 MiB``, ``1.234 GiB``."""
+    """``512 B``, ``1.5 KiB``, ``12.0 MiB``, ``1.234 GiB``, ``2.000 TiB``, ``1.000 PiB``."""
     size = abs(value)
+    if size >= 2**50:
+        return f"{value / 2**50:.3f} PiB"
+    if size >= 2**40:
+        return f"{value / 2**40:.3f} TiB"
     if size >= 2**30:
         return f"{value / 2**30:.3f} GiB"
     if size >= 2**20:

@@ -24,12 +24,8 @@ from typing import Optional, TypeVar
 from rlprof.analysis.memory import AllocationHistory
 from rlprof.analysis.sources.base import HEAD_BYTES, InputFile, ReadOptions, Source, SourceError
 from rlprof.analysis.sources.chrome_trace import ChromeTraceSource, read_head
-from rlprof.analysis.sources.memory_files import (
-    CudaSnapshotSource,
-    HostAllocationSource,
-    HostRssSource,
-    MemoryFileError,
-)
+from rlprof.analysis.sources.cuda_snapshot import CudaSnapshotSource
+from rlprof.analysis.sources.memory_files import HostAllocationSource, HostRssSource, MemoryFileError
 from rlprof.analysis.sources.metrics_file import MetricsSource
 from rlprof.analysis.sources.nsys_report import NsysReportSource
 
@@ -39,7 +35,7 @@ __all__ = [
     "Source",
     "SourceError",
     "identify",
-    "read_history",
+    "read_histories",
     "register_source",
     "source",
     "sources",
@@ -78,8 +74,9 @@ def identify(path: Path, read: Callable[[Path, int], bytes] = read_head) -> Opti
     return None
 
 
-def read_history(path: str | os.PathLike[str]) -> AllocationHistory:
-    """The allocation history in a CUDA snapshot pickle or a host allocation timeline, recognised by content."""
+def read_histories(path: str | os.PathLike[str]) -> list[AllocationHistory]:
+    """The allocation histories in a CUDA snapshot pickle (one per device, the one that ran out of memory first) or
+    a host allocation timeline (one), recognised by content."""
     path = Path(path)
     found = identify(path)
     if found is None or found.format not in ("cuda_snapshot", "host_alloc"):
@@ -87,8 +84,8 @@ def read_history(path: str | os.PathLike[str]) -> AllocationHistory:
             f"{path}: not a memory file rlprof reads (a CUDA snapshot .pickle, an OOM snapshot or a "
             "*.host_alloc.json.gz)"
         )
-    history: AllocationHistory = found.read(InputFile(found.format, path), ReadOptions())
-    return history
+    histories: list[AllocationHistory] = found.read(InputFile(found.format, path), ReadOptions())
+    return histories
 
 
 for _builtin in (
