@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 from rlprof.schema import ConfigError
@@ -15,12 +15,19 @@ START = (
 )
 
 
+LOCAL_RANK_ALIASES = ("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
+"""Where launchers other than torchrun put a process's rank on its node (Slurm's srun, Open MPI, MPICH, PMI)."""
+
+
 @dataclass(frozen=True)
 class LaunchWorld:
     world_size: int
     """Processes in the job (1 without a launcher)."""
     per_node: int
     """Processes on this node (``LOCAL_WORLD_SIZE``, else the world)."""
+    local_rank: int = 0
+    """This process's rank on its node: ``LOCAL_RANK``, else what another launcher set (:data:`LOCAL_RANK_ALIASES`),
+    else 0 in a world of one."""
 
     @property
     def nodes(self) -> int:
@@ -48,7 +55,34 @@ def launch_world(environ: Mapping[str, str] = os.environ) -> LaunchWorld:
     per_node = values.get("LOCAL_WORLD_SIZE", world)
     if not 1 <= per_node <= world:
         raise ConfigError(f"LOCAL_WORLD_SIZE={per_node}: must be 1..WORLD_SIZE ({world}); {START}")
-    for name, limit in (("RANK", world), ("LOCAL_RANK", per_node)):
-        if name in values and not 0 <= values[name] < limit:
-            raise ConfigError(f"{name}={values[name]}: outside the world (0..{limit - 1}); {START}")
-    return LaunchWorld(world, per_node)
+    if "RANK" in values and not 0 <= values["RANK"] < world:
+        raise ConfigError(f"RANK={values['RANK']}: outside the world (0..{world - 1}); {START}")
+    local_rank = _local_rank(values, environ, world)
+    if not 0 <= local_rank < per_node:
+        raise ConfigError(f"LOCAL_RANK={local_rank}: outside the world (0..{per_node - 1}); {START}")
+    return LaunchWorld(world, per_node, local_rank)
+
+
+def _local_rank(values: dict[str, int], environ: Mapping[str, str], world: int) -> int:
+    """``LOCAL_RANK``; launched without it (a hand-written launcher, some Slurm scripts), the rank on the node that
+    the launcher set under another name, or 0 in a world of one; else a :class:`ConfigError` in one line."""
+    if "LOCAL_RANK" in values or "RANK" not in values:
+        return values.get("LOCAL_RANK", 0)
+    for name in LOCAL_RANK_ALIASES:
+        raw = environ.get(name, "")
+        if raw.strip().isdigit():
+            return int(raw)
+    if world == 1:
+        return 0
+    raise ConfigError(
+        f"LOCAL_RANK is not set (RANK={values['RANK']} of WORLD_SIZE={world}), nor any of "
+        f"{', '.join(LOCAL_RANK_ALIASES)}: each process needs its rank on its node; launch with torchrun or the "
+        "deepspeed launcher (they set it), or set LOCAL_RANK yourself"
+    )
+
+
+def settle_local_rank(world: LaunchWorld, environ: MutableMapping[str, str] = os.environ) -> None:
+    """Put :attr:`LaunchWorld.local_rank` in ``LOCAL_RANK`` where the launcher left it out: DeepSpeed and torch read
+    it there (DeepSpeed, missing it, looks for MPI)."""
+    if "RANK" in environ and "LOCAL_RANK" not in environ:
+        environ["LOCAL_RANK"] = str(world.local_rank)

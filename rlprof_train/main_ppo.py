@@ -21,7 +21,7 @@ from rlprof.schema import ConfigError
 from rlprof.session import new_run_id
 from rlprof_train.config import as_dict
 from rlprof_train.config.load import load, training_device, validate
-from rlprof_train.launch import launch_world
+from rlprof_train.launch import launch_world, settle_local_rank
 
 if TYPE_CHECKING:
     from rlprof_train.progress import Progress
@@ -40,7 +40,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(__doc__)
         return 0
     try:
-        world_size = launch_world().world_size
+        launched = launch_world()
+        world_size = launched.world_size
         loaded = load(argv, world_size)
         cfg = loaded.cfg
         validate(cfg, world_size)
@@ -48,6 +49,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
 
+    settle_local_rank(launched)
     import torch
 
     from rlprof_train.progress import Progress

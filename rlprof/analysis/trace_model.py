@@ -33,6 +33,10 @@ from typing import Any, Optional, Protocol
 from rlprof.analysis.gpu import DeviceOps, GpuSummary, summarize_device
 
 STEP_PREFIX = "ProfilerStep#"
+MAX_FRAME_DEPTH = 512
+"""Frames open at once on one thread that are kept; a frame nested deeper (a real trace's stacks are a few dozen
+deep) is counted, not kept: its time is its parent's children's, its own frames and launches go to its deepest kept
+ancestor."""
 REORDER_WINDOW = 256
 """CPU frames of a thread held back and sorted before they are walked (see :meth:`TraceBuilder.frame`)."""
 RANGE, ANNOTATION, STEP, OPERATOR = "range", "annotation", "step", "operator"
@@ -129,6 +133,8 @@ class TraceScan:
     unlaunched: int = 0
     """Device operations whose launch is not in the trace (kept, outside every range)."""
     unlaunched_us: float = 0.0
+    too_deep: int = 0
+    """CPU frames nested past :data:`MAX_FRAME_DEPTH` on their thread: counted, not kept."""
     problems: list[str] = field(default_factory=list)
     """What could not be read (a truncated file, re-sorted threads): one line each."""
 
@@ -311,6 +317,10 @@ class TraceBuilder:
         stack = state.stack
         while stack and stack[-1][_END] <= start:
             self._close(state, stack.pop())
+        if len(stack) >= MAX_FRAME_DEPTH:
+            stack[-1][_CHILDREN] += duration
+            self.scan.too_deep += 1
+            return
         if stack:
             parent = stack[-1]
             parent[_CHILDREN] += duration
@@ -398,6 +408,11 @@ class TraceBuilder:
             else:
                 while state.stack:
                     self._close(state, state.stack.pop())
+        if self.scan.too_deep:
+            self.scan.problems.append(
+                f"{name}: {self.scan.too_deep} CPU frames nested more than {MAX_FRAME_DEPTH} deep on their thread were "
+                "counted, not kept (their time is their parent's children's)"
+            )
         launch_context = self._frames_and_launches(np)
         launch_of_op = self._launch_of_each_op(np)
         self._attribute_device_ops(np, launch_context, launch_of_op)

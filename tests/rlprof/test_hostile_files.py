@@ -14,6 +14,7 @@ import pytest
 
 from rlprof.analysis.run import find_run
 from rlprof.analysis.sources.chrome_trace import scan_trace
+from rlprof.analysis.trace_model import MAX_FRAME_DEPTH
 from rlprof.cli import main
 
 from conftest import ROOT, subprocess_env
@@ -97,17 +98,46 @@ def test_a_nan_mid_file_loses_only_that_event(tmp_path):
     assert not any("truncated" in p for p in scan.problems)
 
 
-def test_nesting_deeper_than_the_parsers_stack_loses_only_that_event(tmp_path):
+@pytest.mark.parametrize("layout", ["blocks", "the deep event first", "one line"])
+def test_nesting_deeper_than_the_parsers_stack_loses_only_that_event(tmp_path, layout):
+    """100,000 nested arrays in one event's args: skipped and counted, the rest read. The deep event first puts the
+    reading on the streaming parser (kineto's layout is not seen in the first 64 KiB), which reads it without building
+    it (a million levels passed 23 GB before: benchmarks/test_hostile_memory.py)."""
     deep = (
-        '{"ph": "X", "cat": "cpu_op", "name": "x", "pid": 1, "tid": 1, "ts": 1, "dur": 1, "args": '
+        '{"ph": "X", "cat": "cpu_op", "name": "x", "pid": 1, "tid": 1, "ts": 1, "dur": 1, "args": {"x": '
         + "[" * 100_000
         + "]" * 100_000
-        + "}"
+        + "}}"
     )
+    events = [json.dumps(good(1)), deep, json.dumps(good(2))]
     path = tmp_path / "rank0.json.gz"
-    write(path, as_blocks([json.dumps(good(1)), deep, json.dumps(good(2))]))
+    if layout == "blocks":
+        write(path, as_blocks(events))
+    elif layout == "the deep event first":
+        write(path, as_blocks(events[1:2] + events[0:1] + events[2:]))
+    else:
+        write(path, '{"traceEvents": [' + ", ".join(events) + "]}")
     scan = scan_trace(path)
     assert scan.ranges["actor/update"].count == 2 and scan.skipped == 1
+    assert any("nested deeper than 64 levels" in p for p in scan.problems)
+
+
+def test_frames_nested_past_the_stack_limit_are_counted_not_kept(tmp_path):
+    """A range holding 2000 operators each inside the previous: the first 511 kept under it, the rest counted; the
+    range's totals stay right."""
+    depth = 2000
+    events = [{"ph": "X", "cat": "user_annotation", "name": "actor/update", "pid": 1, "tid": 1, "ts": 0, "dur": 10_000}]
+    events += [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::op", "pid": 1, "tid": 1, "ts": 1 + i, "dur": 4000 - 2 * i}
+        for i in range(depth)
+    ]
+    path = tmp_path / "rank0.json.gz"
+    write(path, as_blocks([json.dumps(e) for e in events]))
+    scan = scan_trace(path)
+    update = scan.ranges["actor/update"]
+    assert update.count == 1 and update.total_us == 10_000 and update.self_us == 10_000 - 4000
+    assert scan.too_deep == depth + 1 - MAX_FRAME_DEPTH
+    assert any(f"nested more than {MAX_FRAME_DEPTH} deep" in p for p in scan.problems)
 
 
 HUGE = (

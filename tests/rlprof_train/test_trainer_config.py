@@ -10,6 +10,7 @@ import torch
 from rlprof.config import ConfigError
 from rlprof_train.config import as_dict
 from rlprof_train.config.load import load_trainer_config, validate
+from rlprof_train.launch import LOCAL_RANK_ALIASES, launch_world, settle_local_rank
 from rlprof_train.main_ppo import main
 
 
@@ -153,10 +154,11 @@ def test_bad_settings_are_rejected_before_any_work(override, fragments, capsys):
         ({"RANK": "0"}, "RANK=0 is set but WORLD_SIZE is not"),
         ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two': not a whole number"),
         ({"WORLD_SIZE": "2", "RANK": "5"}, "RANK=5: outside the world (0..1)"),
+        ({"WORLD_SIZE": "2", "RANK": "1"}, "LOCAL_RANK is not set (RANK=1 of WORLD_SIZE=2), nor any of SLURM_LOCALID"),
     ],
 )
 def test_launcher_variables_that_cannot_form_a_world_are_one_line(variables, fragment, monkeypatch, capsys):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", *LOCAL_RANK_ALIASES):
         monkeypatch.delenv(name, raising=False)
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
@@ -184,6 +186,16 @@ def test_more_processes_on_a_node_than_gpus_is_one_line(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "4 processes on this node and 2 GPUs visible: one GPU per process" in err, err
     assert "torchrun --nproc_per_node 2" in err and err.count("\n") == 1
+
+
+def test_a_missing_local_rank_is_taken_from_other_launchers_or_is_0_in_a_world_of_one():
+    assert launch_world({"RANK": "3", "WORLD_SIZE": "4", "SLURM_LOCALID": "1", "LOCAL_WORLD_SIZE": "2"}).local_rank == 1
+    assert launch_world({"RANK": "1", "WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}).local_rank == 1
+    assert launch_world({"RANK": "0", "WORLD_SIZE": "1"}).local_rank == 0
+    assert launch_world({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}).local_rank == 1
+    environ = {"RANK": "0", "WORLD_SIZE": "1"}
+    settle_local_rank(launch_world(environ), environ)
+    assert environ["LOCAL_RANK"] == "0"  # where DeepSpeed reads it (missing, it looks for MPI)
 
 
 def test_reward_function_that_does_not_import(tmp_path, capsys):

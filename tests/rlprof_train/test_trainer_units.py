@@ -19,7 +19,7 @@ from rlprof_train.guards import NonFiniteGuard, TrainingDiverged
 from rlprof_train.reward_functions import RewardFunction, load_custom_reward
 from rlprof_train.run_dir import RunInUse, RunLock
 
-from conftest import ROOT, free_port, subprocess_env
+from conftest import ROOT, SMALL_RUN, free_port, subprocess_env, trainer_command
 
 
 def reward_file(tmp_path, body: str):
@@ -311,6 +311,18 @@ def test_a_single_process_run_listens_on_the_loopback_only_and_leaves_no_gloo_th
     assert accelerator == "cpu cpu cpu"  # DeepSpeed's accelerator follows the trainer's device
     assert listening == "['127.0.0.1']"
     assert "gloo" not in threads, threads
+
+
+@pytest.mark.slow  # a trainer start: about 15 s
+def test_a_launch_without_local_rank_trains_as_rank_0_of_a_world_of_one(tmp_path):
+    """RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT without LOCAL_RANK (hand-written launchers, some Slurm scripts):
+    DeepSpeed died looking for MPI (``No module named 'mpi4py'``); now LOCAL_RANK is taken as 0 in a world of one."""
+    env = subprocess_env(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    command = trainer_command(tmp_path, *SMALL_RUN, "trainer.total_training_steps=1")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "mpi4py" not in result.stderr
+    assert len((tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()) == 1
 
 
 def test_the_guard_stops_after_patience_non_finite_steps_and_resets_on_a_finite_one():

@@ -50,6 +50,11 @@ from rlprof.analysis.trace_model import (
 CHUNK = 1 << 20
 MAX_EVENT_BYTES = 64 << 20
 """The largest single event read; a longer one (a multi-GB string) ends the reading."""
+MAX_NESTING = 64
+"""Deepest nesting of values inside one event read; an event nested deeper (kineto's are 3 levels) is skipped and
+counted, read in memory that does not grow with its depth."""
+METADATA_KEYS = ("distributedInfo", "deviceProperties")
+"""The trace-level values read beside the events, before or after them."""
 
 T = TypeVar("T")
 
@@ -206,21 +211,29 @@ def raw_blocks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
 
 
 def _header(header: bytes, scan: TraceScan) -> None:
-    """Rank, world size and device name from the part of the file outside the event list."""
+    """Rank, world size and device name from kineto's lines outside the event list (before or after it)."""
     for line in header.splitlines():
         text = line.strip()
         if text.startswith(b'"distributedInfo"'):
             try:
-                info = msgspec.json.decode(text.split(b":", 1)[1].rstrip(b","))
+                take_metadata(scan, "distributedInfo", msgspec.json.decode(text.split(b":", 1)[1].rstrip(b",")))
             except msgspec.DecodeError:
                 continue
-            if isinstance(info, dict):
-                rank, world = info.get("rank"), info.get("world_size")
-                scan.rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else scan.rank
-                scan.world_size = world if isinstance(world, int) and not isinstance(world, bool) else scan.world_size
     found = _DEVICE_NAME.search(header)
-    if found and scan.device is None:
-        scan.device = found.group(1).decode("utf-8", "replace")
+    if found:
+        take_metadata(scan, "deviceProperties", [{"name": found.group(1).decode("utf-8", "replace")}])
+
+
+def take_metadata(scan: TraceScan, key: str, value: Any) -> None:
+    """A trace-level value (one of :data:`METADATA_KEYS`) into ``scan``, whatever layout it was read from: the rank
+    and world size of ``distributedInfo``, the first device's name of ``deviceProperties``."""
+    if key == "distributedInfo" and isinstance(value, dict):
+        rank, world = value.get("rank"), value.get("world_size")
+        scan.rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else scan.rank
+        scan.world_size = world if isinstance(world, int) and not isinstance(world, bool) else scan.world_size
+    elif key == "deviceProperties" and isinstance(value, list) and value and scan.device is None:
+        name = value[0].get("name") if isinstance(value[0], dict) else None
+        scan.device = name if isinstance(name, str) else None
 
 
 def decoded(listed: bytes | memoryview, scan: TraceScan) -> list[Event]:
@@ -229,7 +242,7 @@ def decoded(listed: bytes | memoryview, scan: TraceScan) -> list[Event]:
     either skipped and counted."""
     try:
         return _BATCH.decode(listed)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         pass
     events = []
     for piece in bytes(listed[1:-1]).split(b"\n  },\n"):
@@ -250,7 +263,7 @@ def as_event(text: bytes) -> Optional[Event]:
     """One event's JSON as an :class:`Event`, or None when it is not an object either parser takes."""
     try:
         return _EVENT.decode(text)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         pass
     try:
         return _from_object(json.loads(text))
@@ -367,10 +380,11 @@ def _as_object(value: Any) -> Optional[dict[str, Any]]:
 
 
 def _ijson_batches(path: Path, scan: TraceScan, convert: Callable[[Any], Optional[T]]) -> Iterator[list[T]]:
-    """Any other layout of a Chrome trace, streamed by ijson (slower; same results), in bounded memory, each event
-    as ``convert`` makes it (None: skipped and counted). yajl's C parser stops at an integer beyond 64 bits (HTA's
-    ``large_integer_trace``): the file is then read again with ijson's pure-Python parser from the event where it
-    stopped."""
+    """Any other layout of a Chrome trace, streamed by ijson's parser events (slower; same results), in bounded
+    memory: each event built as a value no deeper than :data:`MAX_NESTING` (deeper: skipped and counted, never built),
+    then made what ``convert`` makes it (None: skipped and counted); the trace-level values of :data:`METADATA_KEYS`
+    taken wherever they are. yajl's C parser stops at an integer beyond 64 bits (HTA's ``large_integer_trace``): the
+    file is then read again with ijson's pure-Python parser from the event where it stopped."""
     import ijson
 
     yielded = 0
@@ -379,11 +393,11 @@ def _ijson_batches(path: Path, scan: TraceScan, convert: Callable[[Any], Optiona
         try:
             with _open(path) as raw:
                 stream = _Bounded(raw, MAX_EVENT_BYTES, path.name)
-                for index, item in enumerate(backend.items(stream, "traceEvents.item", use_float=True)):
+                for index, item in enumerate(_trace_values(backend.basic_parse(stream, use_float=True), scan)):
                     stream.mark()
                     if index < yielded:
                         continue
-                    event = convert(item)
+                    event = convert(item) if item is not _TOO_DEEP else None
                     if event is None:
                         scan.skipped += 1
                     else:
@@ -408,14 +422,75 @@ def _ijson_batches(path: Path, scan: TraceScan, convert: Callable[[Any], Optiona
         if batch:
             yield batch
         break
-    if scan.rank is None:
-        try:
-            with _open(path) as raw:
-                for info in ijson.items(_Bounded(raw, MAX_EVENT_BYTES, path.name), "distributedInfo"):
-                    if isinstance(info, dict) and isinstance(info.get("rank"), int):
-                        scan.rank, scan.world_size = info.get("rank"), info.get("world_size")
-        except (TraceError, ijson.JSONError, ijson.IncompleteJSONError, OSError, EOFError, RecursionError):
-            pass
+
+
+_TOO_DEEP = object()
+"""An event nested past :data:`MAX_NESTING`: skipped."""
+_STARTS = {"start_map": dict, "start_array": list}
+_ENDS = ("end_map", "end_array")
+
+
+def _trace_values(parsed: Iterator[tuple[str, Any]], scan: TraceScan) -> Iterator[Any]:
+    """The items of the trace's ``traceEvents`` list, each built from ijson's ``basic_parse`` events (or
+    :data:`_TOO_DEEP`), with the top-level :data:`METADATA_KEYS` taken into ``scan`` as they pass."""
+    depth = 0
+    key: Optional[str] = None
+    for event, value in parsed:
+        starts_a_value = event not in _ENDS and event != "map_key"
+        if depth == 1 and event == "map_key":
+            key = value
+        elif starts_a_value and ((depth == 2 and key == "traceEvents") or (depth == 1 and key in METADATA_KEYS)):
+            built = _value(event, value, parsed)
+            if depth == 2:
+                yield built
+            elif built is not _TOO_DEEP:
+                take_metadata(scan, str(key), built)
+        elif event in _STARTS:
+            depth += 1
+        elif event in _ENDS:
+            depth -= 1
+
+
+def _value(first: str, scalar: Any, parsed: Iterator[tuple[str, Any]]) -> Any:
+    """The JSON value that starts with parser event ``first`` (``scalar``: its value when it is one), the rest of it
+    read from ``parsed``; :data:`_TOO_DEEP` (read to its end, not built) when it nests past :data:`MAX_NESTING`."""
+    if first not in _STARTS:
+        return scalar
+    stack: list[Any] = [_STARTS[first]()]
+    keys: list[Optional[str]] = [None]
+    depth, too_deep = 1, False
+    for event, value in parsed:
+        if event in _ENDS:
+            depth -= 1
+            if too_deep:
+                if depth == 0:
+                    return _TOO_DEEP
+                continue
+            done = stack.pop()
+            keys.pop()
+            if not stack:
+                return done
+            _put(stack[-1], keys, done)
+        elif event in _STARTS:
+            depth += 1
+            too_deep = too_deep or depth > MAX_NESTING
+            if not too_deep:
+                stack.append(_STARTS[event]())
+                keys.append(None)
+        elif too_deep:
+            continue
+        elif event == "map_key":
+            keys[-1] = value
+        else:
+            _put(stack[-1], keys, value)
+    return _TOO_DEEP  # the stream ended inside it
+
+
+def _put(container: Any, keys: list[Optional[str]], value: Any) -> None:
+    if isinstance(container, dict):
+        container[str(keys[-1])] = value
+    else:
+        container.append(value)
 
 
 # --------------------------------------------------------------------------------------------- into the model
@@ -497,7 +572,10 @@ def scan_trace(path: str | Path, helper: Optional[bool] = None) -> TraceScan:
     if scan.rank is None:
         scan.rank = rank_from_name(path.name)
     if scan.skipped:
-        scan.problems.append(f"{path.name}: {scan.skipped} events could not be read (wrong types); skipped")
+        scan.problems.append(
+            f"{path.name}: {scan.skipped} events could not be read (wrong types, or values nested deeper than "
+            f"{MAX_NESTING} levels); skipped"
+        )
     return builder.finish(path.name)
 
 
