@@ -283,13 +283,22 @@ def _where(trace: WindowTrace) -> str:
     return f"rank {trace.rank}" + (f", {trace.window}" if trace.window else "")
 
 
+def _idle_share(trace: WindowTrace, gpu: GpuSummary) -> float:
+    """The device's idle share of its traced span, leaving out stream captures (the device idles while a graph is
+    recorded: nothing to run yet, not a starved device)."""
+    captured = sum(c.device_idle_us for c in trace.captures)
+    span = gpu.span_us - captured
+    return (gpu.idle_us - captured) / span if span > 0 else 0.0
+
+
 def gpu_idle(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
-    """The device waits for the host: idle (no kernel, copy or set on any stream) for most of the traced span."""
-    windows = [(t, g) for t, g in _gpu_windows(report, rule) if (g.idle_share or 0.0) >= rule.thresholds["idle"]]
+    """The device waits for the host: idle (no kernel, copy or set on any stream) for most of the traced span, stream
+    captures left out."""
+    windows = [(t, g) for t, g in _gpu_windows(report, rule) if _idle_share(t, g) >= rule.thresholds["idle"]]
     if not windows:
         return None
-    trace, gpu = max(windows, key=lambda w: w[1].idle_share or 0.0)
-    idle = gpu.idle_share or 0.0
+    trace, gpu = max(windows, key=lambda w: _idle_share(*w))
+    idle = _idle_share(trace, gpu)
     evidence = {"gpu_idle_share": idle, "gpu_span_ms": gpu.span_us / 1e3, "traces_idle": float(len(windows))}
     if gpu.launch_delay_us is not None:
         evidence["launch_delay_p50_us"] = gpu.launch_delay_us.p50

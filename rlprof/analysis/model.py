@@ -10,6 +10,7 @@ from typing import Any, Optional
 from rlprof.analysis.gpu import GpuSummary
 from rlprof.analysis.memory import HostRss, MemorySummary
 from rlprof.analysis.memory_remedies import Remedy
+from rlprof.analysis.trace_model import CaptureWindow
 
 SCHEMA = "rlprof-report/2"
 
@@ -104,6 +105,13 @@ class WindowTrace:
     """What ``ranges`` lists: range (rlprof's ``role/name``), annotation (a trace without rlprof ranges: its user
     annotations), step (nor those: its ProfilerStep spans) or operator (its top-level operators)."""
     ranges: list[RangeStat]
+    annotations: list[RangeStat]
+    """The trace's other user annotations beside rlprof's ranges (empty when ``ranges`` lists annotations or there
+    are none)."""
+    captures: list[CaptureWindow]
+    """Stream captures (CUDA graphs recorded): their launches queue no device work."""
+    graph_launches: int
+    """Replays of captured graphs in the trace."""
     gpu: Optional[GpuSummary]
     """What the device did in the window (None without device operations)."""
     gpu_by_step: dict[int, GpuSummary]

@@ -55,7 +55,7 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
     throughput = _throughput(training, breakdown)
     engine = _engine(training, breakdown)
     tools = _tools(training, breakdown)
-    traces, stragglers = _traces(run, options, unreadable)
+    traces, stragglers = _traces(run, options, unreadable, missing)
     if not run.traces:
         missing.append(
             "no traces: record some with global_profiler.tool=torch global_profiler.steps=[5] "
@@ -257,7 +257,9 @@ RANGE_KINDS = (RANGE, ANNOTATION, STEP, OPERATOR)
 ProfilerStep spans, else top-level operators."""
 
 
-def _traces(run: Run, options: ReportOptions, unreadable: list[str]) -> tuple[list[WindowTrace], list[RankStraggler]]:
+def _traces(
+    run: Run, options: ReportOptions, unreadable: list[str], missing: list[str]
+) -> tuple[list[WindowTrace], list[RankStraggler]]:
     windows = []
     for file in sorted(run.traces, key=lambda f: (f.steps, f.rank if f.rank is not None else -1, str(f.path))):
         reader = source(file.format)
@@ -270,6 +272,7 @@ def _traces(run: Run, options: ReportOptions, unreadable: list[str]) -> tuple[li
             continue
         for scan in scans:
             windows.append(_window(file, scan, options.top_ops))
+            missing += [line for line in scan.lacks if line not in missing]
     return windows, _rank_stragglers(windows)
 
 
@@ -286,6 +289,9 @@ def _window(file: InputFile, scan: TraceScan, top: int) -> WindowTrace:
         step_ms={s: d / 1000 for s, d in sorted(scan.steps.items())},
         range_kind=kind,
         ranges=_ranges(scan, kind, top),
+        annotations=_ranges(scan, ANNOTATION, top) if kind == RANGE else [],
+        captures=scan.captures,
+        graph_launches=scan.graph_launches,
         gpu=scan.gpu,
         gpu_by_step=scan.gpu_by_step,
         unlaunched=scan.unlaunched,

@@ -39,6 +39,7 @@ class EventColumns:
         self.launches: tuple[array.array[Any], ...] = tuple(array.array(code) for code in _LAUNCH)
         self.ops: tuple[array.array[Any], ...] = tuple(array.array(code) for code in _OP)
         self.memory: list[tuple[int, float, int, int]] = []
+        self.graph_calls: list[tuple[int, float, float, int]] = []
         self.scan.events = self.scan.skipped = 0
 
     def frame(self, thread: Any, start: float, duration: float, name: str, kind: str) -> None:
@@ -71,6 +72,9 @@ class EventColumns:
     def memory_event(self, thread: Any, time: float, size: int, total_allocated: int) -> None:
         self.memory.append((self.threads(thread), time, size, total_allocated))
 
+    def graph_call(self, thread: Any, start: float, duration: float, call: int) -> None:
+        self.graph_calls.append((self.threads(thread), start, duration, call))
+
     def take(self) -> bytes:
         """What was taken since the last call, packed; the columns start empty again."""
         names, threads = self.names.values[self._sent_names :], self.threads.values[self._sent_threads :]
@@ -81,6 +85,7 @@ class EventColumns:
                 threads,
                 [column.tobytes() for column in (*self.frames, *self.launches, *self.ops)],
                 self.memory,
+                self.graph_calls,
                 self.scan.events,
                 self.scan.skipped,
             )
@@ -101,7 +106,7 @@ class ColumnsReplay:
 
     def replay(self, packed: bytes, builder: TraceBuilder) -> None:
         """Feed ``builder`` the events of one :meth:`EventColumns.take`, as if the source had fed them itself."""
-        names, threads, raw, memory, events, skipped = marshal.loads(packed)
+        names, threads, raw, memory, graph_calls, events, skipped = marshal.loads(packed)
         self.names += names
         self.threads += threads
         self.name_ids += [builder.names(name) for name in names]
@@ -129,5 +134,7 @@ class ColumnsReplay:
         builder.op_bytes.extend(ops[6])
         for thread, time, size, total in memory:
             builder.memory_event(all_threads[thread], time, size, total)
+        for thread, start, duration, call in graph_calls:
+            builder.graph_call(all_threads[thread], start, duration, call)
         builder.scan.events += events
         builder.scan.skipped += skipped

@@ -9,7 +9,9 @@ interned names), so memory grows with a few dozen bytes per event, never with th
 Semantics, the same for every source:
 
 - **Ranges.** A *tracked* frame is an rlprof range (``role/name``), any other user annotation, a step
-  (``ProfilerStep#N``) or a top-level operator (an operator with no operator around it). On each thread a frame's
+  (``ProfilerStep#N``) or a top-level operator (an operator with no operator around it). ``role/name`` frames are
+  rlprof's only in a trace rlprof wrote (its mark in the trace, or its manifest): elsewhere they are the program's
+  own annotations (:meth:`TraceScan.settle_ranges`). On each thread a frame's
   children are the frames that start inside it; a frame's *self* time is its duration minus its children's, launch
   calls included (``cudaLaunchKernel`` is a child of the operator that called it).
 - **Attribution by time, not by file order.** A device operation belongs to the launch with its correlation id; the
@@ -17,6 +19,10 @@ Semantics, the same for every source:
   (kineto writes a thread's launches after that thread's operators). Its time counts for every tracked frame around
   that frame; a frame nested in a frame of the same name counts it once. Device operations whose launch is missing
   (a launch outside the recorded window, a library's own stream) are kept, outside every range, and counted.
+- **CUDA-graph capture.** Between a thread's ``cudaStreamBeginCapture`` and ``cudaStreamEndCapture`` (HIP's and the
+  driver's too), launches queue no device work: they are captured, replayed later by each ``cudaGraphLaunch``. A
+  capture window is counted (its launches, the device's idle time inside it), and an idle device during it is not
+  a starved one.
 - **Steps.** A device operation belongs to the step whose ``ProfilerStep#N`` span holds its launch (any thread: the
   autograd engine's backward thread too), or, without a launch, its own start: a step's device time and its GPU
   summary count those.
@@ -45,18 +51,30 @@ OP, NESTING = "op", "nesting"
 """Kinds of CPU frames a source gives besides the tracked ones: an operator (top-level ones become tracked), and a
 frame that only nests (a Python call: it takes time from its parent and records nothing itself)."""
 FRAME_KINDS = (RANGE, ANNOTATION, STEP, OP, NESTING)
+BEGIN_CAPTURE, END_CAPTURE, GRAPH_LAUNCH = range(3)
+GRAPH_CALLS = {
+    **dict.fromkeys(
+        ("cudaStreamBeginCapture", "cudaStreamBeginCaptureToGraph", "hipStreamBeginCapture"), BEGIN_CAPTURE
+    ),
+    **dict.fromkeys(("cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCaptureToGraph"), BEGIN_CAPTURE),
+    **dict.fromkeys(("cudaStreamEndCapture", "hipStreamEndCapture", "cuStreamEndCapture"), END_CAPTURE),
+    **dict.fromkeys(("cudaGraphLaunch", "hipGraphLaunch", "cuGraphLaunch"), GRAPH_LAUNCH),
+}
+"""Runtime and driver calls that begin and end a stream capture, and that replay a captured graph."""
 KERNEL, MEMCPY, MEMSET = "kernel", "memcpy", "memset"
 """Kinds of device operations as the trace names them."""
 DEVICE_CODES = {KERNEL: 0, MEMCPY: 1, MEMSET: 2}
 """A device operation's kind as stored (:attr:`DeviceOps.kind`)."""
 
 
-def frame_kind(name: str, annotation: bool) -> str:
+def frame_kind(name: str, annotation: bool, legacy: bool = False) -> str:
     """The kind of a torch.profiler frame called ``name``: a user annotation's (``record_function``) or an
-    operator's. torch 1.8 wrote both as operators, so an operator named ``role/name`` (no ``::``) is a range too."""
+    operator's. torch 1.8 (``legacy``: its ``Operator`` category) wrote both as operators, so there an operator named
+    ``role/name`` (no ``::``) is a range too; a later operator never is (torch.compile's ``Torch-Compiled Region:
+    0/1``)."""
     if name.startswith(STEP_PREFIX):
         return STEP
-    if "/" in name and (annotation or "::" not in name):
+    if "/" in name and (annotation or (legacy and "::" not in name)):
         return RANGE
     return ANNOTATION if annotation else OP
 
@@ -65,11 +83,6 @@ def step_number(name: str) -> Optional[int]:
     """``ProfilerStep#12`` -> 12."""
     number = name[len(STEP_PREFIX) :] if name.startswith(STEP_PREFIX) else ""
     return int(number) if number.isdigit() else None
-
-
-def is_range(name: str) -> bool:
-    """An rlprof range (``role/name``), as opposed to an operator, a step or a library's own annotation."""
-    return frame_kind(name, True) == RANGE
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -94,6 +107,18 @@ class RangeTotals:
     """Bytes allocated inside the frame (``[memory]`` events, torch tool with ``contents: [memory]``)."""
     peak_allocated: int = 0
     """Highest ``Total Allocated`` seen inside the frame (same source), or 0."""
+
+
+@dataclass(frozen=True)
+class CaptureWindow:
+    """A thread's stream capture: launches queued into a CUDA graph instead of onto the device."""
+
+    start_us: float
+    end_us: float
+    launches: int
+    """Launch calls inside it that queued no device work (the captured ones)."""
+    device_idle_us: float
+    """The device's idle time inside it, within the device's traced span."""
 
 
 @dataclass
@@ -135,11 +160,31 @@ class TraceScan:
     unlaunched_us: float = 0.0
     too_deep: int = 0
     """CPU frames nested past :data:`MAX_FRAME_DEPTH` on their thread: counted, not kept."""
+    captures: list[CaptureWindow] = field(default_factory=list)
+    """Stream captures (CUDA graphs being recorded), in time order."""
+    graph_launches: int = 0
+    """Replays of captured graphs (``cudaGraphLaunch``)."""
+    lacks: list[str] = field(default_factory=list)
+    """What the file does not hold that a reader would look for, and how to record it (one line each: the report's
+    "missing" lines)."""
+    rlprof_ranges: Optional[frozenset[str]] = None
+    """The ranges rlprof's torch tool lists in the traces it writes (None: the trace lists none)."""
     problems: list[str] = field(default_factory=list)
     """What could not be read (a truncated file, re-sorted threads): one line each."""
 
     def ranges_of(self, kind: str) -> list[RangeTotals]:
         return [r for r in self.ranges.values() if r.kind == kind]
+
+    def settle_ranges(self, by_rlprof: bool) -> None:
+        """Which ``role/name`` frames are rlprof's ranges: those the trace lists as rlprof's; without such a list, all
+        of them in a trace rlprof wrote (``by_rlprof``: its manifest says so), none in any other. The rest are the
+        program's own annotations."""
+        if self.rlprof_ranges is None and by_rlprof:
+            return
+        ours = self.rlprof_ranges or frozenset()
+        for totals in self.ranges.values():
+            if totals.kind == RANGE and totals.label not in ours:
+                totals.kind = ANNOTATION
 
 
 # --------------------------------------------------------------------------------------------- the builder
@@ -221,6 +266,8 @@ class EventSink(Protocol):
 
     def memory_event(self, thread: Any, time: float, size: int, total_allocated: int) -> None: ...
 
+    def graph_call(self, thread: Any, start: float, duration: float, call: int) -> None: ...
+
 
 class TraceBuilder:
     """Takes a trace's events (see the module doc) and reduces them to a :class:`TraceScan`.
@@ -252,6 +299,8 @@ class TraceBuilder:
         self.op_stream = array.array("q")
         self.op_correlation = array.array("q")
         self.op_bytes = array.array("q")
+        self.graph_calls: list[tuple[int, float, float, int]] = []
+        """(thread id, start, end, one of :data:`GRAPH_CALLS`' codes) of each capture begin, end and graph launch."""
         self.instances: list[tuple[Any, float, float, float, str, str]] = []
         """(thread, start, end, duration, kind, label) of every range, annotation and step (few: kept as tuples)."""
         self._file = ""
@@ -310,6 +359,11 @@ class TraceBuilder:
     def memory_event(self, thread: Any, time: float, size: int, total_allocated: int) -> None:
         """An allocator event (``[memory]``): ``size`` bytes (negative: freed), ``total_allocated`` after it."""
         self.memory[thread].append((time, size, total_allocated))
+
+    def graph_call(self, thread: Any, start: float, duration: float, call: int) -> None:
+        """A call that begins or ends a stream capture or replays a graph (a code of :data:`GRAPH_CALLS`); it is a
+        launch call too (given to :meth:`launch` as well)."""
+        self.graph_calls.append((self.thread_ids(thread), start, start + duration, call))
 
     # ----------------------------------------------------------------------------------------- the walk
 
@@ -419,6 +473,7 @@ class TraceBuilder:
         del launch_context
         self._project_instances(np, launch_of_op)
         self._attribute_memory()
+        self._captures(np)
         steps = sorted(
             (start, end, number, duration)
             for _, start, end, duration, kind, label in self.instances
@@ -437,6 +492,42 @@ class TraceBuilder:
                     self.scan.gpu_by_step[number] = summarize_device(ops.select(selected), self.names.values)
                     self.scan.ranges[f"{STEP_PREFIX}{number}"].cuda_us = float(ops.duration[selected].sum())
         return self.scan
+
+    def _captures(self, np: Any) -> None:
+        """Each thread's capture windows (a begin to the next end), the launches inside them that queued no device
+        work, and the device's idle time inside them within its traced span; graph replays counted."""
+        from rlprof.analysis.gpu import intersection_length, merged
+
+        self.scan.graph_launches = sum(1 for *_, call in self.graph_calls if call == GRAPH_LAUNCH)
+        begun: dict[int, float] = {}
+        windows = []
+        for thread, start, end, call in sorted(self.graph_calls, key=lambda c: c[1]):
+            if call == BEGIN_CAPTURE:
+                begun.setdefault(thread, start)
+            elif call == END_CAPTURE and thread in begun:
+                windows.append((thread, begun.pop(thread), end))
+        if not windows:
+            return
+        threads = np.frombuffer(self.launch_thread, dtype=np.int32)
+        starts = np.frombuffer(self.launch_start, dtype=np.float64)
+        worked = np.isin(
+            np.frombuffer(self.launch_correlation, dtype=np.int64), np.frombuffer(self.op_correlation, dtype=np.int64)
+        )
+        ops_start, ops_end = (
+            np.frombuffer(self.op_start),
+            np.frombuffer(self.op_start) + np.frombuffer(self.op_duration),
+        )
+        busy = merged(np, ops_start, ops_end)
+        first, last = (float(ops_start.min()), float(ops_end.max())) if len(ops_start) else (0.0, 0.0)
+        for thread, start, end in windows:
+            inside = (threads == thread) & (starts >= start) & (starts <= end) & ~worked
+            calls = sum(1 for t, s, _, c in self.graph_calls if t == thread and start <= s <= end and c != GRAPH_LAUNCH)
+            low, high = max(start, first), min(end, last)
+            idle = 0.0
+            if high > low:
+                window = (np.array([low]), np.array([high]))
+                idle = (high - low) - intersection_length(np, window, busy)
+            self.scan.captures.append(CaptureWindow(start, end, int(inside.sum()) - calls, idle))
 
     def _frames_and_launches(self, np: Any) -> Any:
         """Thread by thread: each launch's innermost frame (a merge of the thread's frames, in start order, with its
@@ -565,14 +656,16 @@ class TraceBuilder:
                     self.scan.ranges[label].gpu_span_us += span
 
     def _attribute_memory(self) -> None:
-        """Each ``[memory]`` event counts for every rlprof range open on its thread at its time (a sweep per
-        thread)."""
+        """Each ``[memory]`` event counts for every rlprof range open on its thread at its time; on a thread that
+        opens no range (autograd's backward thread, a worker a range hands work to), for the ranges open at its time
+        on the others (a sweep per thread)."""
         scan = self.scan
+        ranges = sorted((start, end, label, t) for t, start, end, _, kind, label in self.instances if kind == RANGE)
+        with_ranges = {t for *_, t in ranges}
         for thread, events in self.memory.items():
             scan.memory_events += len(events)
-            spans = [
-                (start, end, label) for t, start, end, _, kind, label in self.instances if t == thread and kind == RANGE
-            ]
+            own = thread in with_ranges
+            spans = [(start, end, label) for start, end, label, t in ranges if t == thread or not own]
             open_ranges: list[tuple[float, str]] = []
             following = 0
             for time, size, total in sorted(events):

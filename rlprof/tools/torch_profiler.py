@@ -112,6 +112,9 @@ class TorchProfilerTool(Tool):
         )
         self.profiler: Any = None
         self._handles = threading.local()
+        self.labels: set[str] = set()
+        """The ranges opened in the window: the trace lists them as rlprof's (readers tell them from the program's own
+        ``role/name``-looking annotations)."""
 
     def start_window(self, window: StepWindow) -> None:
         import torch
@@ -127,6 +130,7 @@ class TorchProfilerTool(Tool):
             **self.options,
         )
         profiler.step_num = window.first
+        self.labels = set()
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             info = {"backend": "none", "rank": self.context.rank, "world_size": self.context.world_size}
             profiler.preset_metadata_json("distributedInfo", json.dumps(info))
@@ -138,6 +142,7 @@ class TorchProfilerTool(Tool):
 
     def stop_window(self, window: StepWindow) -> None:
         profiler, self.profiler = self.profiler, None
+        profiler.add_metadata_json("rlprof", json.dumps({"ranges": sorted(self.labels)}))  # which frames are rlprof's
         profiler.stop()
         try:
             self._write(profiler, window)
@@ -175,6 +180,7 @@ class TorchProfilerTool(Tool):
         label, local = site.label, self._handles
 
         def enter() -> None:
+            self.labels.add(label)
             handle = enter_op(label, None)
             stack = getattr(local, "stack", None)
             if stack is None:

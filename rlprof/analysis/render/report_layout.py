@@ -132,6 +132,15 @@ def _traces(report: Report) -> Section:
             f"steps {steps or 'none'} ({window.path})"
         )
         section.lines += [f"    {p}" for p in window.problems]
+        if window.captures:
+            captured = sum(c.launches for c in window.captures)
+            length = sum(c.end_us - c.start_us for c in window.captures)
+            idle = sum(c.device_idle_us for c in window.captures)
+            section.lines.append(
+                f"    CUDA-graph capture: {len(window.captures)} window(s), {ms(length / 1000)} ms, {captured} "
+                f"launches captured (no device work: the device idle {ms(idle / 1000)} ms meanwhile, not counted as "
+                f"starved); replayed by {window.graph_launches} graph launches"
+            )
         where = f"{window.window}, rank {window.rank}"
         device = any(r.cuda_ms for r in window.ranges)
         columns = ["range", "count", "total ms", "self ms", *(["gpu ms", "gpu span ms"] if device else [])]
@@ -146,6 +155,13 @@ def _traces(report: Report) -> Section:
             for r in window.ranges
         ]
         section.tables.append(Table(columns, rows, f"{RANGE_TITLES[window.range_kind]}, {where}"))
+        if window.annotations:
+            rows = [
+                [short_name(a.label), str(a.count), ms(a.total_ms), ms(a.self_ms), *([ms(a.cuda_ms)] if device else [])]
+                for a in window.annotations
+            ]
+            columns = ["annotation", "count", "total ms", "self ms", *(["gpu ms"] if device else [])]
+            section.tables.append(Table(columns, rows, f"User annotations beside the ranges, {where}"))
         operators = [
             [short_name(r.label), short_name(o.name), o.device, str(o.count), ms(o.self_ms)]
             for r in window.ranges

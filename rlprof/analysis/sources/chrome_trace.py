@@ -37,6 +37,7 @@ import msgspec
 from rlprof.analysis.sources.base import InputFile, ReadOptions, Source, SourceError
 from rlprof.analysis.trace_columns import ColumnsReplay
 from rlprof.analysis.trace_model import (
+    GRAPH_CALLS,
     KERNEL,
     MEMCPY,
     MEMSET,
@@ -53,7 +54,7 @@ MAX_EVENT_BYTES = 64 << 20
 MAX_NESTING = 64
 """Deepest nesting of values inside one event read; an event nested deeper (kineto's are 3 levels) is skipped and
 counted, read in memory that does not grow with its depth."""
-METADATA_KEYS = ("distributedInfo", "deviceProperties")
+METADATA_KEYS = ("distributedInfo", "deviceProperties", "rlprof")
 """The trace-level values read beside the events, before or after them."""
 
 T = TypeVar("T")
@@ -210,23 +211,41 @@ def raw_blocks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
         stream.close()
 
 
-def _header(header: bytes, scan: TraceScan) -> None:
-    """Rank, world size and device name from kineto's lines outside the event list (before or after it)."""
-    for line in header.splitlines():
+def _header(outside: bytes, scan: TraceScan, after: bool = False) -> None:
+    """The trace-level values (:data:`METADATA_KEYS`) in the part of a kineto-layout file outside its event list:
+    the object's members before ``"traceEvents"`` or, ``after``, those after its closing bracket, read as JSON
+    (kineto spreads some over several lines). A part that does not read so (a damaged file) is searched line by
+    line for ``distributedInfo`` and by pattern for the device's name."""
+    members = outside.strip()
+    members = members.lstrip(b",").removesuffix(b"}") if after else members.removeprefix(b"{").rstrip().rstrip(b",")
+    try:
+        values = msgspec.json.decode(b"{" + members + b"}")
+    except (msgspec.DecodeError, RecursionError):
+        values = None
+    if isinstance(values, dict):
+        for key in METADATA_KEYS:
+            if key in values:
+                take_metadata(scan, key, values[key])
+        return
+    for line in outside.splitlines():
         text = line.strip()
         if text.startswith(b'"distributedInfo"'):
             try:
                 take_metadata(scan, "distributedInfo", msgspec.json.decode(text.split(b":", 1)[1].rstrip(b",")))
             except msgspec.DecodeError:
                 continue
-    found = _DEVICE_NAME.search(header)
+    found = _DEVICE_NAME.search(outside)
     if found:
         take_metadata(scan, "deviceProperties", [{"name": found.group(1).decode("utf-8", "replace")}])
 
 
 def take_metadata(scan: TraceScan, key: str, value: Any) -> None:
     """A trace-level value (one of :data:`METADATA_KEYS`) into ``scan``, whatever layout it was read from: the rank
-    and world size of ``distributedInfo``, the first device's name of ``deviceProperties``."""
+    and world size of ``distributedInfo``, the first device's name of ``deviceProperties``, rlprof's mark."""
+    if key == "rlprof":
+        ranges = value.get("ranges") if isinstance(value, dict) else None
+        if isinstance(ranges, list):
+            scan.rlprof_ranges = frozenset(r for r in ranges if isinstance(r, str))
     if key == "distributedInfo" and isinstance(value, dict):
         rank, world = value.get("rank"), value.get("world_size")
         scan.rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else scan.rank
@@ -327,7 +346,7 @@ def iter_batches(
         closed = _LIST_END.search(buffer)
         if closed is not None and not stream.truncated:  # kineto's "}\n  ]," or torch 1.8's "}\n]}"
             tail = bytes(buffer[1 : closed.start() + 1]).strip()
-            _header(bytes(buffer[closed.end() :]), scan)
+            _header(bytes(buffer[closed.end() :]), scan, after=True)
         else:  # cut short: the complete events before the cut
             reason = "the gzip stream ends early" if stream.truncated else "the event list is never closed"
             scan.problems.append(
@@ -500,6 +519,7 @@ def feed(builder: EventSink, events: list[Event]) -> None:
     """Hand each event of a batch to the builder (the hot loop of ``rlprof report``: local names on purpose)."""
     frame, launch, device_op = builder.frame, builder.launch, builder.device_op
     device_ops, launches, annotations, operators, nested = DEVICE_OPS, LAUNCHES, ANNOTATIONS, OPERATORS, NESTED
+    graph_calls = GRAPH_CALLS
     kind_of = frame_kind
     counted = skipped = 0
     for event in events:
@@ -520,10 +540,14 @@ def feed(builder: EventSink, events: list[Event]) -> None:
                 name = event.name
                 if name.__class__ is not str:
                     raise TypeError("name")
-                frame((event.pid, event.tid), start, duration, name, kind_of(name, category in annotations))
+                kind = kind_of(name, category in annotations, category == "Operator")
+                frame((event.pid, event.tid), start, duration, name, kind)
             elif category in launches:
                 correlation = event.args.correlation if event.args is not None else None
                 launch((event.pid, event.tid), start, duration, correlation if correlation.__class__ is int else -1)
+                call = graph_calls.get(event.name) if event.name.__class__ is str else None
+                if call is not None:
+                    builder.graph_call((event.pid, event.tid), start, duration, call)
             elif category in device_ops:
                 args = event.args
                 correlation, size, stream = (args.correlation, args.bytes, args.stream) if args else (None, 0, None)
@@ -546,8 +570,10 @@ def feed(builder: EventSink, events: list[Event]) -> None:
     builder.scan.skipped += skipped
 
 
-def scan_trace(path: str | Path, helper: Optional[bool] = None) -> TraceScan:
-    """Read ``path`` once and return its :class:`TraceScan`. A large trace is read by two processes when two CPUs
+def scan_trace(path: str | Path, helper: Optional[bool] = None, by_rlprof: bool = False) -> TraceScan:
+    """Read ``path`` once and return its :class:`TraceScan`; its ``role/name`` frames are rlprof's ranges as
+    :meth:`~rlprof.analysis.trace_model.TraceScan.settle_ranges` says (``by_rlprof``: its manifest says rlprof's
+    torch tool wrote it). A large trace is read by two processes when two CPUs
     are free (``helper``: None decides so, True and False force it): a helper process
     (:mod:`rlprof.analysis.sources.trace_helper`) decodes two batches in three and sends their events back as
     columns, this one decodes the rest and walks every frame in file order; the result is the same as one process's.
@@ -576,7 +602,9 @@ def scan_trace(path: str | Path, helper: Optional[bool] = None) -> TraceScan:
             f"{path.name}: {scan.skipped} events could not be read (wrong types, or values nested deeper than "
             f"{MAX_NESTING} levels); skipped"
         )
-    return builder.finish(path.name)
+    finished = builder.finish(path.name)
+    finished.settle_ranges(by_rlprof)
+    return finished
 
 
 HELPER_FIRST_BATCH = 32
@@ -685,7 +713,7 @@ class ChromeTraceSource(Source):
         return text.startswith(b"{") and b'"traceEvents"' in head
 
     def read(self, file: InputFile, options: ReadOptions) -> list[TraceScan]:
-        return [scan_trace(file.path)]
+        return [scan_trace(file.path, by_rlprof=file.tool == "torch")]
 
 
 def rank_from_name(name: str) -> Optional[int]:

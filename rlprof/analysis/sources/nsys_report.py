@@ -188,7 +188,8 @@ def _process(global_id: int) -> int:
 
 
 def scan_report(path: Path) -> list[TraceScan]:
-    """One :class:`TraceScan` per process of the exported report ``path`` that holds NVTX ranges or CUDA work."""
+    """One :class:`TraceScan` per process of the exported report ``path`` that holds NVTX ranges or CUDA work (one
+    empty scan when none does), each saying which of the tables a reader looks for the export lacks."""
     with connect(path) as db:
         try:
             tables = _tables(db)
@@ -214,9 +215,22 @@ def scan_report(path: Path) -> list[TraceScan]:
                 builder(_process(thread)).launch(thread, start / 1e3, (end - start) / 1e3, correlation)
         _read_device_ops(db, tables, strings, builder)
         gpu = _gpu_names(db, tables)
+    lacks = [
+        f"{path.name} has no {table} table: {meaning}"
+        for table, meaning in (
+            ("CUPTI_ACTIVITY_KIND_KERNEL", "the capture recorded no GPU activity (profile with nsys -t cuda,nvtx, "
+             "on a machine whose GPU nsys can trace)"),
+            ("NVTX_EVENTS", "no ranges were recorded (global_profiler.tool=nsys under rlprof nsys profile, or "
+             "nsys -t nvtx)"),
+        )
+        if table not in tables
+    ]  # fmt: skip
+    if not builders:
+        builder(0)
     scans = []
     for process, found in sorted(builders.items()):
         found.scan.device = found.scan.device or gpu
+        found.scan.lacks = lacks
         scan = found.finish(f"{path.name} (process {process})")
         scans.append(scan)
     for index, scan in enumerate(scans):  # without a rank mark: the processes in pid order
