@@ -5,7 +5,8 @@ Runs as one process, or data-parallel under ``torchrun --nproc_per_node N -m rlp
 docstring per key in rlprof_train/config/schema.py). The config is checked completely before anything is loaded.
 
 Exit codes: 0 done; 2 a configuration problem (one line, before any work, or a folder another run holds);
-1 an error during training (with its traceback; the other ranks stop too, none is left waiting).
+3 the device ran out of memory (a last line naming the step, role, phase, bytes, the OOM snapshot and an override to
+try); 1 any other error during training (with its traceback; the other ranks stop too, none is left waiting).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import rlprof
 from rlprof.schema import ConfigError
@@ -66,7 +67,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for note in loaded.notes:  # what became of verl's spellings
         log(f"config: {note}")
     try:
-        code = train(lambda: PPOTrainer(cfg, env, run_id, log, progress).fit(), env.rank, progress)
+        code = train(lambda: PPOTrainer(cfg, env, run_id, log, progress).fit(), env.rank, progress, as_dict(cfg))
     finally:
         rlprof.shutdown()
     if torch.distributed.is_initialized():
@@ -80,11 +81,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     return code
 
 
-def train(fit: Callable[[], None], rank: int, progress: Progress) -> int:
+def train(fit: Callable[[], None], rank: int, progress: Progress, config: Optional[dict[str, Any]] = None) -> int:
     """Build the trainer and train (``fit``); the exit code. Errors found while preparing are config errors (one
-    line, 2); a full disk is one line (1); any other error keeps its traceback, then one line naming the rank (and,
-    for a collective that timed out, who stopped answering and where)."""
+    line, 2); a full disk is one line (1); the device out of memory keeps its traceback, then one line saying where,
+    what was asked, the OOM snapshot and an override from the run's ``config`` (3,
+    :mod:`rlprof_train.out_of_memory`); any other error keeps its traceback, then one line naming the rank (and, for
+    a collective that timed out, who stopped answering and where)."""
+    import torch
+
     from rlprof_train.checkpoint import DiskFull
+    from rlprof_train.out_of_memory import EXIT_CODE, out_of_memory_line
 
     try:
         fit()
@@ -94,6 +100,12 @@ def train(fit: Callable[[], None], rank: int, progress: Progress) -> int:
     except DiskFull as exc:  # the cause and what to change, not torch's "unexpected pos"
         print(f"error on rank {rank}: {exc}", file=sys.stderr, flush=True)
         return 1
+    except torch.OutOfMemoryError as exc:
+        traceback.print_exc()
+        where = progress.here
+        line = out_of_memory_line(exc, config or {}, rank, where.step, progress.role, where.phase)
+        print(f"error on rank {rank}: {line}", file=sys.stderr, flush=True)
+        return EXIT_CODE
     except BaseException as exc:  # noqa: BLE001  (training errors keep their traceback; Ctrl-C too)
         traceback.print_exc()
         stall = progress.stall_report(exc)

@@ -28,6 +28,8 @@ class Progress:
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self.store = _default_store() if world_size > 1 else None
         self.here = Position(rank, 0, "start", time.time())
+        self.role = ""
+        """The role of the phase this rank is in (``""`` outside a step's phases)."""
         self._ordinal = Ordinal()
         if self.store is not None:
             threading.Thread(target=self._beat, name="rlprof-heartbeat", daemon=True).start()
@@ -40,9 +42,10 @@ class Progress:
                 return
             time.sleep(HEARTBEAT_S)
 
-    def at(self, step: int, phase: str) -> None:
-        """This rank enters ``phase`` of ``step``."""
+    def at(self, step: int, phase: str, role: str = "") -> None:
+        """This rank enters ``phase`` (of ``role``, for a step's phases) of ``step``."""
         self.here = Position(self.rank, step, phase, time.time(), self._ordinal.next(step))
+        self.role = role
         if self.store is not None:
             try:
                 self.store.set(

@@ -189,7 +189,7 @@ class PPOTrainer:
     def _phase(self, name: str, timing: dict[str, float], role: str) -> Iterator[None]:
         """``rlprof.marked_timer`` of the phase, its start published for a stall report (:mod:`.progress`) and
         watched (:mod:`.watchdog`)."""
-        self.progress.at(self.step, name)
+        self.progress.at(self.step, name, role)
         with self.watchdog.phase(self.step, name), rlprof.marked_timer(name, timing, role=role):
             yield
 

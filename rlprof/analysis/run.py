@@ -89,16 +89,21 @@ class Run:
 
     def setting(self, dotted: str, default: Any = None) -> Any:
         """A value of the saved trainer config (``config.yaml``) by dotted key, or ``default``."""
-        node: Any = self.config
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        return node
+        return setting_of(self.config, dotted, default)
 
     @property
     def empty(self) -> bool:
         return not self.inputs
+
+
+def setting_of(config: Any, dotted: str, default: Any = None) -> Any:
+    """The value at ``dotted`` (``actor_rollout_ref.actor.zero_stage``) in a nested config mapping, or ``default``."""
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
 
 
 def find_run(paths: list[Path], run_id: Optional[str] = None, options: Optional[ReadOptions] = None) -> Run:

@@ -272,3 +272,24 @@ def test_torch_2_0s_format_blocks_without_addresses_and_stacks_in_their_history(
     assert summary.top_sites[0].site.startswith("FlexGen/flexgen/pytorch_backend.py:190 allocate")  # from history
     blocks = sum(1 for s in snapshot["segments"] for b in s["blocks"] if b["state"] == "active_allocated")
     assert len(history.alive_at_start) == blocks  # each block at an address of its own
+
+
+def test_the_trainers_oom_line_names_the_snapshot_and_its_analysis_override(tmp_path):
+    """With torch_memory on, the trainer's last line on an OOM points at the OOM snapshot the tool wrote and takes its
+    override from that snapshot's analysis (the failing pass's own bytes lead here), with the run's settings."""
+    from rlprof_train.out_of_memory import out_of_memory_line
+
+    folder = tmp_path / "profile" / "torch_memory"
+    folder.mkdir(parents=True)
+    snapshot = folder / "oom_rank0_pid7_step3.pickle"
+    snapshot.write_bytes(pickle.dumps(an_oom_in_the_backward().snapshot()))
+    config = {
+        "global_profiler": {"tool": "torch_memory", "save_path": str(tmp_path / "profile")},
+        "actor_rollout_ref": {"model": {"enable_gradient_checkpointing": True}},
+    }
+    error = RuntimeError("CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total capacity of 79.19 GiB of "
+                         "which 1.00 GiB is free.")  # fmt: skip
+    line = out_of_memory_line(error, config, 0, 3, "actor", "update_actor")
+    assert f"its OOM snapshot: {snapshot} (rlprof memory {snapshot} says what held the memory)" in line
+    assert "(8.000 GiB requested, 1.000 GiB free)" in line
+    assert "try actor_rollout_ref.model.enable_activation_offload=true" in line  # checkpointing is on already

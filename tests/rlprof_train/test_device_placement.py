@@ -251,3 +251,60 @@ def test_the_simulation_raises_where_cuda_raises():
         assert on_device(on[torch.tensor([0, 2])])  # host indices into a device tensor, as in CUDA
         assert not on_device(on.cpu()) and on_device(off.to("cuda")) and on_device(torch.zeros_like(on))
         off[:] = on  # a copy across devices
+
+
+CUDA_OOM = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is "
+    "free. Including non-PyTorch memory, this process has 78.12 GiB memory in use."
+)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the real allocator runs out (the GPU kit)")
+def test_out_of_memory_in_a_step_is_one_line_with_what_to_try_and_a_resume_goes_on(
+    tmp_path, placement, monkeypatch, capsys
+):
+    """The device running out of memory in the actor's update at step 3 (the allocator's error, raised at the
+    hardware boundary, as torch raises it): the run ends with a line naming the step, role, phase and bytes, that
+    torch_memory was off, and an override (without a snapshot: the seed's first memory setting for the role); exit
+    code 3; the checkpoint of step 2 intact; resumed with the override,
+    the run goes on from step 3."""
+    from rlprof_train.config import as_dict
+    from rlprof_train.main_ppo import train as run_training
+    from rlprof_train.progress import Progress
+    from rlprof_train.trainer import PPOTrainer
+    from rlprof_train.workers.actor import ActorWorker
+
+    host = dataclasses.replace(placement.env, device=torch.device("cpu"))
+    overrides = [
+        "--config-name=demo",
+        *SMALL,
+        "trainer.total_training_steps=4",
+        "trainer.test_freq=-1",
+        f"trainer.log_dir={tmp_path / 'logs'}",
+        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+    ]
+    cfg = load_trainer_config(overrides)
+    real_step = ActorWorker._micro_step
+
+    def allocate(self, micro, counts, metrics):
+        if trainer.step == 3:
+            raise torch.OutOfMemoryError(CUDA_OOM)
+        return real_step(self, micro, counts, metrics)
+
+    monkeypatch.setattr(ActorWorker, "_micro_step", allocate)
+    progress = Progress(0, 1, 60.0)
+    trainer = PPOTrainer(cfg, host, "oom", lambda line: None, progress)
+    assert run_training(trainer.fit, 0, progress, as_dict(cfg)) == 3
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error on rank 0: out of memory on the device in step 3, actor update_actor"), last
+    assert "(2.000 GiB requested, 1.060 GiB free)" in last and "torch_memory was off" in last
+    fix = last.split("; try ")[1].split(", then resume")[0]
+    assert fix == "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true", last  # the seed's first for an OOM
+    assert (tmp_path / "ckpt" / "global_step_2").is_dir() and not (tmp_path / "ckpt" / "global_step_3").exists()
+
+    monkeypatch.setattr(ActorWorker, "_micro_step", real_step)
+    resumed = PPOTrainer(load_trainer_config([*overrides, fix]), host, "resumed", lambda line: None)
+    assert resumed.start_step == 3
+    resumed.fit()
+    records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["training/global_step"] for r in records] == [1.0, 2.0, 3.0, 4.0]
