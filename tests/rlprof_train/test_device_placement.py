@@ -259,10 +259,9 @@ CUDA_OOM = (
 )
 
 
+@pytest.mark.slow  # a trainer of 4 steps, then resumed: about 40 s
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the real allocator runs out (the GPU kit)")
-def test_out_of_memory_in_a_step_is_one_line_with_what_to_try_and_a_resume_goes_on(
-    tmp_path, placement, monkeypatch, capsys
-):
+def test_out_of_memory_in_a_step_is_one_line_and_a_resume_goes_on(tmp_path, placement, monkeypatch, capsys):
     """The device running out of memory in the actor's update at step 3 (the allocator's error, raised at the
     hardware boundary, as torch raises it): the run ends with a line naming the step, role, phase and bytes, that
     torch_memory was off, and an override (without a snapshot: the seed's first memory setting for the role); exit
