@@ -67,7 +67,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     for note in loaded.notes:  # what became of verl's spellings
         log(f"config: {note}")
     try:
-        code = train(lambda: PPOTrainer(cfg, env, run_id, log, progress).fit(), env.rank, progress, as_dict(cfg))
+        held = env.memory_at_start[1] - env.memory_at_start[0] if env.memory_at_start else None
+        code = train(lambda: PPOTrainer(cfg, env, run_id, log, progress).fit(), env.rank, progress, as_dict(cfg), held)
     finally:
         rlprof.shutdown()
     if torch.distributed.is_initialized():
@@ -81,10 +82,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     return code
 
 
-def train(fit: Callable[[], None], rank: int, progress: Progress, config: Optional[dict[str, Any]] = None) -> int:
+def train(
+    fit: Callable[[], None],
+    rank: int,
+    progress: Progress,
+    config: Optional[dict[str, Any]] = None,
+    held_at_start: Optional[int] = None,
+) -> int:
     """Build the trainer and train (``fit``); the exit code. Errors found while preparing are config errors (one
     line, 2); a full disk is one line (1); the device out of memory keeps its traceback, then one line saying where,
-    what was asked, the OOM snapshot and an override from the run's ``config`` (3,
+    what was asked, what the device held before the run (``held_at_start``), the OOM snapshot and an override from
+    the run's ``config`` (3,
     :mod:`rlprof_train.out_of_memory`); any other error keeps its traceback, then one line naming the rank (and, for
     a collective that timed out, who stopped answering and where)."""
     import torch
@@ -103,7 +111,7 @@ def train(fit: Callable[[], None], rank: int, progress: Progress, config: Option
     except torch.OutOfMemoryError as exc:
         traceback.print_exc()
         where = progress.here
-        line = out_of_memory_line(exc, config or {}, rank, where.step, progress.role, where.phase)
+        line = out_of_memory_line(exc, config or {}, rank, where.step, progress.role, where.phase, held_at_start)
         print(f"error on rank {rank}: {line}", file=sys.stderr, flush=True)
         return EXIT_CODE
     except BaseException as exc:  # noqa: BLE001  (training errors keep their traceback; Ctrl-C too)

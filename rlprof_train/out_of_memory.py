@@ -1,5 +1,6 @@
 """The line a run ends with when the device runs out of memory inside a step: where (step, role, phase), what
-(the bytes asked for and the device's free bytes, from torch's message), the OOM snapshot the ``torch_memory`` tool
+(the bytes asked for and the device's free bytes, from torch's message; what the device held before the run started:
+other processes, this process's CUDA context), the OOM snapshot the ``torch_memory`` tool
 wrote (or that it was off), and an override to try: the memory analysis of that snapshot
 (:func:`rlprof.analysis.memory_remedies.remedies`, with the run's own settings), else the seed's first memory setting
 for the failing role that is not on. The run's last complete checkpoint is left as it is: resuming with the override
@@ -53,7 +54,13 @@ def _moment(snapshot: Optional[Path], requested: int, free: int, tag: str) -> Oo
 
 
 def out_of_memory_line(
-    error: BaseException, config: dict[str, Any], rank: int, step: int, role: str, phase: str
+    error: BaseException,
+    config: dict[str, Any],
+    rank: int,
+    step: int,
+    role: str,
+    phase: str,
+    held_at_start: Optional[int] = None,
 ) -> str:
     """The one line for ``error``, a device OOM in ``phase`` of ``role`` at ``step`` (see the module doc)."""
     message = str(error)

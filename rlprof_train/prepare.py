@@ -100,6 +100,9 @@ def record_run(cfg: TrainerConfig, env: DistEnv, run_id: str, start_step: int, r
         start_step=start_step,
         resumed_from=str(resumed_from) if resumed_from else None,
         rollout=backend_facts(rollout_spec(cfg.actor_rollout_ref.rollout.name)),
+        device_memory_at_start=dict(zip(("free", "total"), env.memory_at_start, strict=True))
+        if env.memory_at_start
+        else None,
     )
 
 

@@ -28,6 +28,9 @@ class DistEnv:
     world_size: int
     local_rank: int
     device: torch.device
+    memory_at_start: Optional[tuple[int, int]] = None
+    """(free, total) bytes of the device when this rank joined, before any model was made (CUDA; None on the host):
+    what other processes held is ``total - free``."""
 
     @property
     def is_main(self) -> bool:
@@ -117,7 +120,8 @@ def init_distributed(device: str, timeout_s: float = 600.0) -> DistEnv:
         _KEEP_ALIVE.append(store)
     warn_about_unheld_locks()  # DeepSpeed builds its ops here (its shared-memory op on CPU) and in the engines
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo", timeout=timeout)
-    return DistEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), local_rank, placed)
+    memory = torch.cuda.mem_get_info(placed) if device == "cuda" else None
+    return DistEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), local_rank, placed, memory)
 
 
 _KEEP_ALIVE: list[Any] = []  # the single-process run's store lives as long as the process

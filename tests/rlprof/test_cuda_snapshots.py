@@ -289,7 +289,7 @@ def test_the_trainers_oom_line_names_the_snapshot_and_its_analysis_override(tmp_
     }
     error = RuntimeError("CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total capacity of 79.19 GiB of "
                          "which 1.00 GiB is free.")  # fmt: skip
-    line = out_of_memory_line(error, config, 0, 3, "actor", "update_actor")
+    line = out_of_memory_line(error, config, 0, 3, "actor", "update_actor", held_at_start=5 << 30)
     assert f"its OOM snapshot: {snapshot} (rlprof memory {snapshot} says what held the memory)" in line
-    assert "(8.000 GiB requested, 1.000 GiB free)" in line
+    assert "(8.000 GiB requested, 1.000 GiB free, 5.000 GiB held on the device before the run started)" in line
     assert "try actor_rollout_ref.model.enable_activation_offload=true" in line  # checkpointing is on already

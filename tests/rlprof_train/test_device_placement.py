@@ -156,6 +156,9 @@ def test_the_trainer_keeps_every_tensor_on_the_device(tmp_path, placement, case)
     trainer, records = train(tmp_path, placement, *CASES[case])
     check_placed(trainer, records, placement)
     assert (tmp_path / "ckpt" / "global_step_2").is_dir()
+    if not placement.simulated:  # what the device held before the run (other processes: an OOM names them)
+        at_start = json.loads((tmp_path / "logs" / "run.json").read_text())["device_memory_at_start"]
+        assert 0 < at_start["free"] <= at_start["total"] == torch.cuda.get_device_properties(0).total_memory
 
 
 @pytest.mark.gpu
