@@ -71,11 +71,9 @@ def out_of_memory_line(
     fixes = remedies(
         _moment(snapshot, requested or 0, free or 0, f"{role}/{phase}"), lambda key: setting_of(config, key)
     )
-    amounts = ", ".join(
-        f"{human_bytes(value)} {what}"
-        for value, what in ((requested, "requested"), (free, "free"))
-        if value is not None
-    )
+    facts = ((requested, "requested"), (free, "free"), (held_at_start, "held on the device before the run started"))
+    amounts = ", ".join(f"{human_bytes(value)} {what}" for value, what in facts if value is not None)
+
     where = f"in step {step}, {role} {phase}" if role else f"in step {step}, {phase}"
     recorded = (
         f"its OOM snapshot: {snapshot} (rlprof memory {snapshot} says what held the memory)"
