@@ -17,7 +17,7 @@ from rlprof.analysis.memory_remedies import remedies
 from rlprof.analysis.render.units import human_bytes
 from rlprof.analysis.run import setting_of
 from rlprof.analysis.sources.base import SourceError
-from rlprof.analysis.sources.cuda_snapshot import cuda_histories, load_snapshot
+from rlprof.analysis.sources.cuda_snapshot import read_snapshot
 
 EXIT_CODE = 3
 """A run stopped by the device's memory (1: any other error in training; 2: a configuration problem)."""
@@ -43,12 +43,12 @@ def _moment(snapshot: Optional[Path], requested: int, free: int, tag: str) -> Oo
     the failing role's, in the seed's order)."""
     if snapshot is not None:
         try:
-            for history in cuda_histories(load_snapshot(snapshot), str(snapshot)):
+            for history in read_snapshot(snapshot):
                 moment = summarize(history).oom
                 if moment is not None:
                     return moment
-        except (SourceError, KeyError, TypeError, ValueError):
-            pass
+        except SourceError:
+            pass  # a snapshot cut short by the failure: the failure alone
     failure = OutOfMemory(requested, free, None, None, 0, None, tag, "", 1)
     return OomMoment(failure, 0, None, {}, {}, [], [])
 

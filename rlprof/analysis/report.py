@@ -13,7 +13,7 @@ from collections import defaultdict
 from typing import Any, Optional
 
 from rlprof.analysis.diagnose import diagnose
-from rlprof.analysis.memory import MemorySummary, summarize
+from rlprof.analysis.memory import MemorySummary, role_of, summarize
 from rlprof.analysis.memory_remedies import remedies
 from rlprof.analysis.metrics import STEP_KEY, growth, quantile, series, training_records, warmup_steps
 from rlprof.analysis.model import (
@@ -320,7 +320,7 @@ def _ranges(scan: TraceScan, kind: str, top: int) -> list[RangeStat]:
     stats = [
         RangeStat(
             label,
-            label.split("/", 1)[0] if kind == RANGE else kind,
+            role_of(label) if kind == RANGE else kind,
             r.count,
             r.total_us / 1000,
             r.self_us / 1000,

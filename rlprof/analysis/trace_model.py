@@ -36,7 +36,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
-from rlprof.analysis.gpu import DeviceOps, GpuSummary, summarize_device
+from rlprof.analysis.gpu import DeviceOps, GpuSummary, intersection_length, merged, summarize_device
 
 STEP_PREFIX = "ProfilerStep#"
 MAX_FRAME_DEPTH = 512
@@ -496,8 +496,6 @@ class TraceBuilder:
     def _captures(self, np: Any) -> None:
         """Each thread's capture windows (a begin to the next end), the launches inside them that queued no device
         work, and the device's idle time inside them within its traced span; graph replays counted."""
-        from rlprof.analysis.gpu import intersection_length, merged
-
         self.scan.graph_launches = sum(1 for *_, call in self.graph_calls if call == GRAPH_LAUNCH)
         begun: dict[int, float] = {}
         windows = []
@@ -513,10 +511,8 @@ class TraceBuilder:
         worked = np.isin(
             np.frombuffer(self.launch_correlation, dtype=np.int64), np.frombuffer(self.op_correlation, dtype=np.int64)
         )
-        ops_start, ops_end = (
-            np.frombuffer(self.op_start),
-            np.frombuffer(self.op_start) + np.frombuffer(self.op_duration),
-        )
+        ops_start = np.frombuffer(self.op_start)
+        ops_end = ops_start + np.frombuffer(self.op_duration)
         busy = merged(np, ops_start, ops_end)
         first, last = (float(ops_start.min()), float(ops_end.max())) if len(ops_start) else (0.0, 0.0)
         for thread, start, end in windows:

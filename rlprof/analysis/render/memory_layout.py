@@ -63,20 +63,8 @@ def summary_sections(summary: MemorySummary, fixes: Sequence[Remedy], device: st
     sections = [oom_section(summary, summary.oom, fixes, suffix)] if summary.oom is not None else []
     head = Section(f"Memory{suffix}", [timeline_line(summary)])
     head.lines.append(f"peak reached at event {summary.peak_event} ({_when(summary, summary.peak_time_us)})")
-    head.tables.append(
-        Table(
-            ["role", "live at peak"],
-            [[role or "(outside ranges)", human_bytes(size)] for role, size in summary.by_role.items()],
-            "Live bytes at the peak per role",
-        )
-    )
-    head.tables.append(
-        Table(
-            ["rlprof range", "live at peak"],
-            [[tag or "(outside ranges)", human_bytes(size)] for tag, size in summary.by_tag.items()],
-            "Live bytes at the peak per range",
-        )
-    )
+    head.tables.append(bytes_table("role", "live at peak", summary.by_role, "Live bytes at the peak per role"))
+    head.tables.append(bytes_table("rlprof range", "live at peak", summary.by_tag, "Live bytes at the peak per range"))
     head.tables.append(
         Table(
             ["allocation site (innermost first)", "range", "live at peak", "allocations"],
@@ -117,20 +105,8 @@ def oom_section(summary: MemorySummary, moment: OomMoment, fixes: Sequence[Remed
         ),
     ]
     section = Section(f"Out of memory{suffix}", lines)
-    section.tables.append(
-        Table(
-            ["role", "live"],
-            [[role or "(outside ranges)", human_bytes(size)] for role, size in moment.by_role.items()],
-            "Live at the failure per role",
-        )
-    )
-    section.tables.append(
-        Table(
-            ["range", "live"],
-            [[tag or "(outside ranges)", human_bytes(size)] for tag, size in moment.by_tag.items()],
-            "Live at the failure per range",
-        )
-    )
+    section.tables.append(bytes_table("role", "live", moment.by_role, "Live at the failure per role"))
+    section.tables.append(bytes_table("range", "live", moment.by_tag, "Live at the failure per range"))
     section.tables.append(
         Table(
             ["size", "allocation site (innermost first)", "range"],
@@ -187,6 +163,12 @@ def rss_charts(rss: HostRss) -> list[str]:
     )
     figure.update_layout(title="RSS growth inside each range (MiB)", height=380)
     return [figure_html(figure)]
+
+
+def bytes_table(key: str, column: str, sizes: dict[str, int], title: str) -> Table:
+    """Bytes per role or per range (``""``: outside every range), in the order of ``sizes``."""
+    rows = [[name or "(outside ranges)", human_bytes(size)] for name, size in sizes.items()]
+    return Table([key, column], rows, title)
 
 
 def _when(summary: MemorySummary, time_us: Optional[float]) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 from rlprof.analysis.document import Document, Section, Table
 from rlprof.analysis.gpu import GpuSummary
 from rlprof.analysis.model import Report, Throughput
-from rlprof.analysis.render.memory_layout import oom_section, timeline_charts, timeline_line
+from rlprof.analysis.render.memory_layout import bytes_table, oom_section, timeline_charts, timeline_line
 from rlprof.analysis.render.units import human_bytes, ms, pct, seconds, short_name, trend
 
 
@@ -302,13 +302,9 @@ def _memory(report: Report) -> Section:
         )
     for summary in memory.timelines + memory.oom:
         section.lines.append(timeline_line(summary))
-        section.tables.append(
-            Table(
-                ["role", "live at peak"],
-                [[role or "(outside ranges)", human_bytes(size)] for role, size in summary.by_role.items()],
-                f"Memory per role at the peak of {summary.source.rsplit('/', 1)[-1]} ({summary.device})",
-            )
-        )
+        name = summary.source.rsplit("/", 1)[-1]
+        title = f"Memory per role at the peak of {name} ({summary.device})"
+        section.tables.append(bytes_table("role", "live at peak", summary.by_role, title))
         section.tables.append(
             Table(
                 ["allocation site", "range", "live at peak", "count"],
@@ -317,11 +313,7 @@ def _memory(report: Report) -> Section:
             )
         )
         section.tables.append(
-            Table(
-                ["range", "live at peak"],
-                [[tag or "(outside ranges)", human_bytes(size)] for tag, size in summary.by_tag.items()],
-                "Live bytes at the peak per rlprof range",
-            )
+            bytes_table("range", "live at peak", summary.by_tag, "Live bytes at the peak per rlprof range")
         )
     return section
 

@@ -282,8 +282,8 @@ def cuda_history(snapshot: dict[str, Any], source: str, device: int = 0) -> Allo
             continue
         if action not in ("alloc", "free_completed"):
             continue
-        address = int(entry["addr"])
-        allocation = Allocation(int(entry.get("size", 0)), _site(sites, entry, owner(index)), owner(index))
+        address, tag = int(entry["addr"]), owner(index)
+        allocation = Allocation(int(entry.get("size", 0)), _site(sites, entry, tag), tag)
         if action == "alloc":
             allocated[address] = allocation
         elif address in allocated:  # a free belongs to the allocation it ends: its site and range
@@ -295,6 +295,7 @@ def cuda_history(snapshot: dict[str, Any], source: str, device: int = 0) -> Allo
     if failures:
         index, entry = failures[0]
         before = sum(1 for e in raw[:index] if e.get("action") in ("alloc", "free_completed"))
+        tag = owner(index)
         oom = OutOfMemory(
             requested=int(entry.get("size", 0)),
             device_free=int(entry.get("device_free", 0)),
@@ -302,8 +303,8 @@ def cuda_history(snapshot: dict[str, Any], source: str, device: int = 0) -> Allo
             reserved=_reserved_at(raw, index, usage.reserved),
             at_event=before,
             time_us=float(entry["time_us"]) if timed else None,
-            tag=owner(index),
-            site=_site(sites, entry, owner(index)),
+            tag=tag,
+            site=_site(sites, entry, tag),
             count=len(failures),
         )
     return AllocationHistory(
@@ -387,9 +388,15 @@ class CudaSnapshotSource(Source):
         return head[:1] == b"\x80" and (b"segments" in head or path.suffix == ".pickle")
 
     def read(self, file: InputFile, options: ReadOptions) -> list[AllocationHistory]:
-        try:
-            return cuda_histories(load_snapshot(file.path), str(file.path))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            if isinstance(exc, MemoryFileError):
-                raise
-            raise MemoryFileError(f"{file.path} is not a readable snapshot ({type(exc).__name__}: {exc})") from None
+        return read_snapshot(file.path)
+
+
+def read_snapshot(path: Path) -> list[AllocationHistory]:
+    """The histories of the snapshot at ``path`` (:func:`cuda_histories`); a file that is not one raises
+    :class:`~rlprof.analysis.sources.memory_files.MemoryFileError` naming it."""
+    try:
+        return cuda_histories(load_snapshot(path), str(path))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        if isinstance(exc, MemoryFileError):
+            raise
+        raise MemoryFileError(f"{path} is not a readable snapshot ({type(exc).__name__}: {exc})") from None

@@ -23,6 +23,7 @@ from rlprof.analysis.memory import (
     RangeMemory,
     RoleRss,
     RssRecord,
+    role_of,
 )
 from rlprof.analysis.sources.base import InputFile, ReadOptions, Source, SourceError
 
@@ -140,7 +141,7 @@ def read_host_rss(paths: Iterable[Path]) -> HostRss:
                 by_role[role] = max(by_role[role], peak)
     roles: dict[str, list[int]] = {}
     for r in records:
-        row = roles.setdefault(r.label.split("/", 1)[0], [0, 0, 0])
+        row = roles.setdefault(role_of(r.label), [0, 0, 0])
         row[0] += 1
         row[1] = max(row[1], r.peak_rss)
         row[2] = max(row[2], r.peak_rss - r.rss_before)
