@@ -131,12 +131,10 @@ class PPOTrainer:
         self.kl_ctrl = algos.KLController(
             algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.type, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon
         )
-        self.guard = NonFiniteGuard(
-            trainer.nonfinite_patience,
-            hint=(
-                f" Check the reward function and lower actor_rollout_ref.actor.optim.lr (now {arr.actor.optim.lr:g})."
-            ),
-        )
+        rates = f"actor_rollout_ref.actor.optim.lr (now {arr.actor.optim.lr:g})"
+        if self.critic is not None:
+            rates += f" or critic.optim.lr (now {cfg.critic.optim.lr:g})"
+        self.guard = NonFiniteGuard(trainer.nonfinite_patience, hint=f" Check the reward function and lower {rates}.")
 
         self.start_step = self.resume(resumed_from) if resumed_from else 1
         prepare.record_run(cfg, env, run_id, self.start_step, resumed_from)

@@ -56,7 +56,7 @@ prepare() {
 # trainer's command with the run's folders, $SHOW scripts/gpu_kit_show.py, which prints a step's figures).
 steps() {
   cat <<'EOF'
-200|pytest -m gpu tests: every CUDA-only path, the trainer on the device in every configuration|python3 -m pytest -m gpu tests -p no:cacheprovider -q -rs --durations=8 --junitxml="$OUT/junit.xml" --basetemp="$WORK/pytest"
+260|pytest -m gpu tests: every CUDA-only path, the trainer on the device in every configuration, its faults (Ctrl-C, SIGTERM, bf16 overflow)|python3 -m pytest -m gpu tests -p no:cacheprovider -q -rs --durations=8 --junitxml="$OUT/junit.xml" --basetemp="$WORK/pytest"
 25|a 155M-parameter Llama from the embedded tokenizer|python3 benchmarks/llama_shapes.py 155m "$MODEL"
 75|the trainer on CUDA: the 155M Llama, 32 prompts x 8, 64 new tokens, 5 steps, the torch tool (cpu+cuda) on step 3, a checkpoint at step 5|python3 -m $TRAIN data.max_response_length=64 trainer.total_training_steps=5 trainer.save_freq=5 global_profiler.tool=torch 'global_profiler.steps=[3]' 'global_profiler.global_tool_config.torch.contents=[cpu,cuda]' global_profiler.save_path="$WORK/run/profile" && python3 $SHOW steps "$WORK/run/logs/metrics.jsonl"
 20|rlprof report on that run: kernel time per range|python3 -m rlprof.cli report "$WORK/run/logs" --format json > "$OUT/report.json" && python3 $SHOW report "$OUT/report.json"

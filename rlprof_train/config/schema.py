@@ -481,8 +481,10 @@ class TrainerSection:
     torch sees a GPU)."""
     table_every: int = field(default=50, metadata=bounds(ge=1))
     """Console: a table of all metrics and the step's time split every N steps."""
-    nonfinite_patience: int = field(default=3, metadata=bounds(ge=1))
-    """Stop after this many consecutive steps with a non-finite loss or gradient norm."""
+    nonfinite_patience: int = field(default=1, metadata=bounds(ge=1))
+    """Stop after this many consecutive steps with a non-finite loss or gradient norm. 1: the first such step (in
+    float32 and bfloat16 no loss scaler lowers its scale and retries: DeepSpeed skips a bf16 step whose gradients
+    overflowed, and the next batch like it overflows again; a float32 step's update reaches the weights)."""
     tracker_start_timeout_s: float = field(default=60.0, metadata=bounds(gt=0))
     """A tracking backend that does not start within this time (unreachable server) is turned off."""
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)

@@ -4,6 +4,7 @@ one of two ranks, and a dashboard keyed on the seed's metric names."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import re
@@ -15,13 +16,32 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from rlprof.manifest import read_manifest
 from rlprof.tracking.jsonl import read_jsonl
 from rlprof_train import checkpoint
 
-from conftest import ROOT, SMALL_RUN, free_port, subprocess_env
+from conftest import ROOT, SMALL_RUN, foreground_sigint, free_port, subprocess_env
 
 pytestmark = pytest.mark.slow
+
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+    ),
+]
+
+
+def held_by(pid: int) -> bool:
+    """Whether process ``pid`` still holds a CUDA context, asked from this (a second) process of the machine."""
+    listed = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True, check=True
+    )
+    return str(pid) in listed.stdout.split()
 
 
 def command(folder: Path, *overrides: str, prefix: tuple[str, ...] = (sys.executable, "-m")) -> list[str]:
@@ -146,14 +166,14 @@ def test_a_nan_reward_stops_at_once_naming_the_data_source_and_a_sample(tmp_path
 
 def test_a_diverging_learning_rate_is_stopped_by_the_guard_not_a_sampling_crash(tmp_path):
     # at lr 1e9 the policy is destroyed after one step; whether its values go on as NaN every step or (now, at this
-    # seed) stay finite but degenerate with an infinite gradient norm now and then depends on float rounding, so
-    # the first non-finite step stops it (counting consecutive steps: tests/rlprof_train/test_trainer_units.py)
+    # seed) stay finite but degenerate with an infinite gradient norm now and then depends on float rounding: the
+    # first non-finite step stops it (trainer.nonfinite_patience=1 by default; counting consecutive steps when it
+    # is raised: tests/rlprof_train/test_trainer_units.py)
     result = run(
         tmp_path,
         "actor_rollout_ref.actor.optim.lr=1e9",
         "trainer.total_training_steps=20",
         "trainer.save_freq=1",
-        "trainer.nonfinite_patience=1",
         expect=1,
     )
     assert "training diverged: non-finite values at step" in result.stderr
@@ -165,6 +185,30 @@ def test_a_diverging_learning_rate_is_stopped_by_the_guard_not_a_sampling_crash(
         if any(isinstance(v, float) and not math.isfinite(v) for v in r.values())
     }
     assert bad and not {s for s in checkpoint.saved_steps(tmp_path / "ckpt") if s in bad}  # none from a bad step
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_non_finite_loss_under_bf16_stops_at_the_first_step_that_shows_it(tmp_path, device):
+    """Issue 49.6: in bfloat16 (and float32) no loss scaler skips a step whose loss or gradients overflowed: its
+    update reaches the weights, so the first such step stops the run, naming the step and the metric, as a NaN
+    reward does. A finite reward of 1e30 squares past bf16's range in the critic's value loss at step 1."""
+    reward = tmp_path / "huge_reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1e30\n")
+    result = run(
+        tmp_path,
+        f"custom_reward_function.path={reward}",
+        f"trainer.device={device}",
+        "actor_rollout_ref.model.dtype=bfloat16",
+        "algorithm.adv_estimator=gae",
+        "trainer.total_training_steps=4",
+        "trainer.save_freq=1",
+        expect=1,
+    )
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error on rank 0: TrainingDiverged")]
+    print(f"\n{line}")
+    assert "non-finite values at step 1 (trainer.nonfinite_patience=1), last: " in line and "critic/vf_loss=" in line
+    assert "Traceback" in result.stderr  # an error during training keeps its traceback
+    assert checkpoint.saved_steps(tmp_path / "ckpt") == []  # none from the bad step
 
 
 def test_an_error_on_one_of_two_ranks_ends_both_with_the_traceback_and_no_hang(tmp_path):
@@ -277,3 +321,70 @@ def test_a_dashboard_keyed_on_the_seeds_metric_names_finds_every_key(tmp_path, m
     run_id = json.loads((tmp_path / "logs" / "wandb_run.json").read_text())["run_id"]
     history = read_run_history(tmp_path / "logs" / "wandb", run_id)
     assert [k for k in seed_keys if k not in history[-1]] == []
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_a_signal_inside_a_step_writes_the_open_window_and_lists_only_complete_checkpoints(tmp_path, signum, device):
+    """Issue 49.5: Ctrl-C (or a scheduler's SIGTERM) while step 2 runs, its torch window open and step 1 saved. The
+    signal comes from inside the step (the reward of its first sample: on a GPU, the rollout's kernels are queued
+    then), so it lands at the same point every run. The window's trace is written and readable, only step 1's
+    checkpoint is listed and it resumes, the process is gone within seconds (and, on a GPU, holds no device memory,
+    asked from a second process)."""
+    reward = tmp_path / "interrupting_reward.py"
+    reward.write_text(
+        textwrap.dedent(f"""
+        import os, time
+        calls = 0
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+            global calls
+            calls += 1
+            if calls == 9:  # the first sample of step 2 (4 prompts x 2 responses a step)
+                open({str(tmp_path / "signalled")!r}, "w").write(str(time.time()))
+                os.kill(os.getpid(), {int(signum)})
+            return 0.0
+        """)
+    )
+    process = subprocess.Popen(
+        command(
+            tmp_path,
+            f"custom_reward_function.path={reward}",
+            f"trainer.device={device}",
+            "trainer.total_training_steps=4",
+            "trainer.save_freq=1",
+            "global_profiler.tool=torch",
+            "global_profiler.steps=[2]",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(OMP_NUM_THREADS="1"),
+        cwd=ROOT,
+        preexec_fn=foreground_sigint,  # noqa: PLW1509  (one call before exec)
+    )
+    _, stderr = process.communicate(timeout=600)
+    gone_after = time.time() - float((tmp_path / "signalled").read_text())
+    print(f"\n{signal.Signals(signum).name} on {device}: exit {process.returncode} {gone_after:.1f} s after the signal")
+    assert process.returncode == (130 if signum == signal.SIGINT else -signum), stderr[-3000:]
+    assert gone_after < 30, gone_after  # seconds on this 2-core machine (a hang would be the 600 s above)
+    if device == "cuda":
+        assert not held_by(process.pid)
+
+    (window,) = read_manifest(tmp_path / "profile")
+    assert window["steps"] == [2], window
+    with gzip.open(tmp_path / "profile" / window["path"], "rt") as handle:
+        names = {e["name"] for e in json.load(handle)["traceEvents"] if e.get("ph") == "X"}
+    assert "rollout/gen" in names, sorted(names)[:20]  # what ran of step 2 before the signal
+
+    root = tmp_path / "ckpt"
+    assert [s for s in checkpoint.saved_steps(root) if checkpoint.problem(checkpoint.step_dir(root, s)) is None] == [1]
+    assert steps(tmp_path) == [1]
+    resumed = run(
+        tmp_path,
+        f"trainer.device={device}",
+        "trainer.total_training_steps=2",
+        "trainer.save_freq=-1",
+        "trainer.resume_allow_changes=[custom_reward_function.path]",  # the interrupting reward is not wanted again
+    )
+    assert "global_step_1 (next step 2)" in resumed.stderr
+    assert steps(tmp_path) == [1, 2]
