@@ -129,9 +129,12 @@ def _read_json_rows(path: Path) -> list[dict[str, Any]]:
     return list(rows)
 
 
-def check_data_files(files: Any, prompt_key: str, setting: str, needs_ground_truth: bool = False) -> None:
+def check_data_files(
+    files: Any, prompt_key: str, setting: str, rewarded_sources: Optional[Sequence[str]] = None
+) -> None:
     """Fail early when a data file is missing, of an unknown format, malformed, has no ``prompt_key`` column or
-    (``needs_ground_truth``: the built-in rewards compare with it) no ``reward_model.ground_truth`` at all."""
+    (``rewarded_sources``: the data sources the built-in rewards score, comparing with the ground truth) no
+    ``reward_model.ground_truth`` at all or a ``data_source`` with no reward."""
     paths = [files] if isinstance(files, (str, Path)) else list(files)
     for path in map(Path, paths):
         if not path.exists():
@@ -142,7 +145,8 @@ def check_data_files(files: Any, prompt_key: str, setting: str, needs_ground_tru
             import pyarrow.parquet as pq
 
             columns = pq.read_schema(path).names
-            rows = pq.read_table(path, columns=["reward_model"]).to_pylist() if "reward_model" in columns else []
+            wanted = [c for c in ("reward_model", "data_source") if c in columns]
+            rows = pq.read_table(path, columns=wanted).to_pylist() if wanted else []
         else:
             rows = read_rows(path)
             columns = sorted({key for row in rows for key in row})
@@ -151,11 +155,20 @@ def check_data_files(files: Any, prompt_key: str, setting: str, needs_ground_tru
                 f"{setting}: {path} has no {prompt_key!r} column (data.prompt_key); "
                 f"columns: {', '.join(columns) or 'none'}"
             )
-        if needs_ground_truth and not any(_ground_truth(row) is not None for row in rows):
+        if rewarded_sources is None:
+            continue
+        if not any(_ground_truth(row) is not None for row in rows):
             raise ValueError(
                 f"{setting}: {path} has no reward_model.ground_truth in any row, and the built-in rewards "
                 "compare each response with it (every reward would be 0); add it, or set "
                 "custom_reward_function.path to a function that needs none"
+            )
+        unrewarded = sorted({str(row.get("data_source", "unknown")) for row in rows} - set(rewarded_sources))
+        if unrewarded:
+            raise ValueError(
+                f"{setting}: {path} has rows of data_source {', '.join(map(repr, unrewarded))}, which no built-in "
+                f"reward scores (those that exist: {', '.join(rewarded_sources)}); set custom_reward_function.path "
+                "to a function that scores them"
             )
 
 

@@ -20,7 +20,9 @@ RewardFn = Callable[..., Any]
 _STRICT_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
 _ANY_NUMBER = re.compile(r"(\-?[0-9\.\,]+)")
 _GSM8K_CLIP_CHARS = 300  # verl reads the last 300 characters only (the answer is at the end)
-BUILTIN_SOURCES = (ARITHMETIC_SOURCE, REVERSE_SOURCE, CALCULATOR_SOURCE, "openai/gsm8k", "gsm8k")
+MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+"""The data sources verl's ``default_compute_score`` scores with its MATH reward (``math_reward``)."""
+BUILTIN_SOURCES = (ARITHMETIC_SOURCE, REVERSE_SOURCE, CALCULATOR_SOURCE, "openai/gsm8k", "gsm8k", *MATH_SOURCES)
 TOOL_RESPONSE_END = "</tool_response>"
 _TOOL_REPLY = re.compile(r"<tool_response>(.*?)</tool_response>", re.DOTALL)
 
@@ -57,6 +59,96 @@ def gsm8k_score(solution_str: str, ground_truth: str, method: str = "strict") ->
     return 1.0 if gsm8k_answer(solution_str, method) == ground_truth else 0.0
 
 
+def last_boxed(text: str) -> Optional[str]:
+    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) of ``text``, its braces balanced, as verl's
+    ``math_reward.last_boxed_only_string`` then ``remove_boxed`` read it; ``\\boxed x`` (a space, no braces) is the
+    text after the last ``\\boxed `` up to a ``$``. None when there is none or its braces never close."""
+    if "\\boxed " in text:
+        return text.rsplit("\\boxed ", maxsplit=1)[-1].split("$", maxsplit=1)[0]
+    start = text.rfind("\\boxed")
+    if start < 0:
+        start = text.rfind("\\fbox")
+        if start < 0:
+            return None
+    depth = 0
+    for end in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if text[end] == "}" and depth == 0:
+            boxed = text[start : end + 1]
+            return boxed[len("\\boxed{") : -1] if boxed.startswith("\\boxed{") else None
+    return None
+
+
+def _braced_fracs(text: str) -> str:
+    """``\\frac12`` -> ``\\frac{1}{2}``, ``\\frac1{72}`` -> ``\\frac{1}{72}`` (a ``\\frac`` followed by one
+    character only: the text unchanged)."""
+    head, *parts = text.split("\\frac")
+    out = head
+    for part in parts:
+        out += "\\frac"
+        if part[0] == "{":  # an empty part (a trailing ``\\frac``): IndexError, as in verl
+            out += part
+        elif len(part) < 2:
+            return text
+        elif part[1] != "{":
+            out += "{" + part[0] + "}{" + part[1] + "}" + part[2:]
+        else:
+            out += "{" + part[0] + "}" + part[1:]
+    return out
+
+
+def _slash_to_frac(text: str) -> str:
+    """``3/4`` (two integers written plainly) -> ``\\frac{3}{4}``."""
+    found = re.fullmatch(r"(-?\d+)/(-?\d+)", text)
+    if not found or text != f"{int(found.group(1))}/{int(found.group(2))}":
+        return text
+    return f"\\frac{{{int(found.group(1))}}}{{{int(found.group(2))}}}"
+
+
+def _braced_sqrt(text: str) -> str:
+    """``\\sqrt3`` -> ``\\sqrt{3}``."""
+    head, *parts = text.split("\\sqrt")  # an empty part (a trailing ``\\sqrt``): IndexError, as in verl
+    return head + "".join("\\sqrt" + (p if p[0] == "{" else "{" + p[0] + "}" + p[1:]) for p in parts)
+
+
+def normalize_math_answer(answer: str) -> str:
+    """A MATH answer in the normal form verl's ``math_reward.strip_string`` gives (Hendrycks' MATH normalisation,
+    as in lm-evaluation-harness): no line breaks, ``\\!``, ``\\left``/``\\right``, degrees, ``\\$``, a trailing
+    ``\\text{ unit}``, percent signs or spaces; ``tfrac``/``dfrac`` as ``frac``; ``.5`` as ``0.5``; a short
+    ``x = `` prefix dropped; ``\\sqrt`` and ``\\frac`` arguments braced; ``0.5`` and ``a/b`` as ``\\frac``."""
+    text = answer.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
+    text = text.replace("tfrac", "frac").replace("dfrac", "frac").replace("\\left", "").replace("\\right", "")
+    text = text.replace("^{\\circ}", "").replace("^\\circ", "").replace("\\$", "")
+    if "\\text{ " in text:
+        units = text.split("\\text{ ")
+        if len(units) != 2:
+            raise ValueError(f"more than one unit in {answer!r}")
+        text = units[0]
+    text = text.replace("\\\\%", "").replace("\\%", "").replace(" .", " 0.").replace("{.", "{0.")
+    if not text:
+        return text
+    if text.startswith("."):
+        text = "0" + text
+    sides = text.split("=")
+    if len(sides) == 2 and len(sides[0]) <= 2:
+        text = sides[1]
+    text = _braced_fracs(_braced_sqrt(text).replace(" ", ""))
+    return "\\frac{1}{2}" if text == "0.5" else _slash_to_frac(text)
+
+
+def math_score(solution_str: str, ground_truth: str) -> float:
+    """verl's MATH reward (``math_reward.compute_score``): 1.0 when the last boxed answer of the response equals the
+    ground truth once both are normalised (:func:`normalize_math_answer`; compared as written where the
+    normalisation fails), else 0.0 (no boxed answer: 0.0)."""
+    answer = last_boxed(solution_str)
+    if answer is None:
+        return 0.0
+    try:
+        return float(normalize_math_answer(answer) == normalize_math_answer(ground_truth))
+    except (ValueError, IndexError):
+        return float(answer == ground_truth)
+
+
 def calculator_score(solution_str: str, ground_truth: str) -> dict[str, float]:
     """The calculator task: ``score`` 1.0 when the final answer (the text after the last tool reply) starts with the
     correct number; ``tool_call`` 1.0 when the policy called a tool, ``correct_call`` 1.0 when a tool replied with
@@ -74,8 +166,9 @@ def calculator_score(solution_str: str, ground_truth: str) -> dict[str, float]:
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: Optional[dict[str, Any]] = None
 ) -> Any:
-    """The built-in rewards: the arithmetic, reverse and calculator tasks, and GSM8K (``openai/gsm8k``, ``gsm8k``)
-    with the strict check. All compare with ``reward_model.ground_truth``."""
+    """The built-in rewards: the arithmetic, reverse and calculator tasks, GSM8K (``openai/gsm8k``, ``gsm8k``) with
+    the strict check and MATH (:data:`MATH_SOURCES`), as verl's ``default_compute_score`` routes them. All compare
+    with ``reward_model.ground_truth``."""
     if data_source == ARITHMETIC_SOURCE:
         return arithmetic_score(solution_str, ground_truth)
     if data_source == CALCULATOR_SOURCE:
@@ -84,6 +177,8 @@ def default_compute_score(
         return reverse_score(solution_str, ground_truth)
     if data_source in ("openai/gsm8k", "gsm8k"):
         return gsm8k_score(solution_str, ground_truth)
+    if data_source in MATH_SOURCES:
+        return math_score(solution_str, ground_truth)
     raise ValueError(
         f"no built-in reward for data_source={data_source!r} (known: {', '.join(BUILTIN_SOURCES)}); "
         "set custom_reward_function.path and .name to your own function"

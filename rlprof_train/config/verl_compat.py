@@ -1,7 +1,8 @@
 """What each of verl's trainer keys means here: one table, read by the loader before anything else.
 
-A verl launch script or config sets keys of verl's trainer (``verl/ppo_trainer.yaml``: verl's own flattened config,
-every key with its default). Each key it sets is one of:
+A verl launch script or config sets keys of verl's trainer, of the seed's era or of today's (``verl/ppo_trainer_<commit>
+.yaml``: verl's own flattened config at each commit, every key with its default; verl moved the critic's FSDP block to
+``critic.fsdp`` and the reward settings under ``reward``, and both layouts are read). Each key it sets is one of:
 
 - a key of this trainer: used as it is;
 - an **alias**: the same setting under this trainer's name, the value converted where verl's unit differs (verl's
@@ -11,8 +12,8 @@ every key with its default). Each key it sets is one of:
 - a **no-op**: an engine, placement or I/O detail with no effect on the experiment here (FSDP wrapping, Ray pools,
   torch.compile): accepted and named once in the log;
 - **refused**, with the equivalent to use (another launcher flag, another key);
-- anything else of verl's is **not supported**: accepted at verl's default (the experiment is then the same as
-  verl's), refused at any other value, since dropping it would silently run another experiment.
+- anything else of verl's is **not supported**: accepted at verl's default of either era (the experiment is then the
+  same as verl's), refused at any other value, since dropping it would silently run another experiment.
 
 Every problem of a command line and config file is collected and reported at once (:func:`translate`).
 """
@@ -31,7 +32,11 @@ import yaml
 
 from rlprof_train.launch import launch_world
 
-VERL_DEFAULTS = Path(__file__).parent / "verl" / "ppo_trainer.yaml"
+VERL_CONFIGS = {
+    commit: Path(__file__).parent / "verl" / f"ppo_trainer_{commit}.yaml" for commit in ("b178a3cd", "1dda039b")
+}
+"""verl's flattened trainer config of the seed's era, then of today's (verl/README.md)."""
+SEED_ERA = "b178a3cd"
 ARR = "actor_rollout_ref"
 
 
@@ -114,6 +119,14 @@ RULES: list[tuple[str, Rule]] = [
     ("critic.ppo_micro_batch_size", Alias("critic.ppo_micro_batch_size_per_gpu", _per_gpu)),
     ("critic.forward_micro_batch_size", Alias("critic.forward_micro_batch_size_per_gpu", _per_gpu)),
     ("reward_model.micro_batch_size", Alias("reward_model.micro_batch_size_per_gpu", _per_gpu)),
+    # verl's layout of today (1dda039b): the critic's FSDP block and the reward settings moved
+    ("critic.fsdp.param_offload", _offload("critic.offload_param")),
+    ("critic.fsdp.optimizer_offload", _offload("critic.offload_optimizer")),
+    ("reward.custom_reward_function.path", Alias("custom_reward_function.path")),
+    ("reward.custom_reward_function.name", Alias("custom_reward_function.name")),
+    ("reward.reward_manager.name", Alias("reward_model.reward_manager")),
+    ("reward.reward_model.enable", Alias("reward_model.enable")),
+    ("reward.reward_model.model_path", Alias("reward_model.model.path")),
     # mirrors: verl repeats these per worker; here they are one setting
     (f"{ARR}.actor.use_remove_padding", Mirror(f"{ARR}.model.use_remove_padding")),
     (f"{ARR}.actor.rollout_n", Mirror(f"{ARR}.rollout.n")),
@@ -158,8 +171,20 @@ RULES: list[tuple[str, Rule]] = [
     (f"{ARR}.rollout.prometheus.*", NoOp("the engine's metrics are not exported to Prometheus here")),
     (f"{ARR}.rollout.trace.*", NoOp("rollout traces are recorded by rlprof's tools here")),
     ("*.profiler.tool_config.npu.*", NoOp("NPU profiling: not on these machines")),
-    ("*.profiler.tool_config.torch_memory.*", NoOp("torch_memory is configured in global_profiler.global_tool_config")),
-    ("*.profiler.tool_config.torch.*", NoOp("torch profiling is configured in global_profiler.global_tool_config")),
+    (
+        "*.profiler.tool_config.torch_memory.*",
+        Refused(
+            "per role, torch_memory settings are not applied here (one recording per process); set "
+            "global_profiler.global_tool_config.torch_memory.* instead"
+        ),
+    ),
+    (
+        "*.profiler.tool_config.torch.*",
+        Refused(
+            "per role, torch settings (contents, discrete, a schedule over mini-batches) are not applied here: the "
+            "torch tool records each selected step whole, with global_profiler.global_tool_config.torch.contents"
+        ),
+    ),
     ("*.profiler.tool", NoOp("the tool is global_profiler.tool here (one per process)")),
     ("*.profiler.save_path", NoOp("files go to global_profiler.save_path here")),
     ("*.profiler.global_tool_config", NoOp("see global_profiler.global_tool_config")),
@@ -190,6 +215,20 @@ RULES: list[tuple[str, Rule]] = [
     ("data.return_full_prompt", NoOp("the trainer tokenizes prompts itself")),
     ("data.return_raw_chat", NoOp("the trainer applies the chat template itself")),
     ("transfer_queue.*", NoOp(RAY)),
+    ("ray_kwargs.*", NoOp(RAY)),
+    ("critic.fsdp.*", NoOp(FSDP)),
+    ("reward.num_workers", NoOp("rewards are computed in the trainer's processes")),
+    ("reward.reward_model.rollout.*", NoOp("the reward model is a sequence classifier run with transformers here")),
+    ("reward.reward_model.enable_resource_pool", NoOp(RAY)),
+    ("reward.reward_model.n_gpus_per_node", NoOp(RAY)),
+    ("reward.reward_model.nnodes", NoOp(RAY)),
+    (
+        f"{ARR}.rollout.calculate_log_probs",
+        NoOp(
+            "the vllm rollout always returns its log-probs (compared with the actor's: rollout/log_prob_abs_diff); "
+            "the hf rollout samples with the actor itself"
+        ),
+    ),
 ]
 """(pattern, rule) in order: the first whose ``fnmatch`` pattern matches a dotted key decides."""
 
@@ -216,12 +255,41 @@ def flatten(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 @cache
-def verl_defaults() -> dict[str, Any]:
-    """Every key of verl's trainer with its default (dotted), and every section of it (mapped to None)."""
-    tree = yaml.safe_load(VERL_DEFAULTS.read_text())
-    leaves = dict(flatten(tree))
-    sections = {".".join(k.split(".")[:i]): None for k in leaves for i in range(1, k.count(".") + 1)}
-    return {**sections, **leaves}
+def verl_defaults() -> dict[str, tuple[Any, ...]]:
+    """Every key of verl's trainer in either era (dotted) with its defaults: one for each era that has it, the seed's
+    first, a default repeated once; every section of it maps to ``(None,)``."""
+    defaults: dict[str, tuple[Any, ...]] = {}
+    for commit in VERL_CONFIGS:
+        leaves = era_defaults(commit)
+        for key in leaves:
+            for i in range(1, key.count(".") + 1):
+                defaults.setdefault(".".join(key.split(".")[:i]), (None,))
+        for key, value in leaves.items():
+            known = defaults.get(key, ())
+            if not any(type(d) is type(value) and d == value for d in known):
+                defaults[key] = (*known, value)
+    return defaults
+
+
+@cache
+def era_defaults(commit: str) -> dict[str, Any]:
+    """Every key of verl's trainer at ``commit`` (a key of :data:`VERL_CONFIGS`) with its default, dotted."""
+    return dict(flatten(yaml.safe_load(VERL_CONFIGS[commit].read_text())))
+
+
+def _left_unset_today(key: str) -> bool:
+    """A key of the seed's era that today's verl keeps only as ``null`` (its setting moved: ``reward_model.*`` to
+    ``reward.*``)."""
+    seed, today = era_defaults(SEED_ERA), era_defaults(list(VERL_CONFIGS)[-1])
+    return today.get(key, 0) is None and seed.get(key) is not None
+
+
+def _is_default(value: Any, defaults: tuple[Any, ...]) -> bool:
+    return any(_same(value, default) for default in defaults)
+
+
+def _defaults_text(defaults: tuple[Any, ...]) -> str:
+    return " or ".join(repr(d) for d in defaults)
 
 
 _INTERPOLATION = re.compile(r"^\$\{(?:oc\.select:)?([A-Za-z0-9_.]+)(?:,.*)?\}$")
@@ -231,9 +299,8 @@ def rule_for(key: str) -> Optional[Rule]:
     for pattern, rule in RULES:
         if fnmatch.fnmatchcase(key, pattern):
             return rule
-    default = verl_defaults().get(key)
-    if isinstance(default, str):
-        found = _INTERPOLATION.match(default)
+    for default in verl_defaults().get(key, ()):
+        found = _INTERPOLATION.match(default) if isinstance(default, str) else None
         if found and not found.group(1).startswith("."):
             return Mirror(found.group(1))
     return None
@@ -246,6 +313,9 @@ def translate(pairs: list[tuple[str, Any]], ours: set[str], world_size: int) -> 
     ignored: list[str] = []
     last = dict(pairs)  # a key given twice (a script's value, then the user's "$@"): the later wins, as in Hydra
     for key, value in last.items():
+        if value is None and _left_unset_today(key):
+            ignored.append(f"{key} (null: today's verl leaves this key of its old layout unset)")
+            continue
         if key in ours:
             if key in OTHER_ENGINES and value in OTHER_ENGINES[key]:
                 out.problems.append(f"{key}={value!r}: {OTHER_ENGINES[key][value]}")
@@ -271,7 +341,7 @@ def translate(pairs: list[tuple[str, Any]], ours: set[str], world_size: int) -> 
         elif isinstance(rule, NoOp):
             ignored.append(f"{key} ({rule.reason})")
         elif isinstance(rule, Refused):
-            if key in verl and _same(value, verl[key]):
+            if _is_default(value, verl.get(key, ())):
                 ignored.append(f"{key} (verl's default; nothing to change)")
             else:
                 out.problems.append(f"{key}={value!r}: {rule.equivalent}")
@@ -280,12 +350,12 @@ def translate(pairs: list[tuple[str, Any]], ours: set[str], world_size: int) -> 
             if problem:
                 out.problems.append(problem)
         elif key in verl:
-            if _same(value, verl[key]):
+            if _is_default(value, verl[key]):
                 ignored.append(f"{key} (verl's default; nothing to change)")
             else:
                 out.problems.append(
-                    f"{key}={value!r}: not supported here (verl's default {verl[key]!r} is what runs); remove it, "
-                    "or run it with verl"
+                    f"{key}={value!r}: not supported here (verl's default {_defaults_text(verl[key])} is what runs); "
+                    "remove it, or run it with verl"
                 )
         else:
             out.problems.append(
@@ -297,11 +367,17 @@ def translate(pairs: list[tuple[str, Any]], ours: set[str], world_size: int) -> 
 
 
 def mirror_problems(mirrors: list[tuple[str, Any, str]], setting: Callable[[str], Any]) -> list[str]:
-    """The mirrored keys that disagree with the key here that holds the setting."""
+    """The mirrored keys that disagree with the key here that holds the setting (``None`` here: a verl key not set,
+    at verl's default). A mirror set to ``None`` is verl's "follow the other key" (today's ``critic.model.*``)."""
+
+    def holds(value: Any, of: str) -> bool:
+        here = setting(of)
+        return _same(value, here) if here is not None else _is_default(value, verl_defaults().get(of, (None,)))
+
     return [
         f"{key}={value!r}: here that is {of} (={setting(of)!r}); set {of} instead"
         for key, value, of in mirrors
-        if not _same(value, setting(of))
+        if value is not None and not holds(value, of)
     ]
 
 

@@ -112,6 +112,23 @@ def test_malformed_jsonl_data_names_the_file_and_the_line(tmp_path):
         read_rows(data)
 
 
+def test_a_data_source_no_built_in_reward_scores_is_refused_before_any_work(tmp_path, capsys):
+    from rlprof_train.main_ppo import main
+
+    data = tmp_path / "train.jsonl"
+    rows = [("lighteval/MATH", "\\frac12"), ("openai/gsm8k", "4"), ("math_dapo", "7"), ("aime2024", "9")]
+    data.write_text(
+        "\n".join(json.dumps({"prompt": "q", "data_source": s, "reward_model": {"ground_truth": t}}) for s, t in rows)
+    )
+    assert (
+        main(["--config-name=demo", f"data.train_files={data}", f"trainer.default_local_dir={tmp_path / 'ckpt'}"]) == 2
+    )
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"config error: data.train_files: {data} has rows of data_source 'aime2024', 'math_dapo', ")
+    assert "(those that exist: rlprof/arithmetic, " in line and "lighteval/MATH" in line
+    assert not (tmp_path / "ckpt").exists()  # before any folder is made
+
+
 def test_data_without_ground_truth_is_refused_for_the_built_in_rewards(tmp_path, capsys):
     from rlprof_train.main_ppo import main
 

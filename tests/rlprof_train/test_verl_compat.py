@@ -1,6 +1,7 @@
-"""verl's keys and defaults: what a verl launch script or config sets is used, translated, accepted as a no-op or
-refused with the equivalent, every problem in one line; the defaults are verl's own (its flattened trainer config,
-rlprof_train/config/verl/ppo_trainer.yaml, compared key by key)."""
+"""verl's keys and defaults: what a verl launch script or config of either era sets is used, translated, accepted as a
+no-op or refused with the equivalent, every problem in one line; the defaults are verl's own (its flattened trainer
+config of the seed's era, rlprof_train/config/verl/ppo_trainer_b178a3cd.yaml, compared key by key; today's,
+ppo_trainer_1dda039b.yaml, loaded key by key)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,27 @@ import yaml
 from rlprof.schema import ConfigError
 from rlprof_train.config import as_dict
 from rlprof_train.config.load import DEFAULTS, load, load_trainer_config
-from rlprof_train.config.verl_compat import VERL_DEFAULTS, flatten, verl_defaults
+from rlprof_train.config.verl_compat import (
+    SEED_ERA,
+    VERL_CONFIGS,
+    Launcher,
+    Mirror,
+    era_defaults,
+    flatten,
+    rule_for,
+    translate,
+    verl_defaults,
+)
 from rlprof_train.main_ppo import main
 
 from conftest import ROOT
 
 ARR = "actor_rollout_ref"
-VERL_SHA256 = "8d589770107c4a8f0e018111816a5f459a189e5f11b9e683b49082286c45f858"
+VERL_SHA256 = {
+    "b178a3cd": "8d589770107c4a8f0e018111816a5f459a189e5f11b9e683b49082286c45f858",
+    "1dda039b": "ed87d107dc9315f104ed33bfc705da8af70323d20329a6f79a4c84ee5e20d4c5",
+}
+VERL_DEFAULTS = VERL_CONFIGS[SEED_ERA]
 DIFFERENT_HERE = {
     "actor_rollout_ref.model.path": "verl's is a placeholder; null builds the embedded tiny model",
     "data.train_files": "verl's is a placeholder; null uses the built-in task",
@@ -39,10 +54,13 @@ DIFFERENT_HERE = {
 """Keys both configs have whose defaults differ on purpose, with the reason (docs/trainer.md lists them)."""
 
 
-def test_the_vendored_verl_config_is_verls_published_file():
-    assert hashlib.sha256(VERL_DEFAULTS.read_bytes()).hexdigest() == VERL_SHA256
+def test_the_vendored_verl_configs_are_verls_published_files():
+    readme = (VERL_DEFAULTS.parent / "README.md").read_text()
+    for commit, path in VERL_CONFIGS.items():
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == VERL_SHA256[commit]
+        assert f"`{path.name}`" in readme and VERL_SHA256[commit] in readme
+    assert "b178a3cd56f58b2d502255daba591e92833930a7" in readme and "1dda039b9c6311889a9c9a26040677e1254814f9" in readme
     assert "Apache License" in (VERL_DEFAULTS.parent / "LICENSE").read_text()
-    assert "b178a3cd56f58b2d502255daba591e92833930a7" in (VERL_DEFAULTS.parent / "README.md").read_text()
 
 
 def test_the_defaults_are_verls_for_every_key_both_have():
@@ -166,19 +184,84 @@ def test_the_shipped_demo_config_is_the_demo_and_the_readme_uses_it():
     assert "--config-name demo" in (ROOT / "README.md").read_text()
 
 
-def test_verls_whole_default_config_loads_as_a_user_config(tmp_path):
-    """verl's flattened trainer config itself, given as the user's YAML (only its mandatory rollout.name filled in):
-    every one of its 556 keys is a key here, an alias, a no-op or at verl's default."""
-    tree = yaml.safe_load(VERL_DEFAULTS.read_text())
+@pytest.mark.parametrize("commit", VERL_CONFIGS)
+def test_verls_whole_default_config_of_each_era_loads_as_a_user_config(tmp_path, commit):
+    """verl's flattened trainer config itself, of the seed's era (556 keys) and of today's (897), given as the user's
+    YAML (only its mandatory rollout.name filled in): every key is a key here, an alias, a no-op or at verl's default,
+    and each is accounted for in the notes (none is dropped without a word)."""
+    tree = yaml.safe_load(VERL_CONFIGS[commit].read_text())
     tree["actor_rollout_ref"]["rollout"]["name"] = "hf"  # '???' in verl: the user must choose
     tree["trainer"]["n_gpus_per_node"] = 1  # the GPU count, set for this machine
     (tmp_path / "verl_defaults.yaml").write_text(yaml.safe_dump(tree))
     loaded = load([f"--config-path={tmp_path}", "--config-name=verl_defaults"])
-    assert len(verl_defaults()) > 556
+    assert len(verl_defaults()) > 897
     cfg = loaded.cfg
     assert cfg.actor_rollout_ref.model.path == "~/models/deepseek-llm-7b-chat"  # as given
     assert (cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n, cfg.data.train_batch_size) == ("gae", 1, 1024)
-    assert any("verl settings with no effect here" in note for note in loaded.notes)
+    leaves = [k for k, _ in flatten(tree)]
+    ours = {k for k, _ in flatten(as_dict(load_trainer_config([])))}
+    notes = " ".join(loaded.notes)
+    kinds = {"here": 0, "checked": 0, "noted": 0}
+    for key in leaves:
+        kind = "here" if key in ours else "checked" if isinstance(rule_for(key), (Mirror, Launcher)) else "noted"
+        assert kind != "noted" or f"{key} (" in notes or f"{key}=" in notes, key  # used, compared, or named once
+        kinds[kind] += 1
+    print(
+        f"\nverl {commit}: {len(leaves)} keys: {kinds['here']} keys here, {kinds['checked']} checked against one "
+        "or the launch, "
+        f"{kinds['noted']} translated or named as no-ops or at verl's default"
+    )
+
+
+def test_todays_layout_is_read_and_per_role_profiler_settings_are_applied_or_refused():
+    """verl 1dda039b's launch block (uv off), its critic FSDP block and reward block mean what the seed era's keys
+    mean; per-role torch settings at verl's defaults are accepted, any other value is refused naming it (never
+    dropped)."""
+    given = [
+        ("ray_kwargs.ray_init.runtime_env.py_executable", None),
+        ("ray_kwargs.ray_init.num_gpus", 8),
+        ("critic.fsdp.param_offload", False),
+        ("critic.fsdp.optimizer_offload", True),
+        ("reward.num_workers", 8),
+        ("reward.reward_model.enable", True),
+        ("reward.reward_model.model_path", "/models/rm"),
+        ("reward.reward_model.rollout.gpu_memory_utilization", 0.8),
+        ("reward.custom_reward_function.path", "/tmp/reward.py"),
+        ("reward.reward_manager.name", "naive"),
+        (f"{ARR}.rollout.calculate_log_probs", True),
+        (f"{ARR}.actor.profiler.tool_config.torch.contents", []),
+    ]
+    out = translate(given, set(), 1)
+    assert not out.problems, out.problems
+    assert dict(out.pairs) == {
+        "critic.offload_param": False,
+        "critic.offload_optimizer": True,
+        "reward_model.enable": True,
+        "reward_model.model.path": "/models/rm",
+        "custom_reward_function.path": "/tmp/reward.py",
+        "reward_model.reward_manager": "naive",
+    }
+    notes = " ".join(out.notes)
+    for named in ("ray_kwargs.ray_init.num_gpus (a Ray placement", "reward.num_workers (", "log_probs (the vllm"):
+        assert named in notes, (named, notes)
+    refused = translate(
+        [
+            (f"{ARR}.actor.profiler.tool_config.torch.schedule.active", 2),
+            (f"{ARR}.actor.profiler.tool_config.torch.discrete", True),
+            (f"{ARR}.rollout.profiler.tool_config.torch_memory.stack_depth", 64),
+            ("global_profiler.relocate_results", True),
+        ],
+        set(),
+        1,
+    ).problems
+    assert [p.split(":")[0] for p in refused] == [
+        f"{ARR}.actor.profiler.tool_config.torch.schedule.active=2",
+        f"{ARR}.actor.profiler.tool_config.torch.discrete=True",
+        f"{ARR}.rollout.profiler.tool_config.torch_memory.stack_depth=64",
+        "global_profiler.relocate_results=True",
+    ]
+    # a key whose default changed between the eras is at verl's default at either value
+    assert era_defaults(SEED_ERA)["algorithm.rollout_correction.bypass_mode"] is False
 
 
 def _run(tmp_path, *overrides):
