@@ -469,6 +469,82 @@ def policy_loss(
     )
 
 
+def gspo_policy_loss(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: Optional[float] = None,
+    clip_ratio_high: Optional[float] = None,
+    clip_ratio_c: Optional[float] = None,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    **agg_counts: Optional[float],
+) -> PolicyLoss:
+    """GSPO (Zheng et al. 2025), as verl's ``compute_policy_loss_gspo``. All inputs ``[B, T]``.
+
+    The sequence ratio ``s_i = exp(Σ_t m_it (log π - log π_old)_it / |y_i|)`` enters each token as
+    ``s_it = sg[s_i] · π_it / sg[π_it]`` (its value ``s_i``, the gradient of ``log π_it``), log-clamped at 10;
+    ``L = max(-A·s_it, -A·clip(s_it, 1-ε_low, 1+ε_high))``, always aggregated seq-mean-token-mean (``loss_agg_mode``
+    and ``clip_ratio_c`` do not apply, as in verl). ``ppo_kl`` is the token mean of ``log π_old - log π``.
+    """
+    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
+    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    log_ratio = log_prob - old_log_prob
+    seq_log_ratio = masked_sum(log_ratio, mask, dim=-1) / mask.sum(-1).clamp(min=1)  # [B]
+    token_log_ratio = (log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)).clamp(max=10.0)
+    ratio = torch.exp(token_log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - low, 1 + high)
+    return PolicyLoss(
+        pg_loss=agg_loss(torch.maximum(unclipped, clipped), mask, "seq-mean-token-mean", **agg_counts),
+        pg_clipfrac=masked_mean((clipped > unclipped).float(), mask),
+        pg_clipfrac_lower=torch.zeros((), dtype=ratio.dtype, device=ratio.device),
+        ppo_kl=masked_mean(-log_ratio, mask),
+    )
+
+
+def cispo_policy_loss(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: Optional[float] = None,
+    clip_ratio_high: Optional[float] = None,
+    clip_ratio_c: Optional[float] = None,
+    loss_agg_mode: str = "token-mean",
+    **agg_counts: Optional[float],
+) -> PolicyLoss:
+    """CISPO (MiniMax-M1, 2025), as verl's ``compute_policy_loss_cispo``. All inputs ``[B, T]``.
+
+    ``ρ = exp(clamp(log π - log π_old, ±20))``; ``L = -sg[clip(ρ, 1-ε_low, 1+ε_high)] · A · log π``: every token keeps
+    its gradient, the clipped ratio only weights it (``clip_ratio_c`` does not apply). ``pg_clipfrac``: the share of
+    tokens whose ratio was clipped.
+    """
+    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
+    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    log_ratio = (log_prob - old_log_prob).clamp(min=-20.0, max=20.0)
+    ratio = torch.exp(log_ratio)
+    clipped = ratio.clamp(1 - low, 1 + high)
+    return PolicyLoss(
+        pg_loss=agg_loss(-clipped.detach() * advantages * log_prob, mask, loss_agg_mode, **agg_counts),
+        pg_clipfrac=masked_mean((ratio != clipped).float(), mask),
+        pg_clipfrac_lower=torch.zeros((), dtype=ratio.dtype, device=ratio.device),
+        ppo_kl=masked_mean(-log_ratio, mask),
+    )
+
+
+POLICY_LOSSES: dict[str, Callable[..., PolicyLoss]] = {
+    "vanilla": policy_loss,
+    "gspo": gspo_policy_loss,
+    "cispo": cispo_policy_loss,
+}
+"""``actor.policy_loss.loss_mode`` -> its objective; each takes :func:`policy_loss`'s arguments."""
+
+
 def value_loss(
     vpreds: Tensor,
     returns: Tensor,

@@ -123,6 +123,16 @@ class FsdpCompatConfig:
 
 
 @dataclass
+class PolicyLossConfig:
+    """verl's ``actor.policy_loss``: which policy objective the update minimises."""
+
+    loss_mode: Literal["vanilla", "gspo", "cispo"] = "vanilla"
+    """``vanilla``: PPO's clipped surrogate with dual clip; ``gspo``: GSPO's sequence-level ratio, clipped (always
+    seq-mean-token-mean, as verl); ``cispo``: CISPO's clipped, stop-gradient ratio weighting ``A·log π``. verl's other
+    registered modes (dppo_tv, dppo_kl, sapo, gpg, clip_cov, kl_cov, geo_mean, dro, bypass_mode) are not here."""
+
+
+@dataclass
 class ActorConfig:
     """The policy's DeepSpeed engine and its PPO update."""
 
@@ -163,10 +173,12 @@ class ActorConfig:
     """Lower clip epsilon."""
     clip_ratio_high: Optional[float] = field(default=0.2, metadata=bounds(gt=0))
     """Upper clip epsilon (DAPO's clip-higher)."""
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    """The policy objective (verl's ``policy_loss.loss_mode``)."""
     clip_ratio_c: Optional[float] = field(default=3.0, metadata=bounds(gt=1))
-    """Dual-clip bound for negative advantages (> 1); null disables dual clip."""
+    """Dual-clip bound for negative advantages (> 1); null disables dual clip (vanilla only)."""
     loss_agg_mode: LossAggMode = "token-mean"
-    """How per-token losses become one number."""
+    """How per-token losses become one number (GSPO: always seq-mean-token-mean)."""
     entropy_coeff: float = 0.0
     """Entropy bonus weight in the actor loss."""
     entropy_checkpointing: bool = False

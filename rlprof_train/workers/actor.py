@@ -114,7 +114,7 @@ class ActorWorker:
                     "actor/entropy", algos.masked_mean(entropy.detach(), mask).item(), Reduce.WEIGHTED_MEAN, tokens
                 )
             old_log_probs = log_probs.detach() if micro.old_log_probs is None else micro.old_log_probs
-            result = algos.policy_loss(
+            result = algos.POLICY_LOSSES[cfg.policy_loss.loss_mode](
                 old_log_probs,
                 log_probs,
                 micro.advantages,
