@@ -426,6 +426,16 @@ class PolicyLoss:
     ppo_kl: Tensor
 
 
+def clip_bounds(
+    clip_ratio: float, clip_ratio_low: Optional[float], clip_ratio_high: Optional[float]
+) -> tuple[float, float]:
+    """``(ε_low, ε_high)``: each ``clip_ratio`` unless set."""
+    return (
+        clip_ratio if clip_ratio_low is None else clip_ratio_low,
+        clip_ratio if clip_ratio_high is None else clip_ratio_high,
+    )
+
+
 def policy_loss(
     old_log_prob: Tensor,
     log_prob: Tensor,
@@ -445,8 +455,7 @@ def policy_loss(
     ``L ← min(L, -A·c)`` (dual clip, Ye et al. 2020; ``clip_ratio_c=None`` disables it). ε_low / ε_high default to
     ``clip_ratio``. ``pg_loss = agg_loss(L)``; ``agg_counts`` as in :func:`agg_loss`.
     """
-    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
-    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    low, high = clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"actor.clip_ratio_c={clip_ratio_c} must be > 1.0 (the dual-clip bound on -A·ρ)")
     log_ratio = (log_prob - old_log_prob).clamp(min=-20.0, max=20.0)
@@ -489,8 +498,7 @@ def gspo_policy_loss(
     ``L = max(-A·s_it, -A·clip(s_it, 1-ε_low, 1+ε_high))``, always aggregated seq-mean-token-mean (``loss_agg_mode``
     and ``clip_ratio_c`` do not apply, as in verl). ``ppo_kl`` is the token mean of ``log π_old - log π``.
     """
-    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
-    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    low, high = clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
     log_ratio = log_prob - old_log_prob
     seq_log_ratio = masked_sum(log_ratio, mask, dim=-1) / mask.sum(-1).clamp(min=1)  # [B]
     token_log_ratio = (log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)).clamp(max=10.0)
@@ -524,8 +532,7 @@ def cispo_policy_loss(
     its gradient, the clipped ratio only weights it (``clip_ratio_c`` does not apply). ``pg_clipfrac``: the share of
     tokens whose ratio was clipped.
     """
-    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
-    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    low, high = clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
     log_ratio = (log_prob - old_log_prob).clamp(min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1 - low, 1 + high)

@@ -1,6 +1,6 @@
 """The documentation's own promises: the claims map names tests that exist, the guide pages name none (the map is
-the one place), the README is a short user's guide that starts with the two commands and states no measured figure, and every page is
-in the site."""
+the one place), the README is a short user's guide that starts with the two commands and states no measured figure,
+and every page is in the site."""
 
 from __future__ import annotations
 
