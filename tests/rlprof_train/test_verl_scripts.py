@@ -1,10 +1,15 @@
-"""verl's own launch scripts (tests/data/verl_scripts/, Apache-2.0, unchanged) run on rlprof_train.
+"""verl's own launch scripts of the seed's era (tests/data/verl_scripts/) and of today's
+(tests/data/verl_scripts_1dda039b/; both Apache-2.0, unchanged) run on rlprof_train.
 
 Each script is run by bash as published; ``python3 -m verl.trainer.main_ppo`` reaches ``python -m
 rlprof_train.main_ppo`` through a ``python3`` first on PATH, and the script's ``$@`` takes the substitutions a user
 makes to move it: model and data paths, GPU counts, sizes. The gsm8k parquet files are written in the schema of
 verl's ``examples/data_preprocess/gsm8k.py``. Each runs 2 steps, or stops at once with one config error that lists
-every key it cannot honour (SGLang rollouts). The seed's multi-turn tool-calling script runs with
+every key it cannot honour (SGLang rollouts, rollout correction, per-role torch profiler settings). Today's scripts
+are run as their users run them: ``VERL_USE_UV=0`` (plain ``python3``, their Ray launch block then passes
+``ray_kwargs.ray_init.runtime_env.py_executable=null``), their environment knobs set for this machine, the data files
+(GSM8K and MATH, in the schema of verl's ``gsm8k.py`` and ``math_dataset.py``) and 2 steps given as ``$@``. The
+seed's multi-turn tool-calling script runs with
 ``actor_rollout_ref.rollout.name=hf`` or ``vllm`` on data in the schema of verl's
 ``examples/data_preprocess/gsm8k_multiturn_w_tool.py``, and is refused naming both as published (SGLang)."""
 
@@ -14,7 +19,6 @@ import importlib.util
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -46,6 +50,29 @@ REFUSED = {  # script -> the keys its one error must name
     "examples/grpo_trainer/run_qwen2-7b_seq_balance.sh": ("actor_rollout_ref.rollout.name='sglang'",),
     MULTI_TURN: ("actor_rollout_ref.rollout.name='sglang'", "use vllm", "or hf"),
 }
+TODAY = ROOT / "tests" / "data" / "verl_scripts_1dda039b"
+TODAY_RUNS = {  # today's scripts that train, with what they select
+    "examples/ppo_trainer/run_qwen3_8b_fsdp.sh": "gae",
+    "examples/grpo_trainer/run_qwen3_8b_fsdp.sh": "grpo",
+    "examples/gspo_trainer/run_qwen3_8b_fsdp.sh": "grpo, loss_mode=gspo",
+    "examples/cispo_trainer/run_qwen3_8b_fsdp.sh": "grpo, loss_mode=cispo",
+    "examples/reinforce_plus_plus_trainer/run_qwen3_8b_fsdp.sh": "reinforce_plus_plus",
+    "examples/rloo_trainer/run_qwen3_8b_fsdp.sh": "rloo",
+    "examples/remax_trainer/run_qwen3_8b_fsdp.sh": "remax",
+    "examples/tuning/lora/run_qwen3_8b_from_adapter_fsdp.sh": "grpo, LoRA from a saved adapter",
+    "examples/grpo_trainer/run_mistral_nemo_12b_skyworkrm_fsdp.sh": "grpo, reward.reward_model",
+}
+TODAY_REFUSED = {  # today's scripts that ask for what is not here -> what their one error must name
+    "examples/rollout_correction/run_qwen2_5_7b_fsdp.sh": (
+        "algorithm.rollout_correction.rollout_is='sequence'",
+        "algorithm.rollout_correction.bypass_mode=True",
+    ),
+    "examples/profile/run_qwen2_5_7b_torch_profile.sh": (
+        "actor_rollout_ref.actor.profiler.tool_config.torch.contents=",
+        "actor_rollout_ref.rollout.profiler.tool_config.torch.discrete=True",
+        "global_profiler.relocate_results=True",
+    ),
+}
 QUESTIONS = [(f"What is {a} plus {b}?", a + b) for a in range(4) for b in range(4)]
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
@@ -53,6 +80,7 @@ PYTHON3_SHIM = """#!/bin/sh
 # verl's entry point, moved: python3 -m verl.trainer.main_ppo ARGS -> python -m rlprof_train.main_ppo ARGS
 if [ "$1" = "-m" ] && [ "$2" = "verl.trainer.main_ppo" ]; then
     shift 2
+    printf '%s\\0' "$@" > .verl_arguments  # what the script passed, for the tally of its keys
     exec "$RLPROF_PYTHON" -m rlprof_train.main_ppo "$@"
 fi
 exec "$RLPROF_PYTHON" "$@"
@@ -93,15 +121,43 @@ def write_gsm8k(folder: Path, with_tools: bool = False) -> None:
         pq.write_table(pa.Table.from_pylist(records), folder / f"{split}.parquet")
 
 
+def write_math(folder: Path) -> None:
+    """train/test parquet with the columns verl's ``examples/data_preprocess/math_dataset.py`` writes (its data
+    source, its instruction, the answer as the ground truth)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True)
+    instruction = "Let's think step by step and output the final answer within \\boxed{}."
+    for split, rows in (("train", QUESTIONS), ("test", QUESTIONS[:8])):
+        records = [
+            {
+                "data_source": "DigitalLearningGmbH/MATH-lighteval",
+                "prompt": [{"role": "user", "content": f"{question} {instruction}"}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(answer)},
+                "extra_info": {"split": split, "index": i},
+            }
+            for i, (question, answer) in enumerate(rows)
+        ]
+        pq.write_table(pa.Table.from_pylist(records), folder / f"{split}.parquet")
+
+
 @pytest.fixture(scope="module")
 def place(tmp_path_factory):
-    """gsm8k data, the embedded tiny model, a reward model, and the python3 shim."""
+    """gsm8k and MATH data, the embedded tiny model, a LoRA adapter of it, a reward model, and the python3 shim."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
     from rlprof_train.tiny_model import create_tiny_model
 
     root = tmp_path_factory.mktemp("verl")
     write_gsm8k(root / "data" / "gsm8k")
     write_gsm8k(root / "data" / "gsm8k_multiturn", with_tools=True)
+    write_math(root / "data" / "math")
     model = create_tiny_model(root / "model", sft_steps=0)
+    adapter = get_peft_model(AutoModelForCausalLM.from_pretrained(model), LoraConfig(r=4, target_modules="all-linear"))
+    adapter.save_pretrained(root / "adapter")
     texts = [f"{q} {INSTRUCTION}" for q, _ in QUESTIONS]
     reward_model = build_reward_model(root / "reward_model", texts)
     shim = root / "bin" / "python3"
@@ -132,12 +188,59 @@ def substitutions(root: Path, model: Path, reward_model: Path) -> list[str]:
     ]
 
 
-def tally(output: str, more: int = 0) -> str:
-    """What became of the script's own keys (the ``set -x`` line, less the substitutions and ``more`` arguments after
-    them): the closing table's row."""
-    command = next(line for line in output.splitlines() if line.startswith("+ python3 -m verl.trainer.main_ppo"))
-    arguments = shlex.split(command[2:])[3:]
-    own = arguments[: len(arguments) - len(substitutions(Path(), Path(), Path())) - more]
+def todays_knobs(root: Path, model: Path, reward_model: Path) -> dict[str, str]:
+    """What a user of today's scripts sets: no uv, the environment knobs the scripts read, sized for this machine."""
+    data = root / "data"
+    return {
+        "VERL_USE_UV": "0",
+        "MODEL_PATH": str(model),
+        "REWARD_MODEL_PATH": str(reward_model),
+        "LORA_ADAPTER_PATH": str(root / "adapter"),
+        "NNODES": "1",
+        "NDEVICES_PER_NODE": "1",
+        "NGPUS_PER_NODE": "1",
+        "TRAIN_BATCH_SIZE": "4",
+        "PPO_MINI_BATCH_SIZE": "4",
+        "PPO_MICRO_BATCH_SIZE_PER_GPU": "2",
+        "LOG_PROB_MICRO_BATCH_SIZE_PER_GPU": "2",
+        "MAX_PROMPT_LENGTH": "192",
+        "MAX_RESPONSE_LENGTH": "8",
+        "ROLLOUT_TP": "1",
+        "ROLLOUT_N": "2",
+        "REWARD_PROMPT_LENGTH": "256",
+        "REWARD_RESPONSE_LENGTH": "64",
+        "GSM8K_TRAIN_FILE": str(data / "gsm8k" / "train.parquet"),
+        "GSM8K_TEST_FILE": str(data / "gsm8k" / "test.parquet"),
+        "MATH_TRAIN_FILE": str(data / "math" / "train.parquet"),
+        "MATH_TEST_FILE": str(data / "math" / "test.parquet"),
+        "TRAIN_FILE": str(data / "gsm8k" / "train.parquet"),
+        "TEST_FILE": str(data / "gsm8k" / "test.parquet"),
+    }
+
+
+def todays_arguments(root: Path) -> list[str]:
+    """The script's ``$@``: the data (one script reads it from ``$HOME/data``), 2 steps, vLLM's length from the
+    model."""
+    files = {
+        split: [str(root / "data" / d / f"{split}.parquet") for d in ("gsm8k", "math")] for split in ("train", "test")
+    }
+    return [
+        f"data.train_files={files['train']}",
+        f"data.val_files={files['test']}",
+        "actor_rollout_ref.rollout.max_model_len=null",
+        "trainer.total_training_steps=2",
+    ]
+
+
+SEED_APPENDED = len(substitutions(Path(), Path(), Path()))
+"""How many arguments the seed era's scripts are given as ``$@``."""
+
+
+def tally(work: Path, output: str, appended: int = SEED_APPENDED) -> str:
+    """What became of the script's own keys (the arguments it passed, less the ``appended`` ones of ``$@``): the
+    closing table's row."""
+    arguments = (work / ".verl_arguments").read_text().split("\0")[:-1]
+    own = arguments[: len(arguments) - appended]
     keys = {a.split("=", 1)[0].lstrip("+") for a in own if "=" in a and not a.startswith("-")}
     aliased = {k for k in keys if re.search(rf"\[INFO\] config: {re.escape(k)}=.* is \S+=", output)}
     no_effect = re.search(r"verl settings with no effect here: (.*)", output)
@@ -150,9 +253,11 @@ def tally(output: str, more: int = 0) -> str:
     )
 
 
-def run_script(name: str, place, work: Path, *more: str) -> subprocess.CompletedProcess:
+def run_script(name: str, place, work: Path, *more: str, today: bool = False) -> subprocess.CompletedProcess:
+    """Run the seed era's script ``name`` with :func:`substitutions` and ``more`` as its ``$@``, or (``today``)
+    today's with :func:`todays_knobs` in its environment and :func:`todays_arguments`."""
     root, model, reward_model = place
-    script = SCRIPTS / name
+    script = (TODAY if today else SCRIPTS) / name
     work.mkdir()
     if "sglang_multiturn" in name:  # the script reads its config from $PWD/examples/sglang_multiturn/config
         shutil.copytree(SCRIPTS / "examples", work / "examples")
@@ -162,8 +267,10 @@ def run_script(name: str, place, work: Path, *more: str) -> subprocess.Completed
         WANDB_MODE="offline",
         WANDB_DIR=str(work),
         OMP_NUM_THREADS="1",
+        **(todays_knobs(root, model, reward_model) if today else {}),
     )
-    command = ["bash", str(script), *substitutions(root, model, reward_model), *more]
+    appended = todays_arguments(root) if today else substitutions(root, model, reward_model)
+    command = ["bash", str(script), *appended, *more]
     return subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=work, env=env)
 
 
@@ -181,7 +288,9 @@ def script_runs(place, tmp_path_factory) -> dict[str, tuple[subprocess.Completed
     ``vllm``), each in a work folder of its own, CONCURRENT at a time: key -> (result, work)."""
     root = tmp_path_factory.mktemp("scripts")
     data = place[0] / "data" / "gsm8k_multiturn"
-    jobs = {name: (name, ()) for name in sorted(RUNS)} | {
+    jobs: dict[str, tuple[str, tuple[str, ...], bool]] = {name: (name, (), False) for name in sorted(RUNS)}
+    jobs |= {f"today:{name}": (name, (), True) for name in sorted(TODAY_RUNS)}
+    jobs |= {
         rollout: (
             MULTI_TURN,
             (
@@ -189,14 +298,15 @@ def script_runs(place, tmp_path_factory) -> dict[str, tuple[subprocess.Completed
                 f"data.train_files={data / 'train.parquet'}",
                 f"data.val_files={data / 'test.parquet'}",
             ),
+            False,
         )
         for rollout in MULTI_TURN_ROLLOUTS
     }
 
-    def one(index: int, name: str, more: tuple[str, ...]) -> tuple[subprocess.CompletedProcess, Path]:
+    def one(index: int, name: str, more: tuple[str, ...], today: bool) -> tuple[subprocess.CompletedProcess, Path]:
         work = root / f"{index}" / "work"
         work.parent.mkdir()
-        return run_script(name, place, work, *more), work
+        return run_script(name, place, work, *more, today=today), work
 
     with ThreadPoolExecutor(CONCURRENT) as pool:
         futures = {key: pool.submit(one, i, *job) for i, (key, job) in enumerate(jobs.items())}
@@ -211,7 +321,29 @@ def test_verl_script_runs_two_steps(name, script_runs):
     history = wandb_history(work)
     steps = [row["_step"] for row in history if "critic/score/mean" in row]
     assert steps == [1, 2], steps
-    print(f"\n{name} ({RUNS[name]}): {tally(output)}, ran 2 steps")
+    print(f"\n{name} ({RUNS[name]}): {tally(work, output)}, ran 2 steps")
+
+
+@pytest.mark.parametrize("name", sorted(TODAY_RUNS))
+def test_todays_verl_script_runs_two_steps_as_its_users_run_it(name, script_runs):
+    result, work = script_runs[f"today:{name}"]
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "ray_kwargs.ray_init.runtime_env.py_executable (a Ray placement detail" in output  # the launch block
+    history = wandb_history(work)
+    steps = [row["_step"] for row in history if "critic/score/mean" in row]
+    assert steps == [1, 2], steps
+    print(f"\n{name} ({TODAY_RUNS[name]}): {tally(work, output, len(todays_arguments(Path())))}, ran 2 steps")
+
+
+@pytest.mark.parametrize("name", sorted(TODAY_REFUSED))
+def test_todays_verl_script_it_cannot_run_stops_with_one_error_naming_every_key(name, place, tmp_path):
+    result = run_script(name, place, tmp_path / "work", today=True)
+    assert result.returncode == 2, (result.stdout + result.stderr)[-6000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("config error:")]
+    assert len(errors) == 1, result.stderr[-4000:]
+    print(f"\n{name}: {tally(tmp_path / 'work', result.stderr, len(todays_arguments(Path())))}; {errors[0]}")
+    assert [key for key in TODAY_REFUSED[name] if key not in errors[0]] == []
 
 
 def wandb_history(work: Path) -> list[dict]:
@@ -236,7 +368,7 @@ def test_the_seeds_multi_turn_script_runs_with_the_hf_and_vllm_rollouts(rollout,
     assert all(row["num_turns/min"] >= 2 and "tool_call_counts/mean" in row for row in history), history
     snapshots = list((work / "mem_snapshots").rglob("*"))
     assert any(p.is_file() for p in snapshots), "the seed's torch_memory tool recorded nothing"
-    print(f"\n{MULTI_TURN} (rollout.name={rollout}): {tally(output, 3)}, ran 2 steps")
+    print(f"\n{MULTI_TURN} (rollout.name={rollout}): {tally(work, output, SEED_APPENDED + 3)}, ran 2 steps")
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
@@ -245,5 +377,5 @@ def test_verl_script_it_cannot_run_stops_with_one_error_naming_every_key(name, p
     assert result.returncode == 2, (result.stdout + result.stderr)[-6000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("config error:")]
     assert len(errors) == 1, result.stderr[-4000:]
-    print(f"\n{name}: {tally(result.stderr)}; {errors[0]}")
+    print(f"\n{name}: {tally(tmp_path / 'work', result.stderr)}; {errors[0]}")
     assert [key for key in REFUSED[name] if key not in errors[0]] == []
