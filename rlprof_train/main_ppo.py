@@ -4,6 +4,9 @@ Runs as one process, or data-parallel under ``torchrun --nproc_per_node N -m rlp
 ``deepspeed`` launcher. Overrides use verl's keys (see rlprof_train/config/ppo_trainer.yaml; types, ranges and a
 docstring per key in rlprof_train/config/schema.py). The config is checked completely before anything is loaded.
 
+``--cfg job`` (Hydra's flag, as verl users check a script with it): load, translate and check the config, print it
+as YAML with what became of verl's keys, and exit without training (nothing is written).
+
 Exit codes: 0 done; 2 a configuration problem (one line, before any work, or a folder another run holds);
 3 the device ran out of memory (a last line naming the step, role, phase, bytes, the OOM snapshot and an override to
 try); 1 any other error during training (with its traceback; the other ranks stop too, none is left waiting).
@@ -41,6 +44,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(__doc__)
         return 0
     try:
+        print_only = printed_config(argv)
         launched = launch_world()
         world_size = launched.world_size
         loaded = load(argv, world_size)
@@ -49,6 +53,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    if print_only:
+        import yaml
+
+        for note in loaded.notes:
+            print(f"[INFO] config: {note}", file=sys.stderr)
+        print(yaml.safe_dump(as_dict(cfg), sort_keys=False), end="")
+        return 0
 
     settle_local_rank(launched)
     import torch
@@ -80,6 +91,24 @@ def main(argv: Optional[list[str]] = None) -> int:
             sys.stderr.flush()
             os._exit(code)
     return code
+
+
+def printed_config(argv: list[str]) -> bool:
+    """Take Hydra's ``--cfg job`` (``--cfg=job``, ``-c job``) out of ``argv``: whether it was there. Hydra's other
+    parts (``hydra``, ``all``) are not this trainer's: refused."""
+    for i, arg in enumerate(argv):
+        flag, _, value = arg.partition("=")
+        if flag not in ("--cfg", "-c"):
+            continue
+        if not value:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+            del argv[i : i + 2]
+        else:
+            del argv[i]
+        if value != "job":
+            raise ConfigError(f"{flag} {value!r}: only 'job' is printed here (the trainer's config; no Hydra config)")
+        return True
+    return False
 
 
 def train(

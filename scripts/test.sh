@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up (if needed), check lint, format and types (ruff, mypy), the import graph and the documentation site (mkdocs
-# --strict: a broken link fails), run every test, the slow end-to-end ones included, then the benchmarks but the long
-# ones (TRL, the knob table, LoRA, the 5000-window soak: about 40 minutes; .venv/bin/python -m pytest benchmarks -m long
-# -s).
+# --strict: a broken link fails), run every test, the slow end-to-end ones included, then the benchmarks, all but the
+# long runs (TRL, the knob table, LoRA's costs and learning, the 5000-window soak: about 45 minutes;
+# .venv/bin/python -m pytest tests benchmarks -m long -s).
 # Quick loop while developing: .venv/bin/python -m pytest -m "not slow"
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,5 +12,5 @@ bash scripts/setup.sh
 .venv/bin/mypy
 .venv/bin/python scripts/import_graph.py
 .venv/bin/mkdocs build --strict --quiet
-.venv/bin/python -m pytest tests --durations=15 "$@"
+.venv/bin/python -m pytest tests -m "not long" --durations=15 "$@"
 .venv/bin/python -m pytest benchmarks -m "not long" -p no:cacheprovider --benchmark-columns=min,mean,rounds -q -s

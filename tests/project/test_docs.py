@@ -58,27 +58,25 @@ def test_every_page_is_in_the_site_navigation():
     assert listed == {p.name for p in DOCS.glob("*.md")}
 
 
-@pytest.mark.slow  # 9 s (two collections of benchmarks/): kept out of the quick loop
+@pytest.mark.slow  # 15 s (collections of benchmarks/ and tests/): kept out of the quick loop
 def test_the_test_command_runs_every_benchmark_but_the_long_ones():
-    """README and docs/setup.md: ``scripts/test.sh`` runs the benchmarks but those marked ``long``, which are the
-    comparisons with TRL, the knob table, LoRA's costs and the 5000-window soak (collected here, not run)."""
+    """docs/setup.md: ``scripts/test.sh`` runs the tests and benchmarks but those marked ``long``, which are the
+    comparisons with TRL, the knob table, LoRA's costs and learning run and the 5000-window soak (collected here, not
+    run)."""
     import subprocess
     import sys
 
-    commands = [
-        line
-        for line in (ROOT / "scripts" / "test.sh").read_text().splitlines()
-        if "pytest benchmarks" in line and not line.startswith("#")
-    ]
-    assert len(commands) == 1 and '-m "not long"' in commands[0], commands
+    lines = [line for line in (ROOT / "scripts" / "test.sh").read_text().splitlines() if not line.startswith("#")]
+    commands = [line for line in lines if "pytest benchmarks" in line or "pytest tests" in line]
+    assert len(commands) == 2 and all('-m "not long"' in command for command in commands), commands
 
-    def collected(marker: str) -> set[str]:
+    def collected(marker: str, folder: str = "benchmarks") -> set[str]:
         result = subprocess.run(
             [
                 sys.executable,
                 "-m",
                 "pytest",
-                "benchmarks",
+                folder,
                 "--collect-only",
                 "-q",
                 "-p",
@@ -104,3 +102,4 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
     assert {test for test in long if test.startswith("benchmarks/test_soak.py")} == {f"{soak}[5000 windows]"}, long
     rest = collected("not long")
     assert rest and not rest & long and f"{soak}[500 windows]" in rest
+    assert collected("long", "tests") == {"tests/rlprof_train/test_lora.py::test_lora_learns_the_arithmetic_task"}

@@ -100,7 +100,7 @@ def scores(folder) -> list[float]:
 EVERY_LINEAR = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head]"
 
 
-@pytest.mark.slow
+@pytest.mark.long  # 300 steps (2-6 minutes on 2 cores): left out of scripts/test.sh, run with -m long
 def test_lora_learns_the_arithmetic_task(tmp_path):
     """docs/performance_tuning.md's LoRA run: the demo's GRPO with rank-8 adapters on every linear layer, the output
     layer included (PEFT's all-linear leaves it out), lr 2e-3: from about 0.10 to at least 0.5 over the last 50 of 300

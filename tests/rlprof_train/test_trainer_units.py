@@ -129,6 +129,32 @@ def test_a_data_source_no_built_in_reward_scores_is_refused_before_any_work(tmp_
     assert not (tmp_path / "ckpt").exists()  # before any folder is made
 
 
+def test_hydras_cfg_job_prints_the_translated_config_and_trains_nothing(tmp_path, capsys):
+    import yaml
+
+    from rlprof_train.main_ppo import main
+
+    folder = tmp_path / "ckpt"
+    argv = [
+        "--config-name=demo",
+        "actor_rollout_ref.actor.ppo_micro_batch_size=4",
+        f"trainer.default_local_dir={folder}",
+    ]
+    assert main([*argv, "--cfg", "job"]) == 0
+    out, err = capsys.readouterr()
+    assert yaml.safe_load(out)["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] == 4
+    assert (
+        "actor_rollout_ref.actor.ppo_micro_batch_size=4 is actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"
+        in err
+    )
+    assert not folder.exists()
+    assert main([*argv, "--cfg=hydra"]) == 2
+    assert (
+        capsys.readouterr().err
+        == "config error: --cfg 'hydra': only 'job' is printed here (the trainer's config; no Hydra config)\n"
+    )
+
+
 def test_data_without_ground_truth_is_refused_for_the_built_in_rewards(tmp_path, capsys):
     from rlprof_train.main_ppo import main
 

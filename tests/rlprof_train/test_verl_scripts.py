@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import ROOT, build_reward_model, subprocess_env
 from wandb_offline import read_run_history
@@ -33,7 +34,11 @@ from wandb_offline import read_run_history
 pytestmark = pytest.mark.slow
 
 SCRIPTS = ROOT / "tests" / "data" / "verl_scripts"
-RUNS = {
+RUNS = {  # the seed era's scripts that train here: what no script of today's does (nsys with a reward model)
+    "examples/ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys.sh": "gae",
+    "examples/tuning/0.5b/qwen2-0.5b_grpo-lora_1_h100_fsdp_vllm.sh": "grpo",
+}
+CHECKED = {  # the seed era's scripts whose estimator today's scripts train: their config, with Hydra's --cfg job
     "examples/ppo_trainer/run_deepseek7b_llm.sh": "gae",
     "examples/ppo_trainer/run_qwen2-7b_seq_balance.sh": "gae",
     "examples/grpo_trainer/run_qwen2-7b_math.sh": "grpo",
@@ -42,8 +47,6 @@ RUNS = {
     "examples/reinforce_plus_plus_trainer/run_qwen2-7b_math_rf.sh": "reinforce_plus_plus",
     "examples/rloo_trainer/run_qwen2-7b.sh": "rloo",
     "examples/remax_trainer/run_qwen2.5-3b_seq_balance.sh": "remax",
-    "examples/ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys.sh": "gae",
-    "examples/tuning/0.5b/qwen2-0.5b_grpo-lora_1_h100_fsdp_vllm.sh": "grpo",
 }
 MULTI_TURN = "examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh"
 REFUSED = {  # script -> the keys its one error must name
@@ -322,6 +325,19 @@ def test_verl_script_runs_two_steps(name, script_runs):
     steps = [row["_step"] for row in history if "critic/score/mean" in row]
     assert steps == [1, 2], steps
     print(f"\n{name} ({RUNS[name]}): {tally(work, output)}, ran 2 steps")
+
+
+@pytest.mark.parametrize("name", sorted(CHECKED))
+def test_verl_scripts_config_is_read_as_verl_means_it(name, place, tmp_path):
+    """The script as a user moves it, with Hydra's ``--cfg job``: its config translated and checked, printed, nothing
+    trained (its estimator trains in today's script of the same kind)."""
+    result = run_script(name, place, tmp_path / "work", "--cfg", "job")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    printed = yaml.safe_load(result.stdout[result.stdout.index("data:\n") :])
+    assert printed["algorithm"]["adv_estimator"] == CHECKED[name]
+    assert printed["trainer"]["total_training_steps"] == 2 and printed["data"]["train_batch_size"] == 4
+    assert not (tmp_path / "work" / "outputs").exists()  # nothing written
+    print(f"\n{name} ({CHECKED[name]}): {tally(tmp_path / 'work', result.stderr, SEED_APPENDED + 2)}, checked")
 
 
 @pytest.mark.parametrize("name", sorted(TODAY_RUNS))
