@@ -11,6 +11,7 @@ in the log).
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import random
 from collections.abc import Sequence
@@ -133,8 +134,8 @@ def check_data_files(
     files: Any, prompt_key: str, setting: str, rewarded_sources: Optional[Sequence[str]] = None
 ) -> None:
     """Fail early when a data file is missing, of an unknown format, malformed, has no ``prompt_key`` column or
-    (``rewarded_sources``: the data sources the built-in rewards score, comparing with the ground truth) no
-    ``reward_model.ground_truth`` at all or a ``data_source`` with no reward."""
+    (``rewarded_sources``: ``fnmatch`` patterns of the data sources the built-in rewards score, comparing with the
+    ground truth) no ``reward_model.ground_truth`` at all or a ``data_source`` with no reward."""
     paths = [files] if isinstance(files, (str, Path)) else list(files)
     for path in map(Path, paths):
         if not path.exists():
@@ -163,7 +164,8 @@ def check_data_files(
                 "compare each response with it (every reward would be 0); add it, or set "
                 "custom_reward_function.path to a function that needs none"
             )
-        unrewarded = sorted({str(row.get("data_source", "unknown")) for row in rows} - set(rewarded_sources))
+        sources = {str(row.get("data_source", "unknown")) for row in rows}
+        unrewarded = sorted(s for s in sources if not any(fnmatch.fnmatchcase(s, p) for p in rewarded_sources))
         if unrewarded:
             raise ValueError(
                 f"{setting}: {path} has rows of data_source {', '.join(map(repr, unrewarded))}, which no built-in "

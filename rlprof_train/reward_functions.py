@@ -6,6 +6,7 @@ verl) a dict with a ``"score"`` number and any other numbers, which are logged a
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import math
 import re
@@ -22,7 +23,8 @@ _ANY_NUMBER = re.compile(r"(\-?[0-9\.\,]+)")
 _GSM8K_CLIP_CHARS = 300  # verl reads the last 300 characters only (the answer is at the end)
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 """The data sources verl's ``default_compute_score`` scores with its MATH reward (``math_reward``)."""
-BUILTIN_SOURCES = (ARITHMETIC_SOURCE, REVERSE_SOURCE, CALCULATOR_SOURCE, "openai/gsm8k", "gsm8k", *MATH_SOURCES)
+DAPO_SOURCES = ("math_dapo", "math", "math_dapo_reasoning", "aime*")
+"""The data sources (``fnmatch`` patterns) verl scores with its DAPO reward (``math_dapo``)."""
 TOOL_RESPONSE_END = "</tool_response>"
 _TOOL_REPLY = re.compile(r"<tool_response>(.*?)</tool_response>", re.DOTALL)
 
@@ -70,12 +72,17 @@ def last_boxed(text: str) -> Optional[str]:
         start = text.rfind("\\fbox")
         if start < 0:
             return None
+    boxed = _through_closing_brace(text, start)
+    return boxed[len("\\boxed{") : -1] if boxed is not None and boxed.startswith("\\boxed{") else None
+
+
+def _through_closing_brace(text: str, start: int) -> Optional[str]:
+    """``text`` from ``start`` through the brace that closes the first one opened there, or None if none does."""
     depth = 0
     for end in range(start, len(text)):
         depth += {"{": 1, "}": -1}.get(text[end], 0)
         if text[end] == "}" and depth == 0:
-            boxed = text[start : end + 1]
-            return boxed[len("\\boxed{") : -1] if boxed.startswith("\\boxed{") else None
+            return text[start : end + 1]
     return None
 
 
@@ -149,6 +156,67 @@ def math_score(solution_str: str, ground_truth: str) -> float:
         return float(answer == ground_truth)
 
 
+_DAPO_SUBSTITUTIONS = (
+    ("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""), ("mbox", "text"),
+    (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"),
+)  # fmt: skip
+_DAPO_REMOVED = (
+    "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue", "points",
+    "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals", "edges", "students",
+    "childrentickets", "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3",
+    "\\text{\n}", "\\text{}", "\\mathrm{th}", "^\\circ", "^{\\circ}", "\\;", ",\\!", "{,}", '"', "\\dots",
+)  # fmt: skip
+"""verl's ``math_dapo`` normalisation tables (Minerva's, from lm-evaluation-harness), in its order."""
+_DAPO_ANSWER = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
+_DAPO_WINDOW = 300  # verl reads the last 300 characters (the longest MATH-500 answer has 159)
+_DAPO_BOX_WINDOW = 100  # and looks for the boxed answer in the last 100 of those
+
+
+def normalize_final_answer(answer: str) -> str:
+    """A final answer as verl's ``math_dapo.normalize_final_answer`` (Minerva's) normalises it: the text after the
+    last ``=``, substitutions and unit words removed in verl's order, the first ``$...$`` kept, ``\\text``,
+    ``\\textbf``, ``\\overline`` and ``\\boxed`` unwrapped, ``\\fracab`` / ``\\sqrta`` braced, ``$`` dropped, a
+    number's thousands commas removed, spaces stripped."""
+    answer = answer.rsplit("=", maxsplit=1)[-1]
+    for before, after in _DAPO_SUBSTITUTIONS:
+        answer = answer.replace(before, after)
+    for removed in _DAPO_REMOVED:
+        answer = answer.replace(removed, "")
+    answer = re.sub(r"(.*?)(\$)(.*?)(\$)(.*)", "$\\3$", answer)
+    for command in ("text", "textbf", "overline"):
+        answer = re.sub(rf"(\\{command}\{{)(.*?)(\}})", "\\2", answer)
+    answer = re.sub(r"(\\boxed\{)(.*)(\})", "\\2", answer)
+    answer = re.sub(r"(frac)([^{])(.)", "frac{\\2}{\\3}", answer)
+    answer = re.sub(r"(sqrt)([^{])", "sqrt{\\2}", answer).replace("$", "")
+    if answer.replace(",", "").isdigit():
+        answer = answer.replace(",", "")
+    return answer.strip()
+
+
+def _last_braced_box(text: str) -> Optional[str]:
+    """The content of the last ``\\boxed{...}`` (braces balanced; ``\\boxed x`` and ``\\fbox`` do not count, as
+    in verl's ``math_dapo``), or None."""
+    start = text.rfind("\\boxed{")
+    boxed = _through_closing_brace(text, start) if start >= 0 else None
+    return boxed[len("\\boxed{") : -1] if boxed is not None else None
+
+
+def math_dapo_score(solution_str: str, ground_truth: str) -> dict[str, Any]:
+    """verl's DAPO reward (``math_dapo.compute_score``, its defaults): of the last 300 characters, the last
+    ``Answer: ...`` line normalised (:func:`normalize_final_answer`) against the normalised ground truth; without one,
+    the last boxed answer of the last 100 characters against the ground truth as written. ``score`` 1.0 or -1.0,
+    ``acc`` the verdict, ``pred`` the answer read (``"[INVALID]"`` when there was none)."""
+    text = solution_str[-_DAPO_WINDOW:]
+    found = _DAPO_ANSWER.findall(text)
+    pred: Optional[str] = normalize_final_answer(found[-1] if found else "[INVALID]")
+    correct = pred == normalize_final_answer(ground_truth)
+    if pred == "[INVALID]":
+        boxed = _last_braced_box(text[-_DAPO_BOX_WINDOW:])
+        if boxed is not None:
+            pred, correct = boxed, boxed == ground_truth
+    return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": pred}
+
+
 def calculator_score(solution_str: str, ground_truth: str) -> dict[str, float]:
     """The calculator task: ``score`` 1.0 when the final answer (the text after the last tool reply) starts with the
     correct number; ``tool_call`` 1.0 when the policy called a tool, ``correct_call`` 1.0 when a tool replied with
@@ -163,22 +231,33 @@ def calculator_score(solution_str: str, ground_truth: str) -> dict[str, float]:
     }
 
 
+BUILTIN_REWARDS: dict[str, Callable[[str, str], Any]] = {
+    ARITHMETIC_SOURCE: arithmetic_score,
+    REVERSE_SOURCE: reverse_score,
+    CALCULATOR_SOURCE: calculator_score,
+    "openai/gsm8k": gsm8k_score,
+    "gsm8k": gsm8k_score,
+    **dict.fromkeys(MATH_SOURCES, math_score),
+    **dict.fromkeys(DAPO_SOURCES, math_dapo_score),
+}
+"""``data_source`` (an ``fnmatch`` pattern) -> its rule reward ``f(solution_str, ground_truth)``, as verl's
+``default_compute_score`` routes them (the first pattern that matches)."""
+BUILTIN_SOURCES = tuple(BUILTIN_REWARDS)
+
+
+def builtin_reward(data_source: str) -> Optional[Callable[[str, str], Any]]:
+    """The rule reward of ``data_source``, or None."""
+    return next((fn for pattern, fn in BUILTIN_REWARDS.items() if fnmatch.fnmatchcase(data_source, pattern)), None)
+
+
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: Optional[dict[str, Any]] = None
 ) -> Any:
-    """The built-in rewards: the arithmetic, reverse and calculator tasks, GSM8K (``openai/gsm8k``, ``gsm8k``) with
-    the strict check and MATH (:data:`MATH_SOURCES`), as verl's ``default_compute_score`` routes them. All compare
-    with ``reward_model.ground_truth``."""
-    if data_source == ARITHMETIC_SOURCE:
-        return arithmetic_score(solution_str, ground_truth)
-    if data_source == CALCULATOR_SOURCE:
-        return calculator_score(solution_str, ground_truth)
-    if data_source == REVERSE_SOURCE:
-        return reverse_score(solution_str, ground_truth)
-    if data_source in ("openai/gsm8k", "gsm8k"):
-        return gsm8k_score(solution_str, ground_truth)
-    if data_source in MATH_SOURCES:
-        return math_score(solution_str, ground_truth)
+    """The built-in rewards (:data:`BUILTIN_REWARDS`): the arithmetic, reverse and calculator tasks, GSM8K with the
+    strict check, MATH and DAPO's math. All compare with ``reward_model.ground_truth``."""
+    reward = builtin_reward(data_source)
+    if reward is not None:
+        return reward(solution_str, ground_truth)
     raise ValueError(
         f"no built-in reward for data_source={data_source!r} (known: {', '.join(BUILTIN_SOURCES)}); "
         "set custom_reward_function.path and .name to your own function"

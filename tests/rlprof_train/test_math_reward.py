@@ -1,6 +1,7 @@
-"""The MATH reward against verl's own ``math_reward.py`` (verl-project/verl 1dda039b, tests/data/verl, Apache-2.0):
-the same score on MATH-style answers written every way the normalisation handles (fractions, roots, units,
-degrees, percent, dollars, ``x =``, ``\\left(``), on every pair of them, and on seeded random LaTeX fragments."""
+"""The MATH and DAPO rewards against verl's own ``math_reward.py`` and ``math_dapo.py`` (verl-project/verl 1dda039b,
+tests/data/verl, Apache-2.0): the same score on MATH-style answers written every way the normalisations handle
+(fractions, roots, units, degrees, percent, dollars, ``x =``, ``\\left(``, ``Answer:`` lines), on every pair of them,
+and on seeded random LaTeX fragments."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rlprof_train.reward_functions import MATH_SOURCES, default_compute_score, math_score
+from rlprof_train.reward_functions import MATH_SOURCES, default_compute_score, math_dapo_score, math_score
 
-VERL_MATH = Path(__file__).parents[1] / "data" / "verl" / "math_reward.py"
+VERL = Path(__file__).parents[1] / "data" / "verl"
 
 ANSWERS = [
     "\\frac{1}{2}",
@@ -75,12 +76,17 @@ ANSWERS = [
 (a trailing ``\\sqrt`` or ``\\frac``, two units): those compare as written in both."""
 
 
-@pytest.fixture(scope="module")
-def verls():
-    spec = importlib.util.spec_from_file_location("verl_math_reward", VERL_MATH)
+def verl_score(name: str):
+    """``compute_score`` of verl's ``name``.py."""
+    spec = importlib.util.spec_from_file_location(f"verl_{name}", VERL / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.compute_score
+
+
+@pytest.fixture(scope="module")
+def verls():
+    return verl_score("math_reward")
 
 
 def test_every_pair_of_math_answers_scores_as_verls_does(verls, capsys):
@@ -138,5 +144,28 @@ def test_math_data_sources_are_routed_as_verls_default_compute_score_routes_them
     for source in MATH_SOURCES:
         assert default_compute_score(source, "Thus $\\boxed{\\dfrac{1}{2}}$", "\\frac12") == 1.0
         assert default_compute_score(source, "Thus 1/2", "\\frac12") == 0.0  # no boxed answer
-    with pytest.raises(ValueError, match="no built-in reward for data_source='math_dapo'.*lighteval/MATH"):
-        default_compute_score("math_dapo", "\\boxed{1}", "1")
+    for source in ("math_dapo", "math", "aime2024"):
+        assert default_compute_score(source, "Answer: 7", "7")["score"] == 1.0
+    with pytest.raises(ValueError, match="no built-in reward for data_source='codecontests'.*lighteval/MATH.*aime"):
+        default_compute_score("codecontests", "\\boxed{1}", "1")
+
+
+def test_dapos_math_scores_as_verls_math_dapo_does(capsys):
+    """verl's DAPO reward with its defaults (``Answer:`` lines first, the last boxed answer of the last 100
+    characters otherwise): score, verdict and the answer read."""
+    verls = verl_score("math_dapo")
+    forms = [*ANSWERS, "7 dollars", "an 7", "\\text{7}", "\\textbf{7}", "\\overline{7}", "$7$", "7 cm", "1,000,000"]
+    compared = 0
+    for answer, truth in itertools.product(forms, repeat=2):
+        for response in (
+            f"reasoning... Answer: {answer}",
+            f"answer: {answer}\nmore",
+            f"so $\\boxed{{{answer}}}$",
+            "x" * 290 + f"\\boxed{{{answer}}}",  # past the 300 characters read
+            f"\\boxed{{{answer}}}" + "y" * 120,  # past the 100 characters searched for a box
+            f"Answer: {answer} \\boxed 3",
+        ):
+            assert math_dapo_score(response, truth) == verls(response, truth), (response, truth)
+            compared += 1
+    capsys.readouterr()
+    print(f"\n{compared} responses scored as verl's math_dapo scores them")

@@ -116,7 +116,7 @@ def test_a_data_source_no_built_in_reward_scores_is_refused_before_any_work(tmp_
     from rlprof_train.main_ppo import main
 
     data = tmp_path / "train.jsonl"
-    rows = [("lighteval/MATH", "\\frac12"), ("openai/gsm8k", "4"), ("math_dapo", "7"), ("aime2024", "9")]
+    rows = [("lighteval/MATH", "\\frac12"), ("aime2024", "9"), ("codecontests", "7"), ("hiyouga/geometry3k", "9")]
     data.write_text(
         "\n".join(json.dumps({"prompt": "q", "data_source": s, "reward_model": {"ground_truth": t}}) for s, t in rows)
     )
@@ -124,7 +124,8 @@ def test_a_data_source_no_built_in_reward_scores_is_refused_before_any_work(tmp_
         main(["--config-name=demo", f"data.train_files={data}", f"trainer.default_local_dir={tmp_path / 'ckpt'}"]) == 2
     )
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith(f"config error: data.train_files: {data} has rows of data_source 'aime2024', 'math_dapo', ")
+    unrewarded = "has rows of data_source 'codecontests', 'hiyouga/geometry3k', "
+    assert line.startswith(f"config error: data.train_files: {data} {unrewarded}")
     assert "(those that exist: rlprof/arithmetic, " in line and "lighteval/MATH" in line
     assert not (tmp_path / "ckpt").exists()  # before any folder is made
 
