@@ -42,6 +42,7 @@ from typing import Any, Optional
 
 from rlprof.schema import bounds, build
 from rlprof.session import get_session
+from rlprof.stall_files import EVENT_FILE, stall_folder
 
 POLL_S = 1.0
 PY_SPY_TIMEOUT_S = 30.0
@@ -49,8 +50,6 @@ PY_SPY_TIMEOUT_S = 30.0
 COUNT_KEY = "rlprof/stall/count"
 EVENT_KEY = "rlprof/stall/{n}"
 AT_KEY = "rlprof/watchdog/at/{rank}"
-STALLS_DIR = "stalls"
-EVENT_FILE = "stall.json"
 ABORT_EXIT = 3
 HISTORY = 20
 """Durations per phase the median is taken over (the latest)."""
@@ -113,11 +112,6 @@ class Stall:
     threshold_s: float
     median_s: Optional[float]
     """The phase's median before (None: no earlier step; the absolute limit applied)."""
-
-
-def stall_folder(log_dir: Path) -> Path:
-    """Where a run's stalls go: one ``step{N}`` folder each."""
-    return log_dir / STALLS_DIR
 
 
 class Watchdog:

@@ -25,6 +25,7 @@ FORBIDDEN = (
     ("rlprof.tools", "rlprof.config", "tools receive their settings, not the config"),
     ("rlprof.analysis", "rlprof.cli", "the analysis layer never reaches up into the command line"),
     ("rlprof.analysis", "rlprof.session", "reading runs back never starts a session"),
+    ("rlprof.analysis", "rlprof.watchdog", "reading runs back never imports the runtime watchdog (or its session)"),
 )
 """(importer prefix, imported prefix, why): arrows that point up the layers."""
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from rlprof.analysis.model import StallRecord
 from rlprof.manifest import read_manifest
-from rlprof.watchdog import EVENT_FILE, stall_folder
+from rlprof.stall_files import EVENT_FILE, stall_folder
 
 MAX_STALLS = 50
 MAX_BYTES = 4 * 2**20
