@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Optional
 
 from rich.console import Console
 
+from rlprof.analysis.render.registry import Renderer, find_renderer, renderer_names
+
 if TYPE_CHECKING:
     from rlprof.analysis.document import Document
     from rlprof.analysis.run import Run
     from rlprof.analysis.sources import ReadOptions
-
-FORMATS = ("rich", "md", "json")
 
 
 class UsageError(Exception):
@@ -28,29 +28,39 @@ def say(console: Console, line: str) -> None:
     console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
+def _renderer(spec: str) -> Renderer:
+    """``--format``'s type: the renderer, found before any work (argparse reports the ``ValueError``'s text)."""
+    try:
+        return find_renderer(spec)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_output_options(parser: argparse.ArgumentParser, html_help: Optional[str]) -> None:
-    """``--format rich|md|json`` and, when ``html_help`` is given, ``--html FILE``."""
-    parser.add_argument("--format", choices=FORMATS, default="rich")
+    """``--format NAME`` (a registered renderer or ``module:function``) and, when ``html_help`` is given,
+    ``--html FILE``."""
+    names = ", ".join(renderer_names())
+    parser.add_argument(
+        "--format",
+        type=_renderer,
+        default="rich",
+        metavar="NAME",
+        help=f"{names}, or module:function (your own renderer: a document -> its text)",
+    )
     if html_help is not None:
         parser.add_argument("--html", type=Path, help=html_help)
 
 
 def emit(document: Document, args: argparse.Namespace, console: Console) -> int:
-    """Print ``document`` as ``--format`` asks (terminal, Markdown or JSON) and write ``--html``; returns the
-    document's exit code."""
-    from rlprof.analysis.render import console as terminal
-    from rlprof.analysis.render import html, jsonout, markdown
+    """Show ``document`` with ``--format``'s renderer and write ``--html``; returns the document's exit code."""
+    from rlprof.analysis.render import html
 
-    if args.format == "json":
-        print(jsonout.render(document))
-    elif args.format == "md":
-        print(markdown.render(document), end="")
-    else:
-        terminal.render(document, console)
+    shown: Renderer = args.format
+    shown.write(document, console)
     page: Optional[Path] = getattr(args, "html", None)
     if page is not None:
         page.write_text(html.render(document), encoding="utf-8")
-        if args.format == "rich":
+        if shown.to_console is not None:
             say(console, f"wrote {page}")
     return document.exit_code
 

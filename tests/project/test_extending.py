@@ -1,6 +1,6 @@
 """docs/extending.md's worked examples, run as written: a tool, a tracking backend, an advantage estimator, a
-rollout backend, a diagnosis rule and an input source, each added from user code with one registration and then used
-through the public config or command line."""
+rollout backend, a diagnosis rule, an input source and an output format, each added from user code with one
+registration (or, for the format, one file) and then used through the public config or command line."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def run_blocks(*indices, **names):
 
 
 def test_the_documents_examples_are_all_here():
-    assert len(BLOCKS) == 7
+    assert len(BLOCKS) == 8
 
 
 def test_a_tool_registered_from_user_code_records_through_the_public_config(tmp_path):
@@ -136,3 +136,27 @@ def test_a_source_registered_from_user_code_is_read_by_rlprof_report(tmp_path, c
         assert "ranges.csv:2: start_us and duration_us must be numbers" in capsys.readouterr().err
     finally:
         del sources._SOURCES["range_csv"]
+
+
+def test_an_output_format_in_a_file_of_yours_is_used_by_import_path(tmp_path, capsys, monkeypatch):
+    import csv
+    import io
+
+    from rlprof.cli import main
+
+    (tmp_path / "my_formats.py").write_text(BLOCKS[7])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    trace = ROOT / "tests" / "data" / "traces" / "hta_cpu_only_rank-34.pt.trace.json.gz"
+    assert main(["report", str(trace), "--format", "my_formats:csv_tables"]) == 0
+    printed = capsys.readouterr().out
+    assert main(["report", str(trace), "--format", "json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)["traces"][0]["ranges"]  # gloo:all_reduce, 10 times
+    rows = list(csv.reader(io.StringIO(printed)))
+    header = rows.index(["range", "count", "total ms", "self ms"])
+    assert rows[header - 1][0].startswith("# Inside the profiled windows (traces)")
+    assert rows[header + 1][:2] == [listed["label"], str(listed["count"])]
+    assert float(rows[header + 1][2].replace(",", "")) == pytest.approx(listed["total_ms"], abs=0.05)
+    with pytest.raises(SystemExit) as stopped:  # argparse's usage error, before any reading
+        main(["report", str(trace), "--format", "my_formats:nothing"])
+    assert stopped.value.code == 2
+    assert "argument --format: 'my_formats:nothing': AttributeError" in capsys.readouterr().err
