@@ -260,8 +260,14 @@ def test_todays_layout_is_read_and_per_role_profiler_settings_are_applied_or_ref
         f"{ARR}.rollout.profiler.tool_config.torch_memory.stack_depth=64",
         "global_profiler.relocate_results=True",
     ]
-    # a key whose default changed between the eras is at verl's default at either value
-    assert era_defaults(SEED_ERA)["algorithm.rollout_correction.bypass_mode"] is False
+    # a key whose default changed between the eras (2, then 3) is at verl's default at either value, not at another
+    steps = f"{ARR}.model.mtp.speculative_num_steps"
+    assert (era_defaults(SEED_ERA)[steps], era_defaults("1dda039b")[steps]) == (2, 3)
+    assert [translate([(steps, value)], set(), 1).problems for value in (2, 3)] == [[], []]
+    (problem,) = translate([(steps, 5)], set(), 1).problems
+    assert (
+        problem == f"{steps}=5: not supported here (verl's default 2 or 3 is what runs); remove it, or run it with verl"
+    )
 
 
 def _run(tmp_path, *overrides):
