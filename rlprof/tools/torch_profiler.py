@@ -41,6 +41,12 @@ class TorchSettings(StepWindowSettings):
     """Accepted for verl compatibility; the torch tool always writes one trace per window per process."""
 
 
+def effective_contents(contents: Any) -> frozenset[str]:
+    """What a ``contents`` list records: as given, with both activities (cpu, cuda) when it names neither."""
+    given = frozenset(contents or ())
+    return given if given & {"cpu", "cuda"} else given | {"cpu", "cuda"}
+
+
 def free_results(profiler: Any) -> None:
     """Free a stopped ``torch.profiler.profile``'s results now. The object holds itself in a reference cycle (its
     ``action_map`` of bound methods), so what it recorded (torch's native event tree of the whole window) would wait
@@ -97,10 +103,9 @@ class TorchProfilerTool(Tool):
         import torch
         from torch.profiler import ProfilerActivity
 
-        contents = set(context.settings.contents)
-        cuda = torch.cuda.is_available()
-        activities = {ProfilerActivity.CPU} if "cpu" in contents or not contents & {"cpu", "cuda"} else set()
-        if cuda and ("cuda" in contents or not contents & {"cpu", "cuda"}):
+        contents = effective_contents(context.settings.contents)
+        activities = {ProfilerActivity.CPU} if "cpu" in contents else set()
+        if torch.cuda.is_available() and "cuda" in contents:
             activities.add(ProfilerActivity.CUDA)
         self.activities = sorted(activities, key=str)
         self.options: dict[str, Any] = dict(

@@ -30,6 +30,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
+from rlprof.tools.torch_profiler import effective_contents
 from rlprof_train.launch import launch_world
 
 VERL_CONFIGS = {
@@ -53,6 +54,8 @@ class Alias:
 class Mirror:
     of: str
     """The key here that holds the setting."""
+    same: Optional[Callable[[Any, Any], bool]] = None
+    """``(verl's value, the value here) -> agree``; plain equality when None."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,10 @@ Rule = Union[Alias, Mirror, NoOp, Refused, Launcher]
 FSDP = "an FSDP engine detail; the actor and critic run on DeepSpeed here"
 RAY = "a Ray placement detail; processes are started by torchrun or the deepspeed launcher here"
 IO = "verl's own I/O; nothing to do here"
+RELOCATED = (
+    "the rollout engine's traces are written under global_profiler.save_path already (vllm_torch/rank{R}/) and listed "
+    "in its manifest"
+)
 
 
 def _per_gpu(value: Any, world_size: int) -> Any:
@@ -172,6 +179,21 @@ RULES: list[tuple[str, Rule]] = [
     (f"{ARR}.rollout.trace.*", NoOp("rollout traces are recorded by rlprof's tools here")),
     ("*.profiler.tool_config.npu.*", NoOp("NPU profiling: not on these machines")),
     (
+        "*.profiler.tool_config.torch.contents",
+        Mirror(
+            "global_profiler.global_tool_config.torch.contents",
+            lambda role, here: effective_contents(role) == effective_contents(here),
+        ),
+    ),
+    (
+        f"{ARR}.rollout.profiler.tool_config.torch.discrete",
+        NoOp(
+            "the vllm rollout's engine writes its own torch trace for each profiled step (vllm_torch/rank{R}/, in the "
+            "manifest), as verl's discrete rollout profiling; the rest of the rollout is in the step's trace"
+        ),
+    ),
+    ("*.relocate_results", NoOp(RELOCATED)),
+    (
         "*.profiler.tool_config.torch_memory.*",
         Refused(
             "per role, torch_memory settings are not applied here (one recording per process); set "
@@ -237,8 +259,8 @@ RULES: list[tuple[str, Rule]] = [
 class Translation:
     pairs: list[tuple[str, Any]] = field(default_factory=list)
     """(key here, value) to apply, in order."""
-    mirrors: list[tuple[str, Any, str]] = field(default_factory=list)
-    """(verl key, value, key here) to compare once the config is merged."""
+    mirrors: list[tuple[str, Any, Mirror]] = field(default_factory=list)
+    """(verl key, value, its rule) to compare once the config is merged."""
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -337,7 +359,7 @@ def translate(pairs: list[tuple[str, Any]], ours: set[str], world_size: int) -> 
             also = "".join(f" with {k}={v!r}" for k, v in implied)
             out.notes.append(f"{key}={value!r} is {rule.target}={converted!r}{also} here")
         elif isinstance(rule, Mirror):
-            out.mirrors.append((key, value, rule.of))
+            out.mirrors.append((key, value, rule))
         elif isinstance(rule, NoOp):
             ignored.append(f"{key} ({rule.reason})")
         elif isinstance(rule, Refused):
@@ -366,18 +388,20 @@ def translate(pairs: list[tuple[str, Any]], ours: set[str], world_size: int) -> 
     return out
 
 
-def mirror_problems(mirrors: list[tuple[str, Any, str]], setting: Callable[[str], Any]) -> list[str]:
+def mirror_problems(mirrors: list[tuple[str, Any, Mirror]], setting: Callable[[str], Any]) -> list[str]:
     """The mirrored keys that disagree with the key here that holds the setting (``None`` here: a verl key not set,
     at verl's default). A mirror set to ``None`` is verl's "follow the other key" (today's ``critic.model.*``)."""
 
-    def holds(value: Any, of: str) -> bool:
-        here = setting(of)
-        return _same(value, here) if here is not None else _is_default(value, verl_defaults().get(of, (None,)))
+    def holds(value: Any, rule: Mirror) -> bool:
+        here = setting(rule.of)
+        candidates = (here,) if here is not None else verl_defaults().get(rule.of, (None,))
+        same = rule.same or _same
+        return any(same(value, candidate) for candidate in candidates)
 
     return [
-        f"{key}={value!r}: here that is {of} (={setting(of)!r}); set {of} instead"
-        for key, value, of in mirrors
-        if value is not None and not holds(value, of)
+        f"{key}={value!r}: here that is {rule.of} (={setting(rule.of)!r}); set {rule.of} instead"
+        for key, value, rule in mirrors
+        if value is not None and not holds(value, rule)
     ]
 
 

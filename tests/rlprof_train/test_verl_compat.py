@@ -249,7 +249,7 @@ def test_todays_layout_is_read_and_per_role_profiler_settings_are_applied_or_ref
             (f"{ARR}.actor.profiler.tool_config.torch.schedule.active", 2),
             (f"{ARR}.actor.profiler.tool_config.torch.discrete", True),
             (f"{ARR}.rollout.profiler.tool_config.torch_memory.stack_depth", 64),
-            ("global_profiler.relocate_results", True),
+            (f"{ARR}.rollout.profiler.tool_config.torch.profile_token_start", 4),
         ],
         set(),
         1,
@@ -258,8 +258,21 @@ def test_todays_layout_is_read_and_per_role_profiler_settings_are_applied_or_ref
         f"{ARR}.actor.profiler.tool_config.torch.schedule.active=2",
         f"{ARR}.actor.profiler.tool_config.torch.discrete=True",
         f"{ARR}.rollout.profiler.tool_config.torch_memory.stack_depth=64",
-        "global_profiler.relocate_results=True",
+        f"{ARR}.rollout.profiler.tool_config.torch.profile_token_start=4",
     ]
+    # what the trainer does already: the rollout engine's own trace per step, every trace under save_path
+    done = translate(
+        [(f"{ARR}.rollout.profiler.tool_config.torch.discrete", True), ("global_profiler.relocate_results", True)],
+        set(),
+        1,
+    )
+    assert not done.problems and "relocate_results (the rollout engine's traces" in " ".join(done.notes)
+    # per-role torch contents: accepted when they record what the global ones do ([] = both activities)
+    contents = f"{ARR}.actor.profiler.tool_config.torch.contents"
+    load_trainer_config([f"{contents}=[cpu,cuda]"])
+    load_trainer_config([f"{contents}=[cpu,stack]", "global_profiler.global_tool_config.torch.contents=[cpu,stack]"])
+    with pytest.raises(ConfigError, match=rf"{contents}=\['cpu', 'stack'\]: here that is global_profiler"):
+        load_trainer_config([f"{contents}=[cpu,stack]"])
     # a key whose default changed between the eras (2, then 3) is at verl's default at either value, not at another
     steps = f"{ARR}.model.mtp.speculative_num_steps"
     assert (era_defaults(SEED_ERA)[steps], era_defaults("1dda039b")[steps]) == (2, 3)

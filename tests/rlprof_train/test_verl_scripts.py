@@ -24,9 +24,12 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import yaml
+
+from rlprof.manifest import read_manifest
 
 from conftest import ROOT, build_reward_model, subprocess_env
 from wandb_offline import read_run_history
@@ -64,17 +67,21 @@ TODAY_RUNS = {  # today's scripts that train, with what they select
     "examples/remax_trainer/run_qwen3_8b_fsdp.sh": "remax",
     "examples/tuning/lora/run_qwen3_8b_from_adapter_fsdp.sh": "grpo, LoRA from a saved adapter",
     "examples/grpo_trainer/run_mistral_nemo_12b_skyworkrm_fsdp.sh": "grpo, reward.reward_model",
+    "examples/profile/run_qwen2_5_7b_torch_profile.sh": "grpo, the torch tool on steps 1-2, the vLLM engine's too",
 }
 TODAY_REFUSED = {  # today's scripts that ask for what is not here -> what their one error must name
     "examples/rollout_correction/run_qwen2_5_7b_fsdp.sh": (
         "algorithm.rollout_correction.rollout_is='sequence'",
         "algorithm.rollout_correction.bypass_mode=True",
     ),
-    "examples/profile/run_qwen2_5_7b_torch_profile.sh": (
-        "actor_rollout_ref.actor.profiler.tool_config.torch.contents=",
-        "actor_rollout_ref.rollout.profiler.tool_config.torch.discrete=True",
-        "global_profiler.relocate_results=True",
-    ),
+}
+PROFILE = "examples/profile/run_qwen2_5_7b_torch_profile.sh"
+PROFILE_REFUSED = {  # the profiling script's knobs set to what is not here -> the key its one error names
+    "PROFILE_DISCRETE=True": "actor_rollout_ref.actor.profiler.tool_config.torch.discrete=True",
+    "PROFILE_SCHED_ACTIVE=2": "actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=2",
+    "PROFILE_ROLLOUT_TOKEN_START=4": "actor_rollout_ref.rollout.profiler.tool_config.torch.profile_token_start=4",
+    "PROFILE_FINISH_HOOK_CMD=true": "global_profiler.finish_hook_cmd=",
+    "PROFILE_CONTENTS=['cpu','stack']": "actor_rollout_ref.actor.profiler.tool_config.torch.contents=['cpu', 'stack']",
 }
 QUESTIONS = [(f"What is {a} plus {b}?", a + b) for a in range(4) for b in range(4)]
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -218,6 +225,7 @@ def todays_knobs(root: Path, model: Path, reward_model: Path) -> dict[str, str]:
         "MATH_TEST_FILE": str(data / "math" / "test.parquet"),
         "TRAIN_FILE": str(data / "gsm8k" / "train.parquet"),
         "TEST_FILE": str(data / "gsm8k" / "test.parquet"),
+        "PROFILE_SAVE_PATH": "profile",  # in the script's working folder
     }
 
 
@@ -256,9 +264,11 @@ def tally(work: Path, output: str, appended: int = SEED_APPENDED) -> str:
     )
 
 
-def run_script(name: str, place, work: Path, *more: str, today: bool = False) -> subprocess.CompletedProcess:
+def run_script(
+    name: str, place, work: Path, *more: str, today: bool = False, knobs: Optional[dict[str, str]] = None
+) -> subprocess.CompletedProcess:
     """Run the seed era's script ``name`` with :func:`substitutions` and ``more`` as its ``$@``, or (``today``)
-    today's with :func:`todays_knobs` in its environment and :func:`todays_arguments`."""
+    today's with :func:`todays_knobs` and ``knobs`` in its environment and :func:`todays_arguments`."""
     root, model, reward_model = place
     script = (TODAY if today else SCRIPTS) / name
     work.mkdir()
@@ -271,6 +281,7 @@ def run_script(name: str, place, work: Path, *more: str, today: bool = False) ->
         WANDB_DIR=str(work),
         OMP_NUM_THREADS="1",
         **(todays_knobs(root, model, reward_model) if today else {}),
+        **(knobs or {}),
     )
     appended = todays_arguments(root) if today else substitutions(root, model, reward_model)
     command = ["bash", str(script), *appended, *more]
@@ -350,6 +361,23 @@ def test_todays_verl_script_runs_two_steps_as_its_users_run_it(name, script_runs
     steps = [row["_step"] for row in history if "critic/score/mean" in row]
     assert steps == [1, 2], steps
     print(f"\n{name} ({TODAY_RUNS[name]}): {tally(work, output, len(todays_arguments(Path())))}, ran 2 steps")
+    if name == PROFILE:  # its traces: the trainer's per profiled step, the vLLM engine's beside them
+        written = read_manifest(work / "profile")
+        trainer = sorted(tuple(r["steps"]) for r in written if r["tool"] == "torch")
+        engine = sorted(
+            tuple(r["steps"]) for r in written if r["tool"] == "vllm_torch" and r["format"] == "chrome_trace"
+        )
+        assert trainer == [(1,), (2,)] and engine == [(1,), (2,)], written
+
+
+@pytest.mark.parametrize("knob", sorted(PROFILE_REFUSED))
+def test_the_profiling_scripts_settings_that_are_not_here_are_named(knob, place, tmp_path):
+    """Each of the profiling script's knobs set to what this trainer does not do stops it at once, naming the key."""
+    variable, _, value = knob.partition("=")
+    result = run_script(PROFILE, place, tmp_path / "work", today=True, knobs={variable: value})
+    assert result.returncode == 2, (result.stdout + result.stderr)[-4000:]
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("config error:")]
+    assert PROFILE_REFUSED[knob] in error, error
 
 
 @pytest.mark.parametrize("name", sorted(TODAY_REFUSED))
