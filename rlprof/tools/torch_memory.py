@@ -21,9 +21,9 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
-from rlprof.schema import bounds
+from rlprof.schema import ConfigError, bounds
 from rlprof.tools.base import RangeOps, RangeSite, StepWindowSettings, Tool, ToolContext
 from rlprof.tools.host_alloc import HostAllocations
 from rlprof.tools.registry import register_tool
@@ -44,6 +44,35 @@ class TorchMemorySettings(StepWindowSettings):
     null = where CUDA is absent, true = beside the CUDA snapshots too, false = never (RSS per range only)."""
     oom_snapshot: bool = True
     """Write ``oom_rank{R}_*.pickle`` when CUDA runs out of memory while recording (once per window)."""
+    context: Optional[Literal["alloc", "state", "all"]] = "all"
+    """torch's ``context``: the stacks each event keeps: ``all`` (allocations and frees), ``alloc`` (allocations
+    only), ``state`` (the live blocks' only), null (none; so does ``stack_depth: 0``)."""
+    stacks: Literal["python", "all"] = "python"
+    """torch's ``stacks``: ``python`` frames (the reader's, and cheaper) or ``all`` (C++ frames too; verl's
+    ``enable_memory_visualize`` records all)."""
+    kw_args: dict[str, Any] = field(default_factory=dict)
+    """verl's key: more keyword arguments of ``torch.cuda.memory._record_memory_history`` (``clear_history``,
+    ``compile_context``, ``skip_actions``, ...), passed as given; those set above are refused here."""
+
+    def __post_init__(self) -> None:
+        import inspect
+
+        import torch
+
+        accepted = set(inspect.signature(torch.cuda.memory._record_memory_history).parameters)
+        owned = {"enabled": None, "context": "context", "stacks": "stacks", "max_entries": "trace_alloc_max_entries"}
+        for key in self.kw_args:
+            if key in owned:
+                raise ConfigError(
+                    f"global_profiler.global_tool_config.torch_memory.kw_args.{key}: set by rlprof"
+                    + (f"; use torch_memory.{owned[key]}" if owned[key] else " (the window starts and stops it)")
+                )
+            if key not in accepted:
+                allowed = ", ".join(sorted(accepted - set(owned)))
+                raise ConfigError(
+                    f"global_profiler.global_tool_config.torch_memory.kw_args.{key}: not an argument of this torch's "
+                    f"_record_memory_history; allowed: {allowed}"
+                )
 
 
 @register_tool("torch_memory", config=TorchMemorySettings)
@@ -83,9 +112,10 @@ class CudaMemoryTool(Tool):
 
         torch.cuda.memory._record_memory_history(
             "all",
-            context="all" if self.settings.stack_depth else None,
-            stacks="python",
+            context=self.settings.context if self.settings.stack_depth else None,
+            stacks=self.settings.stacks,
             max_entries=self.settings.trace_alloc_max_entries,
+            **self.settings.kw_args,
         )
         self.recording = True
         self._annotations = []

@@ -3,6 +3,7 @@ GPU exists, and the pure helpers."""
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 import warnings
@@ -150,3 +151,44 @@ def test_cuda_snapshot_per_window_with_role_metadata_and_oom_snapshot(tmp_path, 
     head = text[: text.index("Live at the failure per role")]
     assert "cuda:0 ran out of memory" in head and "1.000 PiB requested in actor/huge" in head, head
     assert "free of" in head and "What to try" in text and (tmp_path / "oom.html").stat().st_size > 0
+
+
+def test_verls_history_settings_reach_torch_and_unknown_ones_are_named(tmp_path, monkeypatch):
+    """``context``, ``stacks`` and ``kw_args`` (verl's keys) are what ``_record_memory_history`` is called with; a
+    keyword rlprof sets itself, or one this torch lacks, is one config error naming it. CUDA's memory API is replaced at
+    the hardware boundary (this machine has no GPU): the call is recorded, the snapshot is empty."""
+    calls = []
+    memory = torch.cuda.memory
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    real = memory._record_memory_history
+
+    @functools.wraps(real)  # its signature, which the settings are checked against
+    def record(*args, **kwargs):
+        calls.append((args, kwargs))
+
+    monkeypatch.setattr(memory, "_record_memory_history", record)
+    monkeypatch.setattr(memory, "_snapshot", lambda *args, **kwargs: {"segments": [], "device_traces": [[]]})
+    metadata = [""]
+    monkeypatch.setattr(memory, "_set_memory_metadata", lambda value: metadata.__setitem__(0, value))
+    monkeypatch.setattr(memory, "_get_memory_metadata", lambda: metadata[0])
+    monkeypatch.setattr(torch._C, "_cuda_attach_out_of_memory_observer", lambda observer: None, raising=False)
+    settings = {"context": "alloc", "stacks": "all", "kw_args": {"clear_history": True}, "oom_snapshot": False}
+    config = memory_config(tmp_path, steps=[1], global_tool_config={"torch_memory": settings})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the tool must not turn itself off
+        rlprof.init(config, rank=0, world_size=1)
+        try:
+            with rlprof.step(1):
+                grow(1)
+        finally:
+            rlprof.shutdown()
+    assert [r["tool"] for r in read_manifest(tmp_path)] == ["torch_memory"]  # the window's snapshot
+    assert calls[0] == (("all",), {"context": "alloc", "stacks": "all", "max_entries": 100_000, "clear_history": True})
+    assert calls[-1] == ((None,), {})  # stopped at the window's end
+    for kw_args, named in (
+        ({"max_entries": 5}, "kw_args.max_entries: set by rlprof; use torch_memory.trace_alloc_max_entries"),
+        ({"colour": 1}, "kw_args.colour: not an argument of this torch's _record_memory_history; allowed: "),
+    ):
+        with pytest.raises(rlprof.ConfigError, match=named):
+            rlprof.init(memory_config(tmp_path, global_tool_config={"torch_memory": {"kw_args": kw_args}}))
