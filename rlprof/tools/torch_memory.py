@@ -55,6 +55,8 @@ class TorchMemorySettings(StepWindowSettings):
     ``compile_context``, ``skip_actions``, ...), passed as given; those set above are refused here."""
 
     def __post_init__(self) -> None:
+        if not self.kw_args:
+            return
         import inspect
 
         import torch
