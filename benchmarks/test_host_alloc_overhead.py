@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = [3, 4, 5, 6]
 TARGET = 2.0
@@ -45,6 +47,7 @@ def trainer_run(folder: Path, *overrides: str) -> tuple[float, float]:
     return statistics.median(r["timing_s/step"] for r in records if r["step"] in WINDOW), wall
 
 
+@pytest.mark.long  # six trainer runs, 1-2 minutes on 2 cores: left out of scripts/test.sh, run with -m long
 def test_host_allocation_timeline_overhead_per_step(benchmark, tmp_path):
     recorded = ("global_profiler.tool=torch_memory", f"global_profiler.steps={WINDOW}")
     no_stacks = (*recorded, "global_profiler.global_tool_config.torch_memory.stack_depth=0")

@@ -61,8 +61,8 @@ def test_every_page_is_in_the_site_navigation():
 @pytest.mark.slow  # 15 s (collections of benchmarks/ and tests/): kept out of the quick loop
 def test_the_test_command_runs_every_benchmark_but_the_long_ones():
     """docs/setup.md: ``scripts/test.sh`` runs the tests and benchmarks but those marked ``long``, which are the
-    comparisons with TRL, the knob table, LoRA's costs and learning run and the 5000-window soak (collected here, not
-    run)."""
+    comparisons with TRL, the knob table, LoRA's costs and learning run, the host allocation timeline's cost, the vLLM
+    tune and the 5000-window soak (collected here, not run)."""
     import subprocess
     import sys
 
@@ -98,8 +98,12 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
         "benchmarks/test_vs_trl.py",
         "benchmarks/test_knobs.py",
         "benchmarks/test_lora.py",
+        "benchmarks/test_host_alloc_overhead.py",
     }, long
     assert {test for test in long if test.startswith("benchmarks/test_soak.py")} == {f"{soak}[5000 windows]"}, long
     rest = collected("not long")
     assert rest and not rest & long and f"{soak}[500 windows]" in rest
-    assert collected("long", "tests") == {"tests/rlprof_train/test_lora.py::test_lora_learns_the_arithmetic_task"}
+    assert collected("long", "tests") == {
+        "tests/rlprof_train/test_lora.py::test_lora_learns_the_arithmetic_task",
+        "tests/rlprof_train/test_tune.py::test_vllms_knobs_are_searched_with_the_vllm_rollout",
+    }

@@ -183,7 +183,7 @@ def test_a_crashing_trial_is_recorded_and_the_search_goes_on_with_two_processes_
     assert json.loads(log.read_text())["world_size"] == 2
 
 
-@pytest.mark.slow
+@pytest.mark.long  # four vLLM engine starts, 2-3 minutes on 2 cores: left out of scripts/test.sh, run with -m long
 def test_vllms_knobs_are_searched_with_the_vllm_rollout(tmp_path):
     pytest.importorskip("vllm")
     _, results = tune(

@@ -37,9 +37,8 @@ from wandb_offline import read_run_history
 pytestmark = pytest.mark.slow
 
 SCRIPTS = ROOT / "tests" / "data" / "verl_scripts"
-RUNS = {  # the seed era's scripts that train here: what no script of today's does (nsys with a reward model)
+RUNS = {  # the seed era's script that trains here: what no script of today's does (nsys with a reward model)
     "examples/ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys.sh": "gae",
-    "examples/tuning/0.5b/qwen2-0.5b_grpo-lora_1_h100_fsdp_vllm.sh": "grpo",
 }
 CHECKED = {  # the seed era's scripts whose estimator today's scripts train: their config, with Hydra's --cfg job
     "examples/ppo_trainer/run_deepseek7b_llm.sh": "gae",
@@ -50,6 +49,7 @@ CHECKED = {  # the seed era's scripts whose estimator today's scripts train: the
     "examples/reinforce_plus_plus_trainer/run_qwen2-7b_math_rf.sh": "reinforce_plus_plus",
     "examples/rloo_trainer/run_qwen2-7b.sh": "rloo",
     "examples/remax_trainer/run_qwen2.5-3b_seq_balance.sh": "remax",
+    "examples/tuning/0.5b/qwen2-0.5b_grpo-lora_1_h100_fsdp_vllm.sh": "grpo",
 }
 MULTI_TURN = "examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh"
 REFUSED = {  # script -> the keys its one error must name
