@@ -4,7 +4,6 @@ prompt (verl runs them; the advantage is then the score). verl's functions are t
 
 from __future__ import annotations
 
-import ast
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 import torch
+from verl_source import verl_functions
 
 from rlprof_train import algos
 
@@ -20,19 +20,9 @@ CORE_ALGOS = Path(__file__).parents[1] / "data" / "verl" / "core_algos.py"
 
 
 def verl_function(name: str) -> Callable[..., Any]:
-    """verl's function ``name`` from its source, without its registration decorator or verl's other imports."""
-    tree = ast.parse(CORE_ALGOS.read_text())
-    (node,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
-    node.decorator_list = []
-    namespace: dict[str, Any] = {
-        "torch": torch,
-        "np": np,
-        "defaultdict": defaultdict,
-        "Optional": Optional,
-        "AlgoConfig": Any,
-    }
-    exec(compile(ast.Module(body=[node], type_ignores=[]), str(CORE_ALGOS), "exec"), namespace)
-    return namespace[name]
+    """verl's function ``name`` from its ``core_algos.py``."""
+    namespace = {"torch": torch, "np": np, "defaultdict": defaultdict, "Optional": Optional, "AlgoConfig": Any}
+    return verl_functions(CORE_ALGOS, (name,), namespace)[name]
 
 
 def ragged(rows: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,7 +4,6 @@ the loss, its gradient and the clip fraction and KL on the same seeded ragged ba
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,6 +11,7 @@ from typing import Any, Optional
 
 import pytest
 import torch
+from verl_source import verl_functions
 
 from rlprof_train import algos
 
@@ -39,13 +39,9 @@ class AlgoConfig:
     """verl's algorithm config, which a loss must not be given (its functions assert so)."""
 
 
-def verl_functions(*names: str) -> dict[str, Callable[..., Any]]:
-    """verl's functions ``names`` from its source, without their decorators, in one namespace."""
-    tree = ast.parse(CORE_ALGOS.read_text())
-    nodes = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
-    for node in nodes:
-        node.decorator_list = []
-    namespace: dict[str, Any] = {
+def verl_losses(*names: str) -> dict[str, Callable[..., Any]]:
+    """verl's functions ``names`` from its ``core_algos.py``, in one namespace (the losses call its ``agg_loss``)."""
+    namespace = {
         "torch": torch,
         "Optional": Optional,
         "Any": Any,
@@ -54,8 +50,7 @@ def verl_functions(*names: str) -> dict[str, Callable[..., Any]]:
         "AlgoConfig": AlgoConfig,
         "verl_F": SimpleNamespace(masked_sum=_masked_sum, masked_mean=_masked_mean),
     }
-    exec(compile(ast.Module(body=nodes, type_ignores=[]), str(CORE_ALGOS), "exec"), namespace)
-    return {name: namespace[name] for name in names}
+    return verl_functions(CORE_ALGOS, names, namespace)
 
 
 def batch(seed: int, rows: int = 6, width: int = 9) -> tuple[torch.Tensor, ...]:
@@ -87,7 +82,7 @@ def test_each_loss_mode_equals_verls_loss_gradient_and_diagnostics(mode, verl_na
     ours = algos.POLICY_LOSSES[mode](old, ours_input, advantages, mask, clip_ratio_c=3.0, loss_agg_mode=agg, **clip)
     ours.pg_loss.backward()
 
-    verl = verl_functions(verl_name, "agg_loss")[verl_name]
+    verl = verl_losses(verl_name, "agg_loss")[verl_name]
     config = ActorConfig(**clip, clip_ratio_c=3.0, global_batch_info={}, loss_agg_mode=agg)
     theirs_input = new.clone().requires_grad_()
     loss, metrics = verl(old, theirs_input, advantages, mask, loss_agg_mode=agg, config=config)
