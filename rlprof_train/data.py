@@ -11,13 +11,12 @@ in the log).
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 
@@ -130,12 +129,18 @@ def _read_json_rows(path: Path) -> list[dict[str, Any]]:
     return list(rows)
 
 
-def check_data_files(
-    files: Any, prompt_key: str, setting: str, rewarded_sources: Optional[Sequence[str]] = None
-) -> None:
+class RuleRewards(NamedTuple):
+    """The built-in rewards as the data check asks for them: the reward of a data source (None: none), and the
+    sources (``fnmatch`` patterns) to name."""
+
+    reward_of: Callable[[str], Any]
+    sources: Sequence[str]
+
+
+def check_data_files(files: Any, prompt_key: str, setting: str, rule_rewards: Optional[RuleRewards] = None) -> None:
     """Fail early when a data file is missing, of an unknown format, malformed, has no ``prompt_key`` column or
-    (``rewarded_sources``: ``fnmatch`` patterns of the data sources the built-in rewards score, comparing with the
-    ground truth) no ``reward_model.ground_truth`` at all or a ``data_source`` with no reward."""
+    (``rule_rewards``: the built-in rewards, which compare with the ground truth) no ``reward_model.ground_truth`` at
+    all or a ``data_source`` none of them scores."""
     paths = [files] if isinstance(files, (str, Path)) else list(files)
     for path in map(Path, paths):
         if not path.exists():
@@ -156,7 +161,7 @@ def check_data_files(
                 f"{setting}: {path} has no {prompt_key!r} column (data.prompt_key); "
                 f"columns: {', '.join(columns) or 'none'}"
             )
-        if rewarded_sources is None:
+        if rule_rewards is None:
             continue
         if not any(_ground_truth(row) is not None for row in rows):
             raise ValueError(
@@ -165,12 +170,12 @@ def check_data_files(
                 "custom_reward_function.path to a function that needs none"
             )
         sources = {str(row.get("data_source", "unknown")) for row in rows}
-        unrewarded = sorted(s for s in sources if not any(fnmatch.fnmatchcase(s, p) for p in rewarded_sources))
+        unrewarded = sorted(source for source in sources if rule_rewards.reward_of(source) is None)
         if unrewarded:
             raise ValueError(
                 f"{setting}: {path} has rows of data_source {', '.join(map(repr, unrewarded))}, which no built-in "
-                f"reward scores (those that exist: {', '.join(rewarded_sources)}); set custom_reward_function.path "
-                "to a function that scores them"
+                f"reward scores (those that exist: {', '.join(rule_rewards.sources)}); set "
+                "custom_reward_function.path to a function that scores them"
             )
 
 

@@ -433,16 +433,15 @@ def _check_inputs(cfg: TrainerConfig) -> None:
             raise _fail(
                 "actor_rollout_ref.model.path", model.path, "has no config.json: not a Hugging Face model directory"
             )
-    from rlprof_train.data import BUILTIN_TASKS, check_data_files
-    from rlprof_train.reward_functions import BUILTIN_SOURCES
+    from rlprof_train.data import BUILTIN_TASKS, RuleRewards, check_data_files
+    from rlprof_train.reward_functions import BUILTIN_SOURCES, builtin_reward
 
-    rule_rewards = custom.path is None and not cfg.reward_model.enable  # else the user's function or a model scores
+    scored_by_rules = custom.path is None and not cfg.reward_model.enable  # else the user's function or a model
+    rule_rewards = RuleRewards(builtin_reward, BUILTIN_SOURCES) if scored_by_rules else None
 
     if data.train_files is None and data.task not in BUILTIN_TASKS:
         raise _fail("data.task", data.task, f"choose one of: {', '.join(BUILTIN_TASKS)} (or give data.train_files)")
 
     for setting, files in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
         if files is not None:
-            check_data_files(
-                files, data.prompt_key, setting, rewarded_sources=BUILTIN_SOURCES if rule_rewards else None
-            )
+            check_data_files(files, data.prompt_key, setting, rule_rewards)
