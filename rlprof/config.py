@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import typing
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -310,13 +311,17 @@ def _find_roles(tree: Mapping[str, Any], path: str = "") -> dict[str, RoleProfil
 
 
 def _apply_role_tool_config(block: RoleProfilerConfig, path: str, tree: Mapping[str, Any]) -> RoleProfilerConfig:
-    """Honour verl's ``<role>.profiler.tool_config``: ``nsys.discrete`` sets the role's discrete mode; settings equal
-    to the global ones are accepted; anything else is refused, naming where the setting belongs."""
+    """Honour verl's ``<role>.profiler.tool_config``: a setting the tool lets a role set on its own (its spec's
+    ``per_role``: ``nsys.discrete``) sets the role's field of that name; settings equal to the global ones are
+    accepted; anything else is refused, naming where the setting belongs."""
     if not block.tool_config:
         return block
     global_block = _build_global(tree.get("global_profiler") or {})
-    names = _tool_registry().tool_names()
-    discrete = block.discrete
+    registry = _tool_registry()
+    names = registry.tool_names()
+    own = ", ".join(f"{spec.name}.{key}" for spec in registry.tool_specs() for key in spec.per_role)
+    role_fields = typing.get_type_hints(RoleProfilerConfig)
+    per_role: dict[str, Any] = {}
     for tool, settings in block.tool_config.items():
         if tool not in names:
             raise ConfigError(
@@ -334,15 +339,15 @@ def _apply_role_tool_config(block: RoleProfilerConfig, path: str, tree: Mapping[
             key_path = f"{path}.tool_config.{tool}.{key}"
             if key not in known:
                 raise ConfigError(unknown_key_message(key_path, str(key), sorted(known)))
-            if tool == "nsys" and key == "discrete":
-                discrete = coerce(Optional[bool], value, key_path)
+            if key in registry.tool_spec(tool).per_role and key in role_fields:
+                per_role[key] = coerce(role_fields[key], value, key_path)
             elif value is not None and value != getattr(reference, key):
                 raise ConfigError(
                     f"{key_path}: {value!r} differs from global_profiler.global_tool_config.{tool}.{key}="
                     f"{getattr(reference, key)!r}; rlprof runs one {tool} profiler per process, so set it there "
-                    "(per role, only nsys.discrete can differ)"
+                    f"(per role, only {own or 'nothing'} can differ)"
                 )
-    return dataclasses.replace(block, discrete=discrete)
+    return dataclasses.replace(block, **per_role)
 
 
 # --------------------------------------------------------------------------------------------- validation

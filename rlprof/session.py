@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 from rlprof.config import ConfigError, ProfilerConfig, load_config
 from rlprof.manifest import Manifest
-from rlprof.tools import RangeSite, Tool, ToolContext, create_tool
+from rlprof.tools import RangeSite, Tool, ToolContext, ToolSpec, create_tool, tool_spec
 from rlprof.tools.base import remove_abandoned
 from rlprof.window import StepWindow, WindowListener
 
@@ -169,6 +169,11 @@ class Session:
         """The active tool's name, or None when nothing records on this rank (or the tool was turned off)."""
         return self.tool.name if self.tool is not None else None
 
+    @property
+    def tool_spec(self) -> Optional[ToolSpec]:
+        """What the active tool can do (its registration), or None when nothing records on this rank."""
+        return tool_spec(self.tool.name) if self.tool is not None else None
+
     def add_window_listener(self, listener: WindowListener) -> None:
         """Call ``listener.window_started(window)`` / ``window_stopped(window)`` as windows open and close."""
         with self._lock:
@@ -180,12 +185,20 @@ class Session:
                 self.listeners.remove(listener)
 
     def record_output(
-        self, tool: str, path: Any, window: StepWindow, role: Optional[str] = None, format: Optional[str] = None
+        self,
+        tool: str,
+        path: Any,
+        window: StepWindow,
+        role: Optional[str] = None,
+        format: Optional[str] = None,
+        engine: Optional[str] = None,
     ) -> None:
-        """List a file that code following the windows wrote (e.g. an engine's trace) in this run's manifest, with
-        its ``format`` (see :meth:`rlprof.tools.ToolContext.publish`)."""
+        """List a file that code following the windows wrote in this run's manifest, with its ``format`` (see
+        :meth:`rlprof.tools.ToolContext.publish`); ``engine``: the inference engine that wrote it beside the trainer
+        (``vLLM``: its own process and clock, shown as ``rank R vLLM engine``)."""
+        extra = {"engine": engine} if engine is not None else {}
         self._manifest().record(
-            tool, path, steps=window.steps, rank=self.rank, role=role, window=window.index, format=format
+            tool, path, steps=window.steps, rank=self.rank, role=role, window=window.index, format=format, **extra
         )
 
     def record_event(self, kind: str, **fields: Any) -> None:

@@ -18,6 +18,7 @@ from rlprof.analysis.render.units import human_bytes
 from rlprof.analysis.run import setting_of
 from rlprof.analysis.sources.base import SourceError
 from rlprof.analysis.sources.cuda_snapshot import read_snapshot
+from rlprof.tools import tool_names, tool_spec, tool_specs
 
 EXIT_CODE = 3
 """A run stopped by the device's memory (1: any other error in training; 2: a configuration problem)."""
@@ -66,7 +67,9 @@ def out_of_memory_line(
     message = str(error)
     requested, free = _bytes(_REQUESTED, message), _bytes(_FREE, message)
     profiler = config.get("global_profiler") or {}
-    recording = profiler.get("tool") == "torch_memory"
+    tool = profiler.get("tool")
+    recording = isinstance(tool, str) and tool in tool_names() and tool_spec(tool).oom_snapshot
+    snapshots = next(spec.name for spec in tool_specs() if spec.oom_snapshot)  # the tool that writes one
     snapshot = _snapshot(Path(profiler.get("save_path") or "outputs/profile"), rank) if recording else None
     fixes = remedies(
         _moment(snapshot, requested or 0, free or 0, f"{role}/{phase}"), lambda key: setting_of(config, key)
@@ -78,9 +81,9 @@ def out_of_memory_line(
     recorded = (
         f"its OOM snapshot: {snapshot} (rlprof memory {snapshot} says what held the memory)"
         if snapshot is not None
-        else "torch_memory was "
+        else f"{snapshots} was "
         + ("on but wrote no OOM snapshot" if recording else "off")
-        + f" (record one: global_profiler.tool=torch_memory 'global_profiler.steps=[{step}]')"
+        + f" (record one: global_profiler.tool={snapshots} 'global_profiler.steps=[{step}]')"
     )
     advice = f"; try {fixes[0].override}, then resume: the last checkpoint is intact" if fixes else ""
     return f"out of memory on the device {where}" + (f" ({amounts})" if amounts else "") + f"; {recorded}{advice}"

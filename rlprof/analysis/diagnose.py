@@ -78,6 +78,11 @@ def _offered(finding: Finding, rule: Rule, device: str) -> Finding:
     return replace(finding, overrides=kept, not_offered=finding.not_offered + not_offered)
 
 
+VERL_ROLLOUTS_WITHOUT_ENGINE = frozenset({"hf"})
+"""verl's ``rollout.name`` values that generate with the actor's own module (no engine settings apply): how a run
+verl recorded, with no run record, is read."""
+
+
 def _rollout_reads(run: Run, setting: str) -> bool:
     """Whether the run's rollout backend uses ``actor_rollout_ref.rollout.<setting>``: as rlprof_train's run record
     says (``run.json``: ``rollout.reads``, from the backend's registration). A run recorded elsewhere (verl) names an
@@ -86,7 +91,7 @@ def _rollout_reads(run: Run, setting: str) -> bool:
     if isinstance(record, dict) and isinstance(record.get("reads"), list):
         return setting in record["reads"]
     name = run.setting(f"{ROLLOUT}.name")
-    return isinstance(name, str) and name != "hf"
+    return isinstance(name, str) and name not in VERL_ROLLOUTS_WITHOUT_ENGINE
 
 
 def _int(run: Run, key: str, default: int) -> int:

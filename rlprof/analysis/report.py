@@ -374,7 +374,7 @@ def _memory(
     oom: list[MemorySummary] = []
     for file in run.of_category("memory"):
         reader = source(file.format)
-        if reader is None or file.format == "host_rss":
+        if reader is None or not reader.histories:
             continue
         try:
             summaries = [summarize(history) for history in reader.read(file, run.options)]

@@ -35,6 +35,8 @@ MAX_FILES = 10_000
 SKIPPED_FOLDERS = ("previous", ".git", "wandb", "models", "__pycache__")
 LEGACY_FORMATS = {"torch": "chrome_trace", "vllm_torch": "chrome_trace"}
 """Manifest lines written before the format was recorded: by tool (memory files are recognised by content)."""
+LEGACY_ENGINES = {"vllm_torch": "vLLM"}
+"""Manifest lines written before the engine was recorded: by tool."""
 
 
 class RunNotFound(ValueError):
@@ -148,11 +150,16 @@ def find_run(paths: list[Path], run_id: Optional[str] = None, options: Optional[
             if isinstance(recorded, str) and (Path(recorded) / MANIFEST).exists():
                 save_paths.append(Path(recorded))
     for found in loose:
-        if not (found.format == "metrics" and run.metrics_path is not None):
+        if not (_category(found) == "metrics" and run.metrics_path is not None):  # the log folder's one is read
             run.inputs.append(found)
     run.save_paths = list(dict.fromkeys(p.resolve() for p in save_paths))
     _read_outputs(run, run_id)
     return run
+
+
+def _category(file: InputFile) -> Optional[str]:
+    reader = source(file.format)
+    return reader.category if reader is not None else None
 
 
 def _loose(path: Path) -> Optional[InputFile]:
@@ -335,6 +342,7 @@ def _manifest_input(save_path: Path, entry: dict[str, Any], run: Run) -> Optiona
     steps = entry.get("steps")
     rank, window = entry.get("rank"), entry.get("window")
     role, host = entry.get("role"), entry.get("host")
+    engine = entry.get("engine", LEGACY_ENGINES.get(str(entry.get("tool"))))
     return InputFile(
         format=format_name,
         path=path,
@@ -346,4 +354,5 @@ def _manifest_input(save_path: Path, entry: dict[str, Any], run: Run) -> Optiona
         bytes=int(entry["bytes"]) if isinstance(entry.get("bytes"), int) else path.stat().st_size,
         oom=entry.get("oom") is True,
         tool=str(entry.get("tool")) if entry.get("tool") is not None else None,
+        engine=engine if isinstance(engine, str) else None,
     )

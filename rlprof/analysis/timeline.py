@@ -44,6 +44,7 @@ from typing import IO, Any, Optional
 import msgspec
 
 from rlprof.analysis.run import Run
+from rlprof.analysis.sources import source
 from rlprof.analysis.sources.base import InputFile
 from rlprof.analysis.sources.chrome_trace import (
     DEVICE_OPS,
@@ -64,7 +65,6 @@ ID_SPACE = 1 << 40
 """Flow and async ids of file ``i`` become ``i * ID_SPACE + id``."""
 ID_PHASES = frozenset("stfbenSTFp")
 COLLECTIVE = re.compile(r"nccl|rccl|gloo|c10d::|all_?reduce|all_?gather|reduce_?scatter|broadcast", re.IGNORECASE)
-ENGINE_TOOLS = frozenset({"vllm_torch"})
 _BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
 _HOST_NAME = re.compile(rb'"host_name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^}]*?"rank"\s*:\s*(\d+)', re.S)
@@ -129,14 +129,15 @@ class Timeline:
 def plan(run: Run, step: Optional[int] = None) -> tuple[list[Lane], list[str]]:
     """The run's Chrome traces (those of the window holding ``step``, when given) as lanes, placed on one clock."""
     notes: list[str] = []
-    files = [f for f in run.inputs if f.format == "chrome_trace"]
+    mergeable = [f for f in run.inputs if _merges(f)]
+    files = mergeable
     if step is not None:
         files = [f for f in files if f.steps and f.steps[0] <= step <= f.steps[-1]]
-    others = sorted({f.format for f in run.traces if f.format != "chrome_trace"})
+    others = sorted({f.format for f in run.traces if not _merges(f)})
     if others:
         notes.append(f"not merged: {', '.join(others)} files (a timeline merges Chrome traces)")
     if not files:
-        windows = sorted({f.window_name for f in run.inputs if f.format == "chrome_trace"})
+        windows = sorted({f.window_name for f in mergeable})
         where = (
             f" of the window holding step {step} (windows: {', '.join(windows) or 'none'})" if step is not None else ""
         )
@@ -155,10 +156,16 @@ def plan(run: Run, step: Optional[int] = None) -> tuple[list[Lane], list[str]]:
     lanes.sort(key=lambda lane: (lane.rank is None, lane.rank or 0, lane.engine, lane.host or "", lane.file.path))
     for lane in lanes:
         who = f"rank {lane.rank}" if lane.rank is not None else lane.file.path.name
-        side = " vLLM engine" if lane.engine else (" trainer" if lane.file.tool == "torch" else "")
+        side = f" {lane.file.engine} engine" if lane.engine else (" trainer" if lane.file.tool is not None else "")
         window = f" {lane.file.window_name}" if lane.file.steps else ""
         lane.label = f"{lane.host} · " * (len(hosts) > 1) + f"{who}{side}{window}"
     return lanes, notes
+
+
+def _merges(file: InputFile) -> bool:
+    """Whether the file's source reads Chrome trace events the timeline can place."""
+    reader = source(file.format)
+    return reader is not None and reader.timeline
 
 
 def _lane(file: InputFile) -> Lane:
@@ -170,7 +177,7 @@ def _lane(file: InputFile) -> Lane:
         file,
         rank=file.rank if file.rank is not None else int(rank.group(1)) if rank else rank_from_name(file.path.name),
         host=file.host or (host.group(1).decode("utf-8", "replace") if host else None),
-        engine=file.tool in ENGINE_TOOLS,
+        engine=file.engine is not None,
         base_us=int(base.group(1)) / 1000 if base else None,
         first_ts=_earliest_ts(file.path),
     )

@@ -38,8 +38,8 @@ def command(args: argparse.Namespace, console: Console) -> int:
         read = found.read(InputFile(found.format, path), ReadOptions())
     except SourceError as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
-    if found.format == "host_rss":
-        document = rss_document(read)
-    else:
+    if found.histories:
         document = summary_document([summarize(history, top=args.top) for history in read], str(path))
+    else:  # a process's RSS per range
+        document = rss_document(read)
     return emit(document, args, console)

@@ -29,6 +29,7 @@ from rlprof.cli.common import UsageError, nsys_binary, say
 from rlprof.config import load_config
 from rlprof.manifest import Manifest
 from rlprof.session import new_run_id
+from rlprof.tools import tool_spec, tool_specs
 
 HELP = "NVTX ranges of an nsys report per role (or: nsys profile -- COMMAND)"
 EXAMPLE = (
@@ -194,9 +195,11 @@ def plan(command: list[str], nsys_options: list[str], cuda: bool) -> CapturePlan
     config = command_config(command)
     profiler = load_config(config)
     gp = profiler.global_profiler
-    if gp.tool != "nsys":
+    if gp.tool is None or tool_spec(gp.tool).launcher != "nsys":
+        under = [spec.name for spec in tool_specs() if spec.launcher == "nsys"]
         raise LaunchError(
-            f"the command's global_profiler.tool is {gp.tool!r}, not 'nsys'; add global_profiler.tool=nsys to it"
+            f"the command's global_profiler.tool is {gp.tool!r}, which records without nsys; rlprof nsys runs "
+            f"{' or '.join(under)}: add global_profiler.tool={under[0]} to it"
         )
     selection = profiler.step_selection()
     windows = selection.windows()

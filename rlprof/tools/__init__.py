@@ -6,7 +6,7 @@ torch or nvtx before it is started).
 
 from rlprof.tools import nsys, range_times, torch_memory, torch_profiler  # noqa: F401  (registers the built-in tools)
 from rlprof.tools.base import RangeOps, RangeSite, StepWindowSettings, Tool, ToolContext
-from rlprof.tools.registry import create_tool, register_tool, tool_names, tool_spec
+from rlprof.tools.registry import ToolSpec, create_tool, register_tool, tool_names, tool_spec, tool_specs
 
 __all__ = [
     "RangeOps",
@@ -14,8 +14,10 @@ __all__ = [
     "StepWindowSettings",
     "Tool",
     "ToolContext",
+    "ToolSpec",
     "create_tool",
     "register_tool",
     "tool_names",
     "tool_spec",
+    "tool_specs",
 ]

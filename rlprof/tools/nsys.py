@@ -90,7 +90,7 @@ def nvtx_tool_attached() -> bool:
     return any(os.environ.get(name) for name in INJECTION_VARIABLES)
 
 
-@register_tool("nsys", config=NsysSettings)
+@register_tool("nsys", config=NsysSettings, per_role=("discrete",), launcher="nsys")
 class NsysTool(Tool):
     """Emits NVTX ranges for enabled roles inside selected steps, and brackets captures for ``nsys``.
 

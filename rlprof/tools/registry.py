@@ -8,14 +8,15 @@
 
 The name becomes a valid ``global_profiler.tool``, the settings dataclass the schema of
 ``global_profiler.global_tool_config.mytool`` (checked like every other block), and the class (or any function
-``(ToolContext) -> Tool``) is what the session starts. Nothing else in rlprof lists tool names.
+``(ToolContext) -> Tool``) is what the session starts. Nothing else in rlprof lists tool names: code that depends
+on what the running tool does asks its spec (:func:`tool_spec`) for the capability, never for its name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, is_dataclass
-from typing import TypeVar
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Optional, TypeVar
 
 from rlprof.schema import ConfigError
 from rlprof.tools.base import NoSettings, Tool, ToolContext
@@ -29,17 +30,40 @@ class ToolSpec:
     config: type
     """Dataclass of the tool's settings (``global_profiler.global_tool_config.<name>``)."""
     factory: Callable[[ToolContext], Tool]
+    per_role: tuple[str, ...] = ()
+    """Settings a role's ``profiler.tool_config.<name>`` may set apart from the global block (nsys: ``discrete``);
+    every other one must equal the global value, as one profiler runs per process."""
+    launcher: Optional[str] = None
+    """The program the training process must run under for the tool to record (nsys: ``nsys``, which ``rlprof
+    nsys`` launches); None: it records in-process."""
+    engine_profiler: Optional[str] = None
+    """The profiler an inference engine beside the trainer runs on its own side while the tool records the rollout
+    (torch: vLLM's torch profiler, same contents); None: the engine records nothing."""
+    oom_snapshot: bool = False
+    """It writes a CUDA memory snapshot when the process runs out of device memory (the OOM line names it)."""
 
 
 _TOOLS: dict[str, ToolSpec] = {}
 
 
-def register_tool(name: str, *, config: type = NoSettings) -> Callable[[T], T]:
-    """Register a :class:`Tool` subclass (or a factory ``(ToolContext) -> Tool``) under ``name``."""
+def register_tool(
+    name: str,
+    *,
+    config: type = NoSettings,
+    per_role: tuple[str, ...] = (),
+    launcher: Optional[str] = None,
+    engine_profiler: Optional[str] = None,
+    oom_snapshot: bool = False,
+) -> Callable[[T], T]:
+    """Register a :class:`Tool` subclass (or a factory ``(ToolContext) -> Tool``) under ``name``, with what it can
+    do (see :class:`ToolSpec`)."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"register_tool: name={name!r} must be an identifier such as 'nsys' or 'my_tool'")
     if not (isinstance(config, type) and is_dataclass(config)):
         raise TypeError(f"register_tool({name!r}): config={config!r} must be a dataclass of the tool's settings")
+    unknown = sorted(set(per_role) - {f.name for f in fields(config)})
+    if unknown:
+        raise ValueError(f"register_tool({name!r}): per_role={unknown} are not fields of {config.__name__}")
 
     def register(factory: T) -> T:
         if not callable(factory):
@@ -48,7 +72,7 @@ def register_tool(name: str, *, config: type = NoSettings) -> Callable[[T], T]:
             if not issubclass(factory, Tool):
                 raise TypeError(f"register_tool({name!r}): {factory.__name__} does not subclass rlprof.Tool")
             factory.name = name
-        _TOOLS[name] = ToolSpec(name, config, factory)
+        _TOOLS[name] = ToolSpec(name, config, factory, tuple(per_role), launcher, engine_profiler, oom_snapshot)
         return factory
 
     return register

@@ -77,7 +77,7 @@ class TorchMemorySettings(StepWindowSettings):
                 )
 
 
-@register_tool("torch_memory", config=TorchMemorySettings)
+@register_tool("torch_memory", config=TorchMemorySettings, oom_snapshot=True)
 def torch_memory_tool(context: ToolContext) -> Tool:
     """CUDA snapshots where CUDA memory history exists; host memory per range otherwise (said once)."""
     reason = cuda_memory_unavailable_reason()

@@ -94,7 +94,7 @@ def _record_every_step(step: int) -> Any:
     return ProfilerAction.RECORD
 
 
-@register_tool("torch", config=TorchSettings)
+@register_tool("torch", config=TorchSettings, engine_profiler="torch")
 class TorchProfilerTool(Tool):
     """Runs one ``torch.profiler.profile`` per step window."""
 

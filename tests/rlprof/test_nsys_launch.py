@@ -74,7 +74,10 @@ def test_the_trainers_defaults_and_a_yaml_config_are_read_as_the_command_reads_t
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--", *EXAMPLE_COMMAND, "global_profiler.tool=torch"], "global_profiler.tool is 'torch', not 'nsys'"),
+        (
+            ["--", *EXAMPLE_COMMAND, "global_profiler.tool=torch"],
+            "global_profiler.tool is 'torch', which records without nsys; rlprof nsys runs nsys: add",
+        ),
         (
             ["--", *EXAMPLE_COMMAND, "global_profiler.tool=nsys", "global_profiler.steps=[-1]"],
             "global_profiler.steps[0]: step -1",

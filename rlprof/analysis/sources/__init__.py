@@ -79,7 +79,7 @@ def read_histories(path: str | os.PathLike[str]) -> list[AllocationHistory]:
     a host allocation timeline (one), recognised by content."""
     path = Path(path)
     found = identify(path)
-    if found is None or found.format not in ("cuda_snapshot", "host_alloc"):
+    if found is None or not found.histories:
         raise MemoryFileError(
             f"{path}: not a memory file rlprof reads (a CUDA snapshot .pickle, an OOM snapshot or a "
             "*.host_alloc.json.gz)"

@@ -41,6 +41,9 @@ class InputFile:
     oom: bool = False
     tool: Optional[str] = None
     """The rlprof tool that wrote it, when a manifest lists it."""
+    engine: Optional[str] = None
+    """The inference engine that wrote it beside the trainer (``vLLM``), when a manifest says so; None: the
+    process's own tool (or a file found on its own)."""
 
     @property
     def window_name(self) -> str:
@@ -64,6 +67,11 @@ class Source(ABC):
     category: ClassVar[Category]
     description: ClassVar[str]
     """What the format is, for messages (``a torch/kineto Chrome trace``)."""
+    histories: ClassVar[bool] = False
+    """A memory source that reads allocation histories (:class:`~rlprof.analysis.memory.AllocationHistory`, what
+    ``rlprof memory`` summarises); False for one that reads a process's RSS per range."""
+    timeline: ClassVar[bool] = False
+    """Its files are Chrome trace events that ``rlprof view`` merges onto one clock."""
 
     @abstractmethod
     def claims(self, path: Path, head: bytes) -> bool:

@@ -706,6 +706,7 @@ class _Helper:
 class ChromeTraceSource(Source):
     format = "chrome_trace"
     category = "trace"
+    timeline = True
     description = "a torch/kineto Chrome trace (.json or .json.gz)"
 
     def claims(self, path: Path, head: bytes) -> bool:
@@ -713,7 +714,7 @@ class ChromeTraceSource(Source):
         return text.startswith(b"{") and b'"traceEvents"' in head
 
     def read(self, file: InputFile, options: ReadOptions) -> list[TraceScan]:
-        return [scan_trace(file.path, by_rlprof=file.tool == "torch")]
+        return [scan_trace(file.path, by_rlprof=file.tool is not None and file.engine is None)]
 
 
 def rank_from_name(name: str) -> Optional[int]:

@@ -381,6 +381,7 @@ def _alive_at_start(alive_at_end: dict[int, Allocation], events: list[AllocEvent
 class CudaSnapshotSource(Source):
     format = "cuda_snapshot"
     category = "memory"
+    histories = True
     description = "a CUDA memory snapshot (torch.cuda.memory._dump_snapshot pickle)"
 
     def claims(self, path: Path, head: bytes) -> bool:

