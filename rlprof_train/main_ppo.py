@@ -24,8 +24,9 @@ import rlprof
 from rlprof.schema import ConfigError
 from rlprof.session import new_run_id
 from rlprof_train.config import as_dict
-from rlprof_train.config.load import load, training_device, validate
+from rlprof_train.config.load import load, training_device
 from rlprof_train.launch import launch_world, settle_local_rank
+from rlprof_train.preflight import validate
 
 if TYPE_CHECKING:
     from rlprof_train.progress import Progress

@@ -26,6 +26,7 @@ FORBIDDEN = (
     ("rlprof.analysis", "rlprof.cli", "the analysis layer never reaches up into the command line"),
     ("rlprof.analysis", "rlprof.session", "reading runs back never starts a session"),
     ("rlprof.analysis", "rlprof.watchdog", "reading runs back never imports the runtime watchdog (or its session)"),
+    ("rlprof_train.config", "rlprof_train.workers", "the config is loaded below the workers that read it"),
 )
 """(importer prefix, imported prefix, why): arrows that point up the layers."""
 

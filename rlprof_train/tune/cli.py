@@ -24,7 +24,8 @@ from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
 from rlprof.schema import ConfigError, bounds, build
-from rlprof_train.config.load import load_trainer_config, validate
+from rlprof_train.config.load import load_trainer_config
+from rlprof_train.preflight import validate
 from rlprof_train.tune.search import Budget, Search, SearchResult, SearchSettings, speed_ratio
 from rlprof_train.tune.space import as_overrides, knobs_for
 from rlprof_train.tune.trial import OVER_MEMORY, Launch, Trial, save

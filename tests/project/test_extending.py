@@ -48,7 +48,8 @@ def test_a_tool_registered_from_user_code_records_through_the_public_config(tmp_
 def test_a_backend_registered_from_user_code_receives_the_metrics(tmp_path):
     run_blocks(2, log_dir=tmp_path)
     assert (tmp_path / "metrics.csv").read_text() == "1,reward/mean,0.5\n"
-    from rlprof_train.config.load import load_trainer_config, validate
+    from rlprof_train.config.load import load_trainer_config
+    from rlprof_train.preflight import validate
 
     validate(
         load_trainer_config(["--config-name=demo", "trainer.logger=[console,csv]"])

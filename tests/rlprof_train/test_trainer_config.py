@@ -9,9 +9,10 @@ import torch
 
 from rlprof.config import ConfigError
 from rlprof_train.config import as_dict
-from rlprof_train.config.load import load_trainer_config, validate
+from rlprof_train.config.load import load_trainer_config
 from rlprof_train.launch import LOCAL_RANK_ALIASES, launch_world, settle_local_rank
 from rlprof_train.main_ppo import main
+from rlprof_train.preflight import validate
 
 
 def test_the_demo_config_validates_and_declares_every_role_and_verls_defaults_ask_for_the_micro_batches():

@@ -166,7 +166,8 @@ def test_data_without_ground_truth_is_refused_for_the_built_in_rewards(tmp_path,
     assert main([f"data.train_files={data}"]) == 2
     assert "no reward_model.ground_truth in any row" in capsys.readouterr().err
     custom = reward_file(tmp_path, "def compute_score(*args, **kwargs):\n    return 1.0\n")
-    from rlprof_train.config.load import load_trainer_config, validate
+    from rlprof_train.config.load import load_trainer_config
+    from rlprof_train.preflight import validate
 
     validate(
         load_trainer_config(["--config-name=demo", f"data.train_files={data}", f"custom_reward_function.path={custom}"])

@@ -61,7 +61,8 @@ def test_group_estimators_equal_verls_with_one_or_several_responses_per_prompt(e
 
 
 def test_grpo_with_one_response_per_prompt_is_accepted_as_verl_accepts_it():
-    from rlprof_train.config.load import load_trainer_config, validate
+    from rlprof_train.config.load import load_trainer_config
+    from rlprof_train.preflight import validate
 
     validate(load_trainer_config(["--config-name=demo", "actor_rollout_ref.rollout.n=1"]))  # GRPO, n=1
     spec = algos.adv_estimator("remax")
