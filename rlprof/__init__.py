@@ -19,10 +19,10 @@ Extending: a recording tool is a :class:`rlprof.tools.Tool` registered with :fun
 """
 
 from rlprof.annotate import profile_range, profiled
-from rlprof.schema import ConfigError
 from rlprof.session import get_session, init, is_recording, shutdown, step
 from rlprof.timer import marked_timer
 from rlprof.tools import register_tool
+from rlprof.typed_config import ConfigError
 from rlprof.watchdog import watchdog
 
 __all__ = [

@@ -35,7 +35,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlprof.roles import ROLE_ALIASES, RoleProfilerConfig, governing_block, records_on, role_enabled
-from rlprof.schema import ConfigError, build, coerce, unknown_key_message
+from rlprof.typed_config import ConfigError, build, coerce, unknown_key_message
 
 __all__ = [
     "ConfigError",

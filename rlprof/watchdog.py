@@ -40,9 +40,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from rlprof.schema import bounds, build
 from rlprof.session import get_session
 from rlprof.stall_files import EVENT_FILE, stall_folder
+from rlprof.typed_config import bounds, build
 
 POLL_S = 1.0
 PY_SPY_TIMEOUT_S = 30.0

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
-from rlprof.schema import ConfigError
+from rlprof.typed_config import ConfigError
 
 VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 START = (

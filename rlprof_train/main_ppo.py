@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional
 
 import rlprof
-from rlprof.schema import ConfigError
 from rlprof.session import new_run_id
+from rlprof.typed_config import ConfigError
 from rlprof_train.config import as_dict
 from rlprof_train.config.load import load, training_device
 from rlprof_train.launch import launch_world, settle_local_rank

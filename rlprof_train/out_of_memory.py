@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from rlprof.analysis.memory import OomMoment, OutOfMemory, summarize
+from rlprof.analysis.allocations import OomMoment, OutOfMemory, summarize
 from rlprof.analysis.memory_remedies import remedies
 from rlprof.analysis.render.units import human_bytes
 from rlprof.analysis.run import setting_of

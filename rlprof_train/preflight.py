@@ -2,7 +2,7 @@
 arithmetic, the estimator and the critic), needs the file system (the model, data and reward files, the checkpoint
 to resume) or a registry (the rollout backend's own preflight, next to its registration; the tracking backends; the
 profiler's config). :func:`validate` runs every check and names each problem found in one
-:class:`~rlprof.schema.ConfigError` line, before any model is loaded or process group used.
+:class:`~rlprof.typed_config.ConfigError` line, before any model is loaded or process group used.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from rlprof.config import load_config as load_profiler_config
-from rlprof.schema import ConfigError, one_message
 from rlprof.tracking import parse_backends
+from rlprof.typed_config import ConfigError, one_message
 from rlprof_train import algos
 from rlprof_train.config.load import training_device
 from rlprof_train.config.schema import TrainerConfig, as_dict

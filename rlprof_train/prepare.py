@@ -15,9 +15,9 @@ from typing import Any, Optional
 
 import torch
 
-from rlprof.schema import ConfigError
 from rlprof.tracking import Tracker, parse_backends
 from rlprof.tracking.tensorboard import tensorboard_dir
+from rlprof.typed_config import ConfigError
 from rlprof_train import checkpoint
 from rlprof_train.agent import Tool
 from rlprof_train.config import TrainerConfig, as_dict

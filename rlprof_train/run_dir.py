@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import yaml
 
-from rlprof.schema import ConfigError
+from rlprof.typed_config import ConfigError
 
 LOCK = ".rlprof.lock"
 RUN_RECORD = "run.json"

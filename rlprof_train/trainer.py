@@ -7,7 +7,7 @@
 
 Every phase runs under ``marked_timer`` (its time into ``timing_s/*`` and an rlprof range of its role), each step
 under ``rlprof.step``. Ranks are data-parallel: each takes its share of the step's prompts; DeepSpeed averages the
-gradients; metrics are reduced across ranks (:mod:`rlprof_train.step_metrics`) and logged by rank 0. What a run
+gradients; metrics are reduced across ranks (:mod:`rlprof_train.step_reduction`) and logged by rank 0. What a run
 prepares before its first step is in :mod:`rlprof_train.prepare`.
 """
 
@@ -33,7 +33,7 @@ from rlprof_train.guards import NonFiniteGuard
 from rlprof_train.models import load_tokenizer, trainable_parameters
 from rlprof_train.progress import Progress
 from rlprof_train.reward_functions import RewardFunction
-from rlprof_train.step_metrics import StepFacts, step_metrics
+from rlprof_train.step_reduction import StepFacts, step_metrics
 from rlprof_train.workers.actor import ActorWorker
 from rlprof_train.workers.critic import CriticWorker
 from rlprof_train.workers.engine import DistEnv

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from rlprof.analysis.metrics import series, training_records, warmup_steps
 from rlprof.analysis.run import Run
+from rlprof.analysis.step_series import series, training_records, warmup_steps
 
 SCHEMA = "rlprof-compare/1"
 LEARNING_KEYS = (

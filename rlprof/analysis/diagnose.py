@@ -1,7 +1,7 @@
 """The diagnosis: rules, as data in one place, that classify a run from its report and name the overrides to try.
 
 Each :class:`Rule` has a name, a title, its thresholds and a check that reads the
-:class:`~rlprof.analysis.model.Report` (and the run's saved config, for the current values of the knobs) and
+:class:`~rlprof.analysis.report_model.Report` (and the run's saved config, for the current values of the knobs) and
 returns a :class:`Finding` with the evidence numbers and the exact overrides, or None. The advice follows the seed's
 tuning table (rollout slow -> raise ``max_num_batched_tokens``; training slow -> adjust
 ``ppo_micro_batch_size_per_gpu``; memory-limited -> ``use_dynamic_bsz``; OOM -> entropy chunking/checkpointing,
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from rlprof.analysis.gpu import GpuSummary
-from rlprof.analysis.model import Finding, Report, ReportOptions, WindowTrace
+from rlprof.analysis.report_model import Finding, Report, ReportOptions, WindowTrace
 from rlprof.analysis.run import Run
 
 ACTOR = "actor_rollout_ref.actor"
@@ -101,7 +101,7 @@ def _int(run: Run, key: str, default: int) -> int:
 
 def _dominant(share: float, other: float, rule: Rule) -> bool:
     """A group dominates the step: at least ``share`` of it and ``over`` times the other group's share (the shares
-    of :attr:`~rlprof.analysis.model.Breakdown.work_split`: waiting in a collective for a slower rank is the
+    of :attr:`~rlprof.analysis.report_model.Breakdown.work_split`: waiting in a collective for a slower rank is the
     straggler rule's evidence, not work of the phase it is spent in)."""
     return share >= rule.thresholds["share"] and share >= rule.thresholds["over"] * other
 

@@ -1,7 +1,7 @@
 """What to try when a pass runs out of memory: the seed's memory settings that act on the pass that failed (its role
 and range), each an override to paste, ordered by the live bytes it acts on at the failure.
 
-The live bytes at the failure (:class:`~rlprof.analysis.memory.OomMoment`) are split three ways:
+The live bytes at the failure (:class:`~rlprof.analysis.allocations.OomMoment`) are split three ways:
 
 - **the pass's own**: allocated inside the failing role's ranges (its activations, its logits, what its backward
   made): gradient checkpointing, activation offload and smaller micro-batches or token budgets act on them;
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from rlprof.analysis.memory import OomMoment, role_of
+from rlprof.analysis.allocations import OomMoment, role_of
 
 ACTOR = "actor_rollout_ref.actor"
 MODEL = "actor_rollout_ref.model"

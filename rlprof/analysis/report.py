@@ -1,5 +1,5 @@
 """``rlprof report``: a run's metrics, traces and memory files (read by their sources,
-:mod:`rlprof.analysis.sources`) turned into one immutable :class:`~rlprof.analysis.model.Report`: where the step
+:mod:`rlprof.analysis.sources`) turned into one immutable :class:`~rlprof.analysis.report_model.Report`: where the step
 goes, what happens inside the profiled windows (ranges, operators and the device's work), memory per role,
 throughput, and a diagnosis (:mod:`rlprof.analysis.diagnose`). Renderers (:mod:`rlprof.analysis.render`) only
 format it.
@@ -12,11 +12,10 @@ import statistics
 from collections import defaultdict
 from typing import Any, Optional
 
+from rlprof.analysis.allocations import MemorySummary, role_of, summarize
 from rlprof.analysis.diagnose import diagnose
-from rlprof.analysis.memory import MemorySummary, role_of, summarize
 from rlprof.analysis.memory_remedies import remedies
-from rlprof.analysis.metrics import STEP_KEY, growth, quantile, series, training_records, warmup_steps
-from rlprof.analysis.model import (
+from rlprof.analysis.report_model import (
     SCHEMA,
     Breakdown,
     MemoryReport,
@@ -31,8 +30,9 @@ from rlprof.analysis.model import (
 )
 from rlprof.analysis.run import Run
 from rlprof.analysis.sources import InputFile, SourceError, source
-from rlprof.analysis.sources.memory_files import read_host_rss
+from rlprof.analysis.sources.host_memory import read_host_rss
 from rlprof.analysis.stalls import listed_stalls, read_stalls
+from rlprof.analysis.step_series import STEP_KEY, growth, quantile, series, training_records, warmup_steps
 from rlprof.analysis.trace_model import ANNOTATION, OPERATOR, RANGE, STEP, TraceScan
 from rlprof.metrics.timing import phase_group
 

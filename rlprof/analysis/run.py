@@ -22,7 +22,7 @@ from typing import Any, Optional
 import yaml
 
 from rlprof.analysis.sources import InputFile, ReadOptions, identify, source, sources
-from rlprof.analysis.sources.metrics_file import Metrics
+from rlprof.analysis.sources.metrics_jsonl import Metrics
 from rlprof.manifest import FILE_NAME as MANIFEST
 from rlprof.manifest import read_manifest
 

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rlprof.analysis.model import StallRecord
+from rlprof.analysis.report_model import StallRecord
 from rlprof.manifest import read_manifest
 from rlprof.stall_files import EVENT_FILE, stall_folder
 

@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace, console: Console) -> int:
-    from rlprof.analysis.memory import summarize
+    from rlprof.analysis.allocations import summarize
     from rlprof.analysis.render.memory_layout import rss_document, summary_document
     from rlprof.analysis.sources import InputFile, ReadOptions, SourceError, identify
 

@@ -34,9 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace, console: Console) -> int:
-    from rlprof.analysis.model import ReportOptions
     from rlprof.analysis.render.report_layout import document
     from rlprof.analysis.report import build_report
+    from rlprof.analysis.report_model import ReportOptions
     from rlprof.analysis.sources import ReadOptions
 
     found = find_run(args.runs, args.run, ReadOptions(nsys=nsys_binary(args.nsys) if args.nsys else None))

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Optional, TypeVar
 
-from rlprof.schema import ConfigError
 from rlprof.tools.base import NoSettings, Tool, ToolContext
+from rlprof.typed_config import ConfigError
 
 T = TypeVar("T")
 

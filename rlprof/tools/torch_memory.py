@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from rlprof.schema import ConfigError, bounds
 from rlprof.tools.base import RangeOps, RangeSite, StepWindowSettings, Tool, ToolContext
 from rlprof.tools.host_alloc import HostAllocations
 from rlprof.tools.registry import register_tool
+from rlprof.typed_config import ConfigError, bounds
 from rlprof.window import StepWindow
 
 

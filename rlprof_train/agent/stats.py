@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rlprof.analysis.metrics import quantile
+from rlprof.analysis.step_series import quantile
 
 MALFORMED = ""
 """The tool name of a call that named no tool of the config or could not be read."""

@@ -5,7 +5,7 @@ verl's keys that are spelt differently here, have no effect here, or are not sup
 :mod:`rlprof_train.config.verl_compat`. Types and ranges come from :mod:`rlprof_train.config.schema`;
 :func:`rlprof_train.preflight.validate` then checks what spans several keys or needs the file system (batch
 arithmetic, files, the model directory, the reward function) or a registry. Every problem found is named in one
-:class:`~rlprof.schema.ConfigError` line (the key, the value and what is allowed), before any work starts.
+:class:`~rlprof.typed_config.ConfigError` line (the key, the value and what is allowed), before any work starts.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlprof.schema import ConfigError, build, collecting, one_message
+from rlprof.typed_config import ConfigError, build, collecting, one_message
 from rlprof_train.config import verl_compat
 from rlprof_train.config.schema import TrainerConfig
 

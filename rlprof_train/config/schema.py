@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
-from rlprof.schema import bounds
+from rlprof.typed_config import bounds
 from rlprof.watchdog import WatchdogConfig
 
 KLType = Literal["kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3"]

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
-from rlprof.schema import ConfigError, bounds, build
+from rlprof.typed_config import ConfigError, bounds, build
 from rlprof_train.config.load import load_trainer_config
 from rlprof_train.preflight import validate
 from rlprof_train.tune.search import Budget, Search, SearchResult, SearchSettings, speed_ratio

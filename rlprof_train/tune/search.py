@@ -194,8 +194,8 @@ class Search:
 
     def diagnose(self, base: Trial) -> list[str]:
         """The rules ``rlprof report`` fires on the base trial's run (and memory-bound near the limit)."""
-        from rlprof.analysis.model import ReportOptions
         from rlprof.analysis.report import build_report
+        from rlprof.analysis.report_model import ReportOptions
         from rlprof.analysis.run import find_run
 
         folder = self.launch.root / "trials" / f"{base.name}-run1" / "logs"

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from rlprof.schema import ConfigError
+from rlprof.typed_config import ConfigError
 from rlprof_train import algos
 from rlprof_train.config.schema import TrainerConfig
 from rlprof_train.workers.rollout import rollout_spec

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from rlprof.analysis.metrics import training_records
-from rlprof.analysis.sources.metrics_file import read_metrics
+from rlprof.analysis.sources.metrics_jsonl import read_metrics
+from rlprof.analysis.step_series import training_records
 
 OK = "ok"
 FAILED = "failed"

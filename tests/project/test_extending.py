@@ -100,8 +100,8 @@ def test_a_rollout_registered_in_the_reward_file_trains_by_name(tmp_path):
 
 def test_a_rule_registered_from_user_code_fires_in_the_report(tmp_path):
     from rlprof.analysis import diagnose
-    from rlprof.analysis.model import ReportOptions
     from rlprof.analysis.report import build_report
+    from rlprof.analysis.report_model import ReportOptions
     from rlprof.analysis.run import find_run
     from rlprof.tracking import Tracker
 

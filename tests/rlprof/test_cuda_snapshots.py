@@ -16,7 +16,7 @@ import pickle
 import pytest
 from torch.cuda import _memory_viz
 
-from rlprof.analysis.memory import summarize
+from rlprof.analysis.allocations import summarize
 from rlprof.analysis.sources import read_histories
 from rlprof.analysis.sources.cuda_snapshot import AUTOGRAD_ENGINE, NO_PYTHON_STACK, NO_USER_FRAME
 from rlprof.cli import main

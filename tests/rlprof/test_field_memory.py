@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from torch.cuda import _memory_viz
 
-from rlprof.analysis.memory import summarize
+from rlprof.analysis.allocations import summarize
 from rlprof.analysis.sources import read_histories
 from rlprof.analysis.sources.cuda_snapshot import BEFORE_RECORDING, NO_USER_FRAME
 from rlprof.cli import main

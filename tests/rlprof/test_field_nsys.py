@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from rlprof.analysis.model import ReportOptions
 from rlprof.analysis.report import build_report
+from rlprof.analysis.report_model import ReportOptions
 from rlprof.analysis.run import find_run
 from rlprof.analysis.sources.nsys_report import scan_report
 from rlprof.cli import main

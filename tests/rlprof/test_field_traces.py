@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 
 from rlprof.analysis.gpu import DeviceOps, summarize_device
-from rlprof.analysis.model import ReportOptions
 from rlprof.analysis.report import build_report
+from rlprof.analysis.report_model import ReportOptions
 from rlprof.analysis.run import find_run
 from rlprof.analysis.sources.chrome_trace import scan_trace
 from rlprof.cli import main

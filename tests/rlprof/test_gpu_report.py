@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from rlprof.analysis.diagnose import MEASURED_SLOWER, RULES, _offered, device_kind
-from rlprof.analysis.model import Finding, ReportOptions
 from rlprof.analysis.render.units import short_name
 from rlprof.analysis.report import build_report
+from rlprof.analysis.report_model import Finding, ReportOptions
 from rlprof.analysis.run import find_run
 from rlprof.cli import main
 

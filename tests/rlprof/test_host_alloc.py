@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import rlprof
-from rlprof.analysis.memory import summarize
+from rlprof.analysis.allocations import summarize
 from rlprof.analysis.sources import read_histories
 from rlprof.cli import main
 from rlprof.manifest import read_manifest

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rlprof.analysis.memory import SegmentUsage, summarize
-from rlprof.analysis.model import ReportOptions
+from rlprof.analysis.allocations import SegmentUsage, summarize
 from rlprof.analysis.report import build_report
+from rlprof.analysis.report_model import ReportOptions
 from rlprof.analysis.run import find_run
 from rlprof.analysis.sources.chrome_trace import scan_trace
 from rlprof.analysis.sources.cuda_snapshot import cuda_history, load_snapshot
@@ -371,7 +371,7 @@ def test_a_cuda_snapshot_gives_the_peak_what_was_alive_then_and_bytes_per_range(
 
 
 def test_a_pickle_that_is_not_plain_data_is_refused_without_running_it(tmp_path):
-    from rlprof.analysis.sources.memory_files import MemoryFileError
+    from rlprof.analysis.sources.host_memory import MemoryFileError
 
     class Payload:
         def __reduce__(self):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rlprof.analysis.model import ReportOptions
 from rlprof.analysis.report import build_report
+from rlprof.analysis.report_model import ReportOptions
 from rlprof.analysis.run import find_run
 
 from conftest import ROOT, free_port, subprocess_env

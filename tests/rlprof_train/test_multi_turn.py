@@ -293,7 +293,7 @@ def test_prompts_are_rendered_with_the_tools_schemas_where_the_template_renders_
 
 
 def test_multi_turn_on_a_backend_that_cannot_continue_sequences_is_one_config_error(monkeypatch):
-    from rlprof.schema import ConfigError
+    from rlprof.typed_config import ConfigError
     from rlprof_train.config.load import load_trainer_config
     from rlprof_train.preflight import validate
     from rlprof_train.workers.rollout import registry

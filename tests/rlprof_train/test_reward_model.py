@@ -52,7 +52,7 @@ def test_scores_equal_transformers_forward_on_each_sample_alone(reward_model_dir
 
 
 def test_reward_model_settings_are_checked_with_the_rest(tmp_path):
-    from rlprof.schema import ConfigError
+    from rlprof.typed_config import ConfigError
     from rlprof_train.preflight import validate
 
     cfg = load_trainer_config(["reward_model.enable=true", f"reward_model.model.path={tmp_path}"])

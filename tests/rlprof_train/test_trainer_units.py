@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from rlprof.schema import ConfigError
+from rlprof.typed_config import ConfigError
 from rlprof_train import checkpoint
 from rlprof_train.guards import NonFiniteGuard, TrainingDiverged
 from rlprof_train.reward_functions import RewardFunction, load_custom_reward

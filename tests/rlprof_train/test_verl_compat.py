@@ -11,7 +11,7 @@ import json
 import pytest
 import yaml
 
-from rlprof.schema import ConfigError
+from rlprof.typed_config import ConfigError
 from rlprof_train.config import as_dict
 from rlprof_train.config.load import DEFAULTS, load, load_trainer_config
 from rlprof_train.config.verl_compat import (

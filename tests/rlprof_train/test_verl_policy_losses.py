@@ -97,7 +97,7 @@ def test_each_loss_mode_equals_verls_loss_gradient_and_diagnostics(mode, verl_na
 
 
 def test_a_loss_mode_verl_has_and_this_trainer_lacks_is_refused_naming_those_that_exist():
-    from rlprof.schema import ConfigError
+    from rlprof.typed_config import ConfigError
     from rlprof_train.config.load import load_trainer_config
 
     cfg = load_trainer_config(["actor_rollout_ref.actor.policy_loss.loss_mode=gspo"])

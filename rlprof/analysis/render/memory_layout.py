@@ -1,7 +1,7 @@
 """``rlprof memory FILE``: one memory file's summary as a document: a CUDA snapshot (each device; the one that ran
 out of memory first, the failure leading) or a host allocation timeline
-(:class:`~rlprof.analysis.memory.MemorySummary`), or an RSS-per-range file (:class:`~rlprof.analysis.memory.HostRss`),
-with the allocation timeline charts."""
+(:class:`~rlprof.analysis.allocations.MemorySummary`), or an RSS-per-range file
+(:class:`~rlprof.analysis.allocations.HostRss`), with the allocation timeline charts."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
+from rlprof.analysis.allocations import HostRss, MemorySummary, OomMoment
 from rlprof.analysis.document import Document, Section, Table
-from rlprof.analysis.memory import HostRss, MemorySummary, OomMoment
 from rlprof.analysis.memory_remedies import Remedy, remedies
 from rlprof.analysis.render.units import human_bytes, pct
 

@@ -1,4 +1,4 @@
-"""``rlprof report``: the :class:`~rlprof.analysis.model.Report` as a document: sections of lines and tables,
+"""``rlprof report``: the :class:`~rlprof.analysis.report_model.Report` as a document: sections of lines and tables,
 and its charts (step time per phase, the heaviest range's operators, memory)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from typing import Any
 
 from rlprof.analysis.document import Document, Section, Table
 from rlprof.analysis.gpu import GpuSummary
-from rlprof.analysis.model import Report, Throughput
 from rlprof.analysis.render.memory_layout import bytes_table, oom_section, timeline_charts, timeline_line
 from rlprof.analysis.render.units import human_bytes, ms, pct, seconds, short_name, trend
+from rlprof.analysis.report_model import Report, Throughput
 
 
 def document(report: Report) -> Document:

@@ -21,12 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional, TypeVar
 
-from rlprof.analysis.memory import AllocationHistory
+from rlprof.analysis.allocations import AllocationHistory
 from rlprof.analysis.sources.base import HEAD_BYTES, InputFile, ReadOptions, Source, SourceError
 from rlprof.analysis.sources.chrome_trace import ChromeTraceSource, read_head
 from rlprof.analysis.sources.cuda_snapshot import CudaSnapshotSource
-from rlprof.analysis.sources.memory_files import HostAllocationSource, HostRssSource, MemoryFileError
-from rlprof.analysis.sources.metrics_file import MetricsSource
+from rlprof.analysis.sources.host_memory import HostAllocationSource, HostRssSource, MemoryFileError
+from rlprof.analysis.sources.metrics_jsonl import MetricsSource
 from rlprof.analysis.sources.nsys_report import NsysReportSource
 
 __all__ = [

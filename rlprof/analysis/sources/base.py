@@ -2,7 +2,7 @@
 
 A :class:`Source` reads one format (a torch/kineto Chrome trace, an nsys report, a CUDA memory snapshot, ...) into
 its category's model: *trace* sources return a :class:`~rlprof.analysis.trace_model.TraceScan`, *memory* sources an
-:class:`~rlprof.analysis.memory.AllocationHistory` or :class:`~rlprof.analysis.memory.HostRss`, the *metrics*
+:class:`~rlprof.analysis.allocations.AllocationHistory` or :class:`~rlprof.analysis.allocations.HostRss`, the *metrics*
 source the records of a ``metrics.jsonl``. Each output's format is written into the manifest when a tool publishes
 it; a file found without a manifest line (a trace someone sent, a folder of HTA rank files) is recognised by its
 content: every registered source looks at its first bytes (:meth:`Source.claims`), never at its name alone.
@@ -68,7 +68,7 @@ class Source(ABC):
     description: ClassVar[str]
     """What the format is, for messages (``a torch/kineto Chrome trace``)."""
     histories: ClassVar[bool] = False
-    """A memory source that reads allocation histories (:class:`~rlprof.analysis.memory.AllocationHistory`, what
+    """A memory source that reads allocation histories (:class:`~rlprof.analysis.allocations.AllocationHistory`, what
     ``rlprof memory`` summarises); False for one that reads a process's RSS per range."""
     timeline: ClassVar[bool] = False
     """Its files are Chrome trace events that ``rlprof view`` merges onto one clock."""

@@ -1,5 +1,5 @@
 """CUDA memory snapshots (``torch.cuda.memory._dump_snapshot``, the OOM snapshot too) read into
-:mod:`rlprof.analysis.memory`'s model: an :class:`~rlprof.analysis.memory.AllocationHistory` per device.
+:mod:`rlprof.analysis.allocations`'s model: an :class:`~rlprof.analysis.allocations.AllocationHistory` per device.
 
 Read with an unpickler that accepts plain data only, so opening a file someone sent you runs no code. Every format
 since torch 2.0 is read: blocks without ``address`` (their address is their segment's plus the sizes before them)
@@ -35,9 +35,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from rlprof.analysis.memory import Allocation, AllocationHistory, AllocEvent, OutOfMemory, SegmentUsage
+from rlprof.analysis.allocations import Allocation, AllocationHistory, AllocEvent, OutOfMemory, SegmentUsage
 from rlprof.analysis.sources.base import InputFile, ReadOptions, Source
-from rlprof.analysis.sources.memory_files import MAX_EVENTS, NO_STACK, STACK_FRAMES, MemoryFileError
+from rlprof.analysis.sources.host_memory import MAX_EVENTS, NO_STACK, STACK_FRAMES, MemoryFileError
 
 TORCH_FRAMES = (
     "site-packages/torch/",
@@ -394,7 +394,7 @@ class CudaSnapshotSource(Source):
 
 def read_snapshot(path: Path) -> list[AllocationHistory]:
     """The histories of the snapshot at ``path`` (:func:`cuda_histories`); a file that is not one raises
-    :class:`~rlprof.analysis.sources.memory_files.MemoryFileError` naming it."""
+    :class:`~rlprof.analysis.sources.host_memory.MemoryFileError` naming it."""
     try:
         return cuda_histories(load_snapshot(path), str(path))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

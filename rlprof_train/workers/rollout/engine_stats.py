@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from rlprof.analysis.metrics import quantile
+from rlprof.analysis.step_series import quantile
 
 PREFIX = "rollout/engine/"
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
-from rlprof.schema import ConfigError
+from rlprof.typed_config import ConfigError
 from rlprof_train.config.schema import RolloutConfig, TrainerConfig
 from rlprof_train.workers.engine import DistEnv
 from rlprof_train.workers.rollout.base import ContinuingRollout, Rollout

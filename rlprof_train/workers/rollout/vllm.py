@@ -33,8 +33,8 @@ from typing import Any, Optional
 import torch
 
 import rlprof
-from rlprof.schema import ConfigError
 from rlprof.session import Session
+from rlprof.typed_config import ConfigError
 from rlprof.window import StepWindow, WindowListener
 from rlprof_train.batch import RolloutBatch
 from rlprof_train.config.schema import RolloutConfig, TrainerConfig

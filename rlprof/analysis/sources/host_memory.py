@@ -1,4 +1,4 @@
-"""Host memory files read into :mod:`rlprof.analysis.memory`'s model (CUDA snapshots:
+"""Host memory files read into :mod:`rlprof.analysis.allocations`'s model (CUDA snapshots:
 :mod:`~rlprof.analysis.sources.cuda_snapshot`):
 
 - ``host_alloc``: the host allocation timeline of ``torch_memory`` without CUDA (format in
@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional
 
-from rlprof.analysis.memory import (
+from rlprof.analysis.allocations import (
     Allocation,
     AllocationHistory,
     AllocEvent,

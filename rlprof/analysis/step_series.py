@@ -1,4 +1,4 @@
-"""A run's step records (read by :mod:`rlprof.analysis.sources.metrics_file`) as series: training steps, warm-up
+"""A run's step records (read by :mod:`rlprof.analysis.sources.metrics_jsonl`) as series: training steps, warm-up
 steps found, robust statistics over steps."""
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rlprof.analysis.allocations import HostRss, MemorySummary
 from rlprof.analysis.gpu import GpuSummary
-from rlprof.analysis.memory import HostRss, MemorySummary
 from rlprof.analysis.memory_remedies import Remedy
 from rlprof.analysis.trace_model import CaptureWindow
 

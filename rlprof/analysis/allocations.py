@@ -2,7 +2,7 @@
 started, then every alloc and free in order) from a CUDA memory snapshot or a host allocation timeline, and
 :class:`HostRss` from the RSS-per-range files. :func:`summarize` finds the peak of live bytes, what was alive at the
 peak (grouped by allocation site and by the rlprof range that allocated it) and the timeline around it. The readers
-are sources (:mod:`rlprof.analysis.sources.memory_files`).
+are sources (:mod:`rlprof.analysis.sources.host_memory`).
 """
 
 from __future__ import annotations
