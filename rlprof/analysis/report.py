@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any, Optional
 
 from rlprof.analysis.allocations import MemorySummary, role_of, summarize
@@ -28,6 +29,7 @@ from rlprof.analysis.report_model import (
     Throughput,
     WindowTrace,
 )
+from rlprof.analysis.report_sections import built_parts
 from rlprof.analysis.run import Run
 from rlprof.analysis.sources import InputFile, SourceError, source
 from rlprof.analysis.sources.host_memory import read_host_rss
@@ -74,23 +76,24 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
         "memory_files": len(run.of_category("memory")),
     }
     report = Report(
-        SCHEMA,
-        run.name,
-        run.run_id,
-        sources,
-        missing,
-        notes + unreadable,
-        breakdown,
-        throughput,
-        traces,
-        stragglers,
-        memory,
-        unreadable,
+        schema=SCHEMA,
+        run=run.name,
+        run_id=run.run_id,
+        sources=sources,
+        missing=missing,
+        notes=notes + unreadable,
+        breakdown=breakdown,
+        throughput=throughput,
+        traces=traces,
+        stragglers=stragglers,
+        memory=memory,
+        unreadable=unreadable,
         stalls=stalls,
         engine=engine,
         tools=tools,
     )
-    return Report(**{**report.__dict__, "findings": diagnose(report, run, options)})
+    report = replace(report, findings=diagnose(report, run, options))
+    return replace(report, extra=built_parts(run, report, options))
 
 
 # --------------------------------------------------------------------------------------------- from metrics

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
 
 from rich.console import Console
@@ -31,6 +32,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", help="the run id to report when a save path holds several runs")
     parser.add_argument("--top", type=int, default=5, help="operators listed per range (default 5)")
     parser.add_argument("--nsys", help="the nsys that exports .nsys-rep reports to SQLite (default: nsys on PATH)")
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import this module of yours first (repeatable): the report sections, rules and sources it registers "
+        "take part (docs/extending.md)",
+    )
+
+
+def import_plugin(module: str) -> None:
+    """Import the user's ``module`` (found on ``PYTHONPATH``, as ``--format module:function`` is); an error inside it
+    keeps its traceback (it is the user's code), a module that is not there is one line."""
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (module == exc.name or module.startswith(exc.name + ".")):
+            raise
+        raise UsageError(f"--plugin {module}: no module named {exc.name!r} on the PYTHONPATH") from None
 
 
 def command(args: argparse.Namespace, console: Console) -> int:
@@ -39,6 +59,8 @@ def command(args: argparse.Namespace, console: Console) -> int:
     from rlprof.analysis.report_model import ReportOptions
     from rlprof.analysis.sources import ReadOptions
 
+    for module in args.plugin:
+        import_plugin(module)
     found = find_run(args.runs, args.run, ReadOptions(nsys=nsys_binary(args.nsys) if args.nsys else None))
     options = ReportOptions(include_warmup=args.all_steps, memory_limit_gb=args.memory_limit_gb, top_ops=args.top)
     report = build_report(found, options)

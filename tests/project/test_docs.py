@@ -103,7 +103,12 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
     assert {test for test in long if test.startswith("benchmarks/test_soak.py")} == {f"{soak}[5000 windows]"}, long
     rest = collected("not long")
     assert rest and not rest & long and f"{soak}[500 windows]" in rest
+    checked = "tests/rlprof_train/test_verl_scripts.py::test_todays_verl_script_checked_above_also_runs_two_steps"
     assert collected("long", "tests") == {
         "tests/rlprof_train/test_lora.py::test_lora_learns_the_arithmetic_task",
         "tests/rlprof_train/test_tune.py::test_vllms_knobs_are_searched_with_the_vllm_rollout",
+        *(
+            f"{checked}[examples/{kind}_trainer/run_qwen3_8b_fsdp.sh]"
+            for kind in ("reinforce_plus_plus", "remax", "rloo")
+        ),
     }

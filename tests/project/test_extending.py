@@ -1,6 +1,7 @@
 """docs/extending.md's worked examples, run as written: a tool, a tracking backend, an advantage estimator, a
-rollout backend, a diagnosis rule, an input source and an output format, each added from user code with one
-registration (or, for the format, one file) and then used through the public config or command line."""
+rollout backend, a diagnosis rule, an input source, an output format and a report section, each added from user code
+with one registration (the format and the section: one file) and then used through the public config or command
+line."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def run_blocks(*indices, **names):
 
 
 def test_the_documents_examples_are_all_here():
-    assert len(BLOCKS) == 8
+    assert len(BLOCKS) == 9
 
 
 def test_a_tool_registered_from_user_code_records_through_the_public_config(tmp_path):
@@ -161,3 +162,30 @@ def test_an_output_format_in_a_file_of_yours_is_used_by_import_path(tmp_path, ca
         main(["report", str(trace), "--format", "my_formats:nothing"])
     assert stopped.value.code == 2
     assert "argument --format: 'my_formats:nothing': AttributeError" in capsys.readouterr().err
+
+
+def test_a_report_section_in_a_file_of_yours_takes_part_with_plugin(tmp_path, capsys, monkeypatch):
+    from rlprof.analysis import report_sections
+    from rlprof.cli import main
+    from rlprof.tracking import Tracker
+
+    seconds = {step: 1.0 + (step * 7 % 11) / 10 for step in range(1, 13)}
+    with Tracker("p", "sections", ["file"], log_dir=tmp_path / "logs") as tracker:
+        for step, took in seconds.items():
+            tracker.log({"timing_s/step": took, "timing_s/gen": took / 2}, step=step)
+    (tmp_path / "my_sections.py").write_text(BLOCKS[8])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = report_sections.report_sections()
+    try:
+        assert main(["report", str(tmp_path / "logs"), "--plugin", "my_sections", "--format", "json"]) == 0
+        part = json.loads(capsys.readouterr().out)["extra"]["slowest_steps"]
+        slowest = sorted(seconds, key=lambda step: -seconds[step])[:3]  # independently: the three longest
+        assert [row["step"] for row in part] == slowest
+        assert [row["seconds"] for row in part] == pytest.approx([seconds[step] for step in slowest])
+        assert main(["report", str(tmp_path / "logs"), "--format", "md"]) == 0
+        titles = [line for line in capsys.readouterr().out.splitlines() if line.startswith("## ")]
+        assert titles.index("## Slowest steps") == titles.index("## Step breakdown (timing_s/*)") + 1, titles
+    finally:
+        report_sections._SECTIONS[:] = before
+    assert main(["report", str(tmp_path / "logs"), "--plugin", "no_such_sections"]) == 2
+    assert "--plugin no_such_sections: no module named 'no_such_sections' on the PYTHONPATH" in capsys.readouterr().err

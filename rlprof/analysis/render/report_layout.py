@@ -10,36 +10,23 @@ from rlprof.analysis.gpu import GpuSummary
 from rlprof.analysis.render.memory_layout import bytes_table, oom_section, timeline_charts, timeline_line
 from rlprof.analysis.render.units import human_bytes, ms, pct, seconds, short_name, trend
 from rlprof.analysis.report_model import Report, Throughput
+from rlprof.analysis.report_sections import register_section, shown
 
 
 def document(report: Report) -> Document:
-    """The report, ready for every renderer."""
-    return Document(f"rlprof report: {report.run}", sections(report), report, lambda: report_charts(report))
+    """The report, ready for every renderer: the registered sections that apply to it, in order."""
+    return Document(f"rlprof report: {report.run}", shown(report), report, lambda: report_charts(report))
 
 
-def sections(report: Report) -> list[Section]:
+@register_section("failures", applies=lambda report: report.memory is not None and bool(report.memory.oom))
+def _failures(report: Report) -> list[Section]:
+    """An out-of-memory failure leads: it is what the run ended on."""
     memory = report.memory
-    failures = [oom_section(s, s.oom, memory.remedies) for s in memory.oom if s.oom is not None] if memory else []
-    out = [*failures, _overview(report)]  # an out-of-memory failure leads: it is what the run ended on
-    if report.stalls:
-        out.append(_stalls(report))
-    if report.findings:
-        out.append(_diagnosis(report))
-    if report.breakdown is not None:
-        out.append(_breakdown(report))
-    if report.throughput:
-        out.append(_medians("Throughput", report.throughput))
-    if report.engine:
-        out.append(_medians("Rollout engine", report.engine))
-    if report.tools:
-        out.append(_medians("Tool calls", report.tools))
-    if report.traces:
-        out.append(_traces(report))
-    if report.memory is not None:
-        out.append(_memory(report))
-    return out
+    assert memory is not None
+    return [oom_section(s, s.oom, memory.remedies) for s in memory.oom if s.oom is not None]
 
 
+@register_section("overview")
 def _overview(report: Report) -> Section:
     lines = [f"run: {report.run}" + (f" (id {report.run_id})" if report.run_id else "")]
     sources = report.sources
@@ -57,6 +44,7 @@ def _medians(title: str, rows: list[Throughput]) -> Section:
     return Section(title, tables=[table])
 
 
+@register_section("stalls", applies=lambda report: bool(report.stalls))
 def _stalls(report: Report) -> Section:
     """The watchdog's stalls: who was behind, and where each rank's main thread was."""
     section = Section("Stalls")
@@ -75,6 +63,7 @@ def _stalls(report: Report) -> Section:
     return section
 
 
+@register_section("diagnosis", applies=lambda report: bool(report.findings))
 def _diagnosis(report: Report) -> Section:
     section = Section("Diagnosis")
     for finding in report.findings:
@@ -87,6 +76,7 @@ def _diagnosis(report: Report) -> Section:
     return section
 
 
+@register_section("breakdown", applies=lambda report: report.breakdown is not None)
 def _breakdown(report: Report) -> Section:
     b = report.breakdown
     assert b is not None
@@ -113,6 +103,21 @@ def _breakdown(report: Report) -> Section:
     return section
 
 
+@register_section("throughput", applies=lambda report: bool(report.throughput))
+def _throughput(report: Report) -> Section:
+    return _medians("Throughput", report.throughput)
+
+
+@register_section("engine", applies=lambda report: bool(report.engine))
+def _engine(report: Report) -> Section:
+    return _medians("Rollout engine", report.engine)
+
+
+@register_section("tools", applies=lambda report: bool(report.tools))
+def _tools(report: Report) -> Section:
+    return _medians("Tool calls", report.tools)
+
+
 TRACES_TITLE = "Inside the profiled windows (traces)"
 RANGE_TITLES = {
     "range": "Ranges",
@@ -122,6 +127,7 @@ RANGE_TITLES = {
 }
 
 
+@register_section("traces", applies=lambda report: bool(report.traces))
 def _traces(report: Report) -> Section:
     section = Section(TRACES_TITLE)
     for window in report.traces:
@@ -268,6 +274,7 @@ def _gpu_tables(gpu: GpuSummary, by_step: dict[int, GpuSummary], where: str) -> 
     return tables
 
 
+@register_section("memory", applies=lambda report: report.memory is not None)
 def _memory(report: Report) -> Section:
     memory = report.memory
     assert memory is not None
