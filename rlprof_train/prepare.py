@@ -1,5 +1,6 @@
-"""Everything a run prepares before its first step: the run directory (lock, record), the model, the rollout
-backend, the resume point and the tracker. The loop itself is in :mod:`rlprof_train.trainer`."""
+"""Everything a run prepares before its first step, with what it says about it: the run directory (lock, record), the
+model, the rollout's tools and backend, the workers (actor, reward, reference, critic), the resume point, the
+non-finite guard and the tracker. The loop itself is in :mod:`rlprof_train.trainer`."""
 
 from __future__ import annotations
 
@@ -18,13 +19,21 @@ import torch
 from rlprof.tracking import Tracker, parse_backends
 from rlprof.tracking.tensorboard import tensorboard_dir
 from rlprof.typed_config import ConfigError
-from rlprof_train import checkpoint
+from rlprof_train import algos, checkpoint
 from rlprof_train.agent import Tool
+from rlprof_train.agent.tool_config import load_tools, task_tools
 from rlprof_train.config import TrainerConfig, as_dict
+from rlprof_train.guards import NonFiniteGuard
+from rlprof_train.models import trainable_parameters
+from rlprof_train.reward_functions import RewardFunction
 from rlprof_train.run_dir import RunLock, stale_note, write_run_record
 from rlprof_train.tiny_model import embedded_model_name, ensure_tiny_model
 from rlprof_train.workers.actor import ActorWorker
+from rlprof_train.workers.critic import CriticWorker
 from rlprof_train.workers.engine import DistEnv
+from rlprof_train.workers.ref import RefWorker
+from rlprof_train.workers.reward_model import reward_model
+from rlprof_train.workers.reward_worker import RewardWorker
 from rlprof_train.workers.rollout import Rollout, RolloutContext, create_rollout, rollout_spec
 from rlprof_train.workers.rollout.base import ContinuingRollout
 from rlprof_train.workers.rollout.multi_turn import MultiTurnRollout
@@ -162,6 +171,92 @@ def make_rollout(
         names = ", ".join(tool.name for tool in tools) or "no tools"
         log(f"rollout: multi-turn ({multi_turn.format} tool calls) with {names}")
     return MultiTurnRollout(backend, tools, multi_turn, tokenizer)
+
+
+def rollout_tools(cfg: TrainerConfig) -> list[Tool]:
+    """The tools a multi-turn rollout may call: those of ``multi_turn.tool_config_path``, or a built-in task's own
+    (the calculator's) when no data files are given; none for a single-turn rollout."""
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    if multi_turn.enable and multi_turn.tool_config_path:
+        return load_tools(multi_turn.tool_config_path)
+    if multi_turn.enable and cfg.data.train_files is None:
+        return task_tools(cfg.data.task)
+    return []
+
+
+def make_actor(
+    cfg: TrainerConfig, env: DistEnv, model_path: str, resumed_from: Optional[Path], log: Log
+) -> ActorWorker:
+    """The actor's engine (from its checkpoint's ZeRO layout when resuming); with LoRA, how many parameters train."""
+    arr = cfg.actor_rollout_ref
+    actor = ActorWorker(arr.actor, arr.model, model_path, env, checkpoint.saved_by_zero(resumed_from, "actor"))
+    if arr.model.lora_rank > 0:
+        trained, total = trainable_parameters(actor.module)
+        log(
+            f"model: LoRA rank {arr.model.lora_rank} (alpha {arr.model.lora_alpha}) on {arr.model.target_modules}: "
+            f"{trained:,} of {total:,} parameters train ({100 * trained / total:.2f}%)"
+        )
+    return actor
+
+
+def make_reward(cfg: TrainerConfig, env: DistEnv, tokenizer: Any, log: Log) -> RewardWorker:
+    """The reward: the custom function or the built-in rule, or the reward model (verl's precedence, said once)."""
+    custom = cfg.custom_reward_function
+    reward = RewardFunction(custom.path, custom.name, custom.timeout_s)
+    if cfg.reward_model.enable:
+        log(
+            f"reward: custom_reward_function {custom.path} scores responses; reward_model.model is not used (verl's "
+            "precedence)"
+            if reward.is_custom
+            else f"reward: the reward model at {cfg.reward_model.model.path} scores responses (the rule reward is not "
+            "computed, as verl)"
+        )
+    return RewardWorker(reward, tokenizer, reward_model(cfg.reward_model, env.device))
+
+
+def make_ref(cfg: TrainerConfig, env: DistEnv, model_path: str, actor: ActorWorker) -> Optional[RefWorker]:
+    """The reference policy, where a KL term needs it (with LoRA: the actor's base model, adapters disabled)."""
+    arr, algorithm = cfg.actor_rollout_ref, cfg.algorithm
+    if not (arr.actor.use_kl_loss or algorithm.use_kl_in_reward):
+        return None
+    lora_policy = actor.engine if arr.model.lora_rank > 0 else None
+    return RefWorker(arr.ref, arr.model, model_path, env.device, lora_policy)
+
+
+def make_critic(
+    cfg: TrainerConfig,
+    env: DistEnv,
+    model_path: str,
+    resumed_from: Optional[Path],
+    estimator: algos.AdvantageEstimator,
+) -> Optional[CriticWorker]:
+    """The critic, where ``critic.enable`` asks for it or (unset) the estimator needs one."""
+    enabled = cfg.critic.enable if cfg.critic.enable is not None else estimator.needs_critic
+    if not enabled:
+        return None
+    saved = checkpoint.saved_by_zero(resumed_from, "critic")
+    return CriticWorker(cfg.critic, cfg.actor_rollout_ref.model, cfg.critic.model.path or model_path, env, saved)
+
+
+def note_zero_stages(cfg: TrainerConfig, actor: ActorWorker, critic: Optional[CriticWorker], log: Log) -> None:
+    """Say where a ZeRO stage asked for runs as stage 0 (one float32 process: nothing to partition)."""
+    for key, requested, worker in (
+        ("actor_rollout_ref.actor.zero_stage", cfg.actor_rollout_ref.actor.zero_stage, actor),
+        ("critic.zero_stage", cfg.critic.zero_stage, critic),
+    ):
+        if worker is not None and worker.engine.zero_optimization_stage() != requested:
+            log(
+                f"{key}={requested} runs as stage 0: on one float32 process ZeRO has nothing to partition "
+                "(the same updates, without its gradient buckets)"
+            )
+
+
+def nonfinite_guard(cfg: TrainerConfig, has_critic: bool) -> NonFiniteGuard:
+    """The guard that stops training on a non-finite loss, its hint naming the learning rates in use."""
+    rates = f"actor_rollout_ref.actor.optim.lr (now {cfg.actor_rollout_ref.actor.optim.lr:g})"
+    if has_critic:
+        rates += f" or critic.optim.lr (now {cfg.critic.optim.lr:g})"
+    return NonFiniteGuard(cfg.trainer.nonfinite_patience, hint=f" Check the reward function and lower {rates}.")
 
 
 def reuses_on_policy_log_probs(cfg: TrainerConfig, log: Log) -> bool:

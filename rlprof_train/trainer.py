@@ -24,22 +24,13 @@ import rlprof
 from rlprof.metrics import MetricAggregator, Reduce
 from rlprof.watchdog import Watchdog
 from rlprof_train import algos, checkpoint, prepare
-from rlprof_train.agent import Tool
-from rlprof_train.agent.tool_config import load_tools, task_tools
 from rlprof_train.batch import MicroBatching, RolloutBatch
 from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.data import Example, StepBatches, load_datasets, shard
-from rlprof_train.guards import NonFiniteGuard
-from rlprof_train.models import load_tokenizer, trainable_parameters
+from rlprof_train.models import load_tokenizer
 from rlprof_train.progress import Progress
-from rlprof_train.reward_functions import RewardFunction
 from rlprof_train.step_reduction import StepFacts, step_metrics
-from rlprof_train.workers.actor import ActorWorker
-from rlprof_train.workers.critic import CriticWorker
 from rlprof_train.workers.engine import DistEnv
-from rlprof_train.workers.ref import RefWorker
-from rlprof_train.workers.reward_model import reward_model
-from rlprof_train.workers.reward_worker import RewardWorker
 from rlprof_train.workers.rollout import SamplingParams
 
 
@@ -59,13 +50,7 @@ class PPOTrainer:
         self.run_directory = prepare.open_run_directory(cfg, env, log)
         model_path = prepare.prepare_model(cfg, env, log)
         self.tokenizer = load_tokenizer(model_path)
-        multi_turn = arr.rollout.multi_turn
-        tools: list[Tool] = []
-        if multi_turn.enable and multi_turn.tool_config_path:
-            tools = load_tools(multi_turn.tool_config_path)
-        elif multi_turn.enable and cfg.data.train_files is None:  # a built-in task's own tool (the calculator's)
-            tools = task_tools(cfg.data.task)
-
+        tools = prepare.rollout_tools(cfg)
         train, self.val_examples, notes = load_datasets(
             cfg.data, self.tokenizer, trainer.seed, [tool.tool_schema for tool in tools] or None
         )
@@ -84,57 +69,17 @@ class PPOTrainer:
 
         self.estimator = algos.adv_estimator(algorithm.adv_estimator)
         resumed_from = prepare.resume_point(cfg, env, log)
-        self.actor = ActorWorker(arr.actor, arr.model, model_path, env, checkpoint.saved_by_zero(resumed_from, "actor"))
-        if arr.model.lora_rank > 0:
-            trained, total = trainable_parameters(self.actor.module)
-            log(
-                f"model: LoRA rank {arr.model.lora_rank} (alpha {arr.model.lora_alpha}) on {arr.model.target_modules}: "
-                f"{trained:,} of {total:,} parameters train ({100 * trained / total:.2f}%)"
-            )
-        reward = RewardFunction(
-            cfg.custom_reward_function.path, cfg.custom_reward_function.name, cfg.custom_reward_function.timeout_s
-        )
-        self.reward = RewardWorker(reward, self.tokenizer, reward_model(cfg.reward_model, env.device))
-        if cfg.reward_model.enable:
-            log(
-                f"reward: custom_reward_function {cfg.custom_reward_function.path} scores responses; "
-                "reward_model.model is not used (verl's precedence)"
-                if reward.is_custom
-                else f"reward: the reward model at {cfg.reward_model.model.path} scores responses (the rule reward "
-                "is not computed, as verl)"
-            )
-        needs_ref = arr.actor.use_kl_loss or algorithm.use_kl_in_reward
-        lora_policy = self.actor.engine if arr.model.lora_rank > 0 else None  # the base model: adapters disabled
-        self.ref = RefWorker(arr.ref, arr.model, model_path, env.device, lora_policy) if needs_ref else None
-        needs_critic = algos.adv_estimator(algorithm.adv_estimator).needs_critic
-        if cfg.critic.enable if cfg.critic.enable is not None else needs_critic:
-            self.critic: Optional[CriticWorker] = CriticWorker(
-                cfg.critic,
-                arr.model,
-                cfg.critic.model.path or model_path,
-                env,
-                checkpoint.saved_by_zero(resumed_from, "critic"),
-            )
-        else:
-            self.critic = None
-        for key, requested, worker in (
-            ("actor_rollout_ref.actor.zero_stage", arr.actor.zero_stage, self.actor),
-            ("critic.zero_stage", cfg.critic.zero_stage, self.critic),
-        ):
-            if worker is not None and worker.engine.zero_optimization_stage() != requested:
-                log(
-                    f"{key}={requested} runs as stage 0: on one float32 process ZeRO has nothing to partition "
-                    "(the same updates, without its gradient buckets)"
-                )
+        self.actor = prepare.make_actor(cfg, env, model_path, resumed_from, log)
+        self.reward = prepare.make_reward(cfg, env, self.tokenizer, log)
+        self.ref = prepare.make_ref(cfg, env, model_path, self.actor)
+        self.critic = prepare.make_critic(cfg, env, model_path, resumed_from, self.estimator)
+        prepare.note_zero_stages(cfg, self.actor, self.critic, log)
         self.rollout = prepare.make_rollout(cfg, env, model_path, self.actor, self.tokenizer, log, tools)
         self.reuse_log_probs = prepare.reuses_on_policy_log_probs(cfg, log)
         self.kl_ctrl = algos.KLController(
             algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.type, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon
         )
-        rates = f"actor_rollout_ref.actor.optim.lr (now {arr.actor.optim.lr:g})"
-        if self.critic is not None:
-            rates += f" or critic.optim.lr (now {cfg.critic.optim.lr:g})"
-        self.guard = NonFiniteGuard(trainer.nonfinite_patience, hint=f" Check the reward function and lower {rates}.")
+        self.guard = prepare.nonfinite_guard(cfg, self.critic is not None)
 
         self.start_step = self.resume(resumed_from) if resumed_from else 1
         prepare.record_run(cfg, env, run_id, self.start_step, resumed_from)
