@@ -91,6 +91,15 @@ class GlobalProfilerConfig:
     false: each step is a window of its own."""
     save_path: str = "outputs/profile"
     """Folder for traces, snapshots and manifest.jsonl."""
+    finish_hook_cmd: Optional[str] = None
+    """verl's: a shell command run once after the last profiled step (e.g. to upload ``save_path``), with
+    ``VERL_PROFILE_SAVE_PATH``, ``_TOOL``, ``_RANK``, ``_PID``, ``_ROLE`` set (see :mod:`rlprof.finish_hook`); null:
+    none."""
+    finish_hook_all_ranks: bool = False
+    """Run ``finish_hook_cmd`` on every rank."""
+    finish_hook_ranks: list[int] = field(default_factory=list)
+    """Ranks that run ``finish_hook_cmd`` (one per node, to upload each node's folder once); empty: the ranks that
+    record."""
     global_tool_config: ToolConfigs = field(default_factory=lambda: ToolConfigs(_default_tool_settings()))
     """Settings of each registered tool."""
 
@@ -399,6 +408,13 @@ def validate(config: ProfilerConfig, world_size: Optional[int] = None) -> None:
             )
     if not gp.save_path:
         raise ConfigError("global_profiler.save_path: must be a non-empty folder path")
+    if gp.finish_hook_cmd is not None and not gp.finish_hook_cmd.strip():
+        raise ConfigError("global_profiler.finish_hook_cmd: '' is an empty command; give a shell command, or null")
+    for i, rank in enumerate(gp.finish_hook_ranks):
+        if rank < 0:
+            raise ConfigError(
+                f"global_profiler.finish_hook_ranks[{i}]: rank {rank} is negative; ranks are integers >= 0"
+            )
     resolve_step_selection(gp)
     for name, role in config.roles.items():
         for i, rank in enumerate(role.ranks):

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rlprof.config import ConfigError, ProfilerConfig, load_config
+from rlprof.finish_hook import hook_environment, run_finish_hook
 from rlprof.manifest import Manifest
 from rlprof.tools import RangeSite, Tool, ToolContext, ToolSpec, create_tool, tool_spec
 from rlprof.tools.base import remove_abandoned
@@ -135,6 +136,8 @@ class Session:
         self.window: Optional[StepWindow] = None
         """The open step window, or None."""
         self.windows_opened = 0
+        self.finish_hook_due = self._runs_finish_hook()
+        """Whether ``global_profiler.finish_hook_cmd`` is still to run on this rank (see :mod:`rlprof.finish_hook`)."""
         self.listeners: list[WindowListener] = []
         self._gap_exit: Any = None
         self._gap_thread: Optional[threading.Thread] = None
@@ -254,12 +257,15 @@ class Session:
             if not self.step_open:
                 return
             self.step_open = False
-            if self.window is None or self.current_step is None:
-                return
-            if self.selection.joins(self.current_step + 1):
-                self._open_gap()
-            else:
-                self._stop_window()
+            if self.window is not None and self.current_step is not None:
+                if self.selection.joins(self.current_step + 1):
+                    self._open_gap()
+                else:
+                    self._stop_window()
+            last = self.selection.last()
+            finished = last is not None and self.current_step is not None and self.current_step >= last
+        if finished:
+            self._finish_hook()
 
     def shutdown(self) -> None:
         """End the step, close an open window (writing its files) and release the tool. Idempotent."""
@@ -277,10 +283,44 @@ class Session:
                         tool.close()
                     except Exception as exc:  # closing must not raise out of atexit
                         self.warn_once(f"close:{tool.name}", f"rlprof: closing the {tool.name} tool failed: {exc}")
+        if os.getpid() == self._pid and self.selection.last() is None and self.current_step is not None:
+            self._finish_hook()  # an open-ended selection's last profiled step is the run's last step
         atexit.unregister(self.shutdown)
         with _gates_lock:
             if _current is self:
                 _current = None
+
+    # ------------------------------------------------------------------ the finish hook
+
+    def _runs_finish_hook(self) -> bool:
+        gp = self.config.global_profiler
+        if gp.finish_hook_cmd is None or gp.tool is None:  # as verl: only where profiling is on
+            return False
+        if gp.finish_hook_all_ranks:
+            return True
+        if gp.finish_hook_ranks:
+            return self.rank in gp.finish_hook_ranks
+        return self.config.records_on(self.rank)
+
+    def _finish_hook(self) -> None:
+        """Run the user's finish command once (outside the lock: it may take minutes), listing it in the manifest."""
+        with self._lock:
+            due, self.finish_hook_due = self.finish_hook_due, False
+        if not due:
+            return
+        gp = self.config.global_profiler
+        assert gp.finish_hook_cmd is not None
+        roles = [name for name in self.config.roles if self.config.role_enabled(name, self.rank)]
+        variables = hook_environment(gp.save_path, gp.tool, self.rank, roles if self.config.roles else None)
+        code = run_finish_hook(gp.finish_hook_cmd, self.rank, variables)
+        if code != 0:
+            self.warn_once(
+                "finish_hook",
+                f"rlprof: global_profiler.finish_hook_cmd exited with {code} on rank {self.rank} (training goes on): "
+                f"{gp.finish_hook_cmd}",
+            )
+        with contextlib.suppress(OSError):  # the record of it is best-effort, as the command is
+            self.record_event("finish_hook", command=gp.finish_hook_cmd, returncode=code)
 
     # ------------------------------------------------------------------ windows and gates
 

@@ -79,11 +79,12 @@ TODAY_REFUSED = {  # today's scripts that ask for what is not here -> what their
     ),
 }
 PROFILE = "examples/profile/run_qwen2_5_7b_torch_profile.sh"
+FINISH_HOOK = TODAY / "tests" / "special_e2e" / "profiler_finish_hook_marker.sh"
+"""verl's own finish-hook command for its profiler tests: a marker per role and rank under save_path."""
 PROFILE_REFUSED = {  # the profiling script's knobs set to what is not here -> the key its one error names
     "PROFILE_DISCRETE=True": "actor_rollout_ref.actor.profiler.tool_config.torch.discrete=True",
     "PROFILE_SCHED_ACTIVE=2": "actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=2",
     "PROFILE_ROLLOUT_TOKEN_START=4": "actor_rollout_ref.rollout.profiler.tool_config.torch.profile_token_start=4",
-    "PROFILE_FINISH_HOOK_CMD=true": "global_profiler.finish_hook_cmd=",
     "PROFILE_CONTENTS=['cpu','stack']": "actor_rollout_ref.actor.profiler.tool_config.torch.contents=['cpu', 'stack']",
 }
 QUESTIONS = [(f"What is {a} plus {b}?", a + b) for a in range(4) for b in range(4)]
@@ -323,7 +324,8 @@ def script_runs(place, tmp_path_factory) -> dict[str, tuple[subprocess.Completed
     def one(index: int, name: str, more: tuple[str, ...], today: bool) -> tuple[subprocess.CompletedProcess, Path]:
         work = root / f"{index}" / "work"
         work.parent.mkdir()
-        return run_script(name, place, work, *more, today=today), work
+        knobs = {"PROFILE_FINISH_HOOK_CMD": str(FINISH_HOOK)} if today and name == PROFILE else None
+        return run_script(name, place, work, *more, today=today, knobs=knobs), work
 
     with ThreadPoolExecutor(CONCURRENT) as pool:
         futures = {key: pool.submit(one, i, *job) for i, (key, job) in enumerate(jobs.items())}
@@ -396,6 +398,12 @@ def check_todays_run(name: str, result: subprocess.CompletedProcess, work: Path,
             tuple(r["steps"]) for r in written if r["tool"] == "vllm_torch" and r["format"] == "chrome_trace"
         )
         assert trainer == [(1,), (2,)] and engine == [(1,), (2,)], written
+        # its finish hook (verl's marker script) ran once, after step 2, on the profiled rank, its roles named
+        (hook,) = read_manifest(work / "profile", kind="finish_hook")
+        assert hook["returncode"] == 0 and hook["command"] == str(FINISH_HOOK), hook
+        (marker,) = [p.name for p in (work / "profile" / "finish_hook_markers").iterdir()]
+        assert marker.startswith("finish_hook_ran_actor") and marker.endswith("_rank0"), marker
+        assert "[rlprof][finish_hook] rank 0: exited with 0" in output
 
 
 def test_the_profiling_scripts_settings_that_are_not_here_are_named(place, tmp_path):
