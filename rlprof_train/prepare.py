@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 
 from rlprof.tracking import Tracker, parse_backends
-from rlprof.tracking.tensorboard import tensorboard_dir
+from rlprof.tracking.base import event_dirs
 from rlprof.typed_config import ConfigError
 from rlprof_train import algos, checkpoint
 from rlprof_train.agent import Tool
@@ -93,6 +93,7 @@ def record_run(cfg: TrainerConfig, env: DistEnv, run_id: str, start_step: int, r
     if not env.is_main:
         return
     profiler = cfg.global_profiler or {}
+    events = event_dirs(parse_backends(cfg.trainer.logger), cfg.trainer.project_name, cfg.trainer.experiment_name)
     write_run_record(
         Path(cfg.trainer.log_dir),
         as_dict(cfg),
@@ -103,9 +104,7 @@ def record_run(cfg: TrainerConfig, env: DistEnv, run_id: str, start_step: int, r
         profile_save_path=str(Path(profiler.get("save_path") or "outputs/profile").resolve()),
         profile_tool=profiler.get("tool"),
         checkpoint_dir=str(Path(cfg.trainer.default_local_dir).resolve()),
-        tensorboard_dir=str(tensorboard_dir(cfg.trainer.project_name, cfg.trainer.experiment_name).resolve())
-        if "tensorboard" in parse_backends(cfg.trainer.logger)
-        else None,
+        tensorboard_dir=str(events[0].resolve()) if events else None,
         start_step=start_step,
         resumed_from=str(resumed_from) if resumed_from else None,
         rollout=backend_facts(rollout_spec(cfg.actor_rollout_ref.rollout.name)),

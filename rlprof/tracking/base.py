@@ -47,6 +47,12 @@ class Backend(ABC):
 
     name = "backend"
 
+    @classmethod
+    def event_dir(cls, project: str, experiment: str) -> Optional[Path]:
+        """The folder of TensorBoard event files this backend writes for a run (``rlprof view`` serves it), or None:
+        it writes none."""
+        return None
+
     @abstractmethod
     def log(self, metrics: Mapping[str, float], step: int) -> None: ...
 
@@ -80,6 +86,12 @@ def backend_factory(name: str) -> Callable[[BackendContext], Backend]:
         return _BACKENDS[name]
     except KeyError:
         raise ValueError(f"unknown tracking backend {name!r}; registered backends: {', '.join(_BACKENDS)}") from None
+
+
+def event_dirs(backends: list[str], project: str, experiment: str) -> list[Path]:
+    """The TensorBoard event folders the named backends write for a run."""
+    found = [getattr(backend_factory(name), "event_dir", Backend.event_dir)(project, experiment) for name in backends]
+    return [folder for folder in found if folder is not None]
 
 
 def to_floats(metrics: Mapping[str, Any]) -> dict[str, float]:

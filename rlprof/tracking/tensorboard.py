@@ -24,6 +24,10 @@ class TensorBoardBackend(Backend):
     ``resume_step``) that finds an earlier run's event files in its folder moves them to ``previous-{time}/`` (a run
     of its own in TensorBoard), so the two runs' curves are never mixed."""
 
+    @classmethod
+    def event_dir(cls, project: str, experiment: str) -> Path:
+        return tensorboard_dir(project, experiment)
+
     def __init__(self, context: BackendContext) -> None:
         from torch.utils.tensorboard import SummaryWriter
 

@@ -35,6 +35,7 @@ HOLDERS = frozenset(
         "adv_estimator",
         "estimator",
         "loss_mode",
+        "parse_backends",
     }
 )
 """Identifiers that hold a registered name (``file.format``, ``gp.tool``, ``rollout.name``, ...): a comparison of one
