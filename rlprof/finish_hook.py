@@ -3,12 +3,13 @@ typically to ship the traces off the node (``mlx asset upload "$VERL_PROFILE_SAV
 
 It runs on the ranks ``finish_hook_all_ranks`` / ``finish_hook_ranks`` select (default: the ranks that record),
 whether or not they recorded, once the step that ends the selection is over and its window's files are written (with
-an open-ended selection: when the session shuts down). Its environment holds the run's context, as verl gives it:
-``VERL_PROFILE_SAVE_PATH`` (absolute), ``VERL_PROFILE_TOOL``, ``VERL_PROFILE_RANK``, ``VERL_PROFILE_PID`` and, when
-the config declares role blocks, ``VERL_PROFILE_ROLE`` (the roles this rank records, comma-separated: one process
-runs every role here; verl's Ray-only ``VERL_PROFILE_RAY_NSIGHT_DIR`` is not set). Its output is printed line by
-line with the rank in front; a failure is a warning and training goes on; a Ctrl-C while it runs stops it too. The
-manifest lists it as a ``finish_hook`` line with its exit code.
+an open-ended selection: when the session shuts down; a run that stops before that step does not run it, as verl).
+Its environment holds the run's context, as verl gives it: ``VERL_PROFILE_SAVE_PATH`` (absolute),
+``VERL_PROFILE_TOOL``, ``VERL_PROFILE_RANK``, ``VERL_PROFILE_PID`` and, when the config declares role blocks,
+``VERL_PROFILE_ROLE`` (the roles this rank records, comma-separated: one process runs every role here; verl's
+Ray-only ``VERL_PROFILE_RAY_NSIGHT_DIR`` is not set). Its output is printed line by line with the rank in front; a
+failure is a warning and training goes on; a Ctrl-C while it runs stops it too. The manifest lists it as a
+``finish_hook`` line with its exit code.
 """
 
 from __future__ import annotations
