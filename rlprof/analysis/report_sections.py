@@ -30,6 +30,10 @@ Show = Callable[[Report], Shown]
 S = TypeVar("S", bound=Show)
 
 
+def always(report: Report) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class ReportSection:
     name: str
@@ -38,7 +42,7 @@ class ReportSection:
     build: Optional[Callable[[Run, Report, ReportOptions], Any]] = None
     """Its own part of the report, from the run, the report of the built-in parts and the options, kept in
     ``report.extra[name]``; None: it shows the report's own fields."""
-    applies: Callable[[Report], bool] = lambda report: True
+    applies: Callable[[Report], bool] = always
     """Whether the section has something to say about this report (``show`` is not called otherwise)."""
 
 
@@ -58,7 +62,7 @@ def register_section(
         raise ValueError(f"register_section: name={name!r} must be an identifier such as 'checkpoints'")
 
     def register(show: S) -> S:
-        unit = ReportSection(name, show, build, applies or (lambda report: True))
+        unit = ReportSection(name, show, build, applies or always)
         names = [s.name for s in _SECTIONS]
         if name in names:
             _SECTIONS[names.index(name)] = unit
