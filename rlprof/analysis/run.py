@@ -65,7 +65,7 @@ class Run:
         return [f for f in self.inputs if f.format in formats]
 
     def of_category(self, category: str) -> list[InputFile]:
-        return [f for f in self.inputs if (found := source(f.format)) is not None and found.category == category]
+        return [f for f in self.inputs if _category(f) == category]
 
     @property
     def traces(self) -> list[InputFile]:
