@@ -22,6 +22,7 @@ one store read per ``POLL_S`` per rank.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import json
@@ -47,6 +48,8 @@ from rlprof.typed_config import bounds, build
 POLL_S = 1.0
 PY_SPY_TIMEOUT_S = 30.0
 """The longest one py-spy dump may take."""
+EVENT_WAIT_S = 10.0
+"""The longest the thread waits for a stall's event after the counter moved (its announcer sets it right after)."""
 COUNT_KEY = "rlprof/stall/count"
 EVENT_KEY = "rlprof/stall/{n}"
 AT_KEY = "rlprof/watchdog/at/{rank}"
@@ -151,6 +154,7 @@ class Watchdog:
         if config.enable:
             self._thread = threading.Thread(target=self._watch, name="rlprof-watchdog", daemon=True)
             self._thread.start()
+            atexit.register(self.close)  # a daemon thread inside a store call when Python finalizes aborts it
 
     @contextlib.contextmanager
     def phase(self, step: int, name: str) -> Iterator[None]:
@@ -172,12 +176,17 @@ class Watchdog:
             del history[:-HISTORY]
 
     def close(self) -> None:
-        """Stop watching; a stall being written (stacks, py-spy's dump, the event) is waited for."""
+        """Stop watching and wait for the thread: a store call it is in (at most ``EVENT_WAIT_S``), a stall being
+        written (stacks, py-spy's dump, the event). Called before the interpreter winds down where nobody did: a
+        daemon thread still inside a store call when Python finalizes aborts the process ("terminate called without
+        an active exception") as it returns into the interpreter."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=2 * POLL_S)
+            self._thread.join(timeout=2 * POLL_S + EVENT_WAIT_S)
             if self._thread.is_alive() and self._writing:
                 self._thread.join(timeout=2 * PY_SPY_TIMEOUT_S + POLL_S)
+            self._thread = None
+            atexit.unregister(self.close)
 
     def __enter__(self) -> Watchdog:
         return self
@@ -272,7 +281,7 @@ class Watchdog:
             for n in range(self._seen + 1, count + 1):
                 key = EVENT_KEY.format(n=n)
                 try:
-                    self.store.wait([key], datetime.timedelta(seconds=10))  # set right after the counter moved
+                    self.store.wait([key], datetime.timedelta(seconds=EVENT_WAIT_S))
                 except Exception:  # noqa: BLE001  (its announcer died in between)
                     continue
                 found.append(Stall(**json.loads(self.store.get(key))))

@@ -82,6 +82,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         held = env.memory_at_start[1] - env.memory_at_start[0] if env.memory_at_start else None
         code = train(lambda: PPOTrainer(cfg, env, run_id, log, progress).fit(), env.rank, progress, as_dict(cfg), held)
     finally:
+        progress.close()
         rlprof.shutdown()
     if torch.distributed.is_initialized():
         if code == 0:

@@ -4,10 +4,15 @@ out the ranks still running can say which rank stopped answering and where every
 Each rank writes its own key at the start of every phase (one small store write, a fraction of a millisecond), and a
 daemon thread writes a heartbeat every ``HEARTBEAT_S``: a rank blocked in a collective keeps beating, a stopped,
 frozen or dead one does not. The store lives in the launcher's agent (torchrun) or rank 0.
+
+The heartbeat ends with :meth:`Progress.close` (or, where nobody called it, before the interpreter winds down): a
+daemon thread still inside a store call when Python finalizes aborts the process ("terminate called without an active
+exception", SIGABRT) as it returns into the interpreter.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import threading
 import time
@@ -18,6 +23,9 @@ from rlprof.watchdog import Ordinal, Position
 KEY = "rlprof/progress/{rank}"
 ALIVE = "rlprof/alive/{rank}"
 HEARTBEAT_S = 2.0
+CLOSE_WAIT_S = 5.0
+"""The longest :meth:`Progress.close` waits for a heartbeat under way (a store call takes milliseconds, or fails
+when the store's host is gone)."""
 TIMEOUT_WORDS = ("timed out", "timeout", "deadline exceeded", "connection reset", "connection closed")
 
 
@@ -31,16 +39,28 @@ class Progress:
         self.role = ""
         """The role of the phase this rank is in (``""`` outside a step's phases)."""
         self._ordinal = Ordinal()
+        self._stop = threading.Event()
+        self._heartbeat: Optional[threading.Thread] = None
         if self.store is not None:
-            threading.Thread(target=self._beat, name="rlprof-heartbeat", daemon=True).start()
+            self._heartbeat = threading.Thread(target=self._beat, name="rlprof-heartbeat", daemon=True)
+            self._heartbeat.start()
+            atexit.register(self.close)
 
     def _beat(self) -> None:
-        while self.store is not None:
+        while self.store is not None and not self._stop.is_set():
             try:
                 self.store.set(ALIVE.format(rank=self.rank), str(time.time()))
             except Exception:  # noqa: BLE001  (the store's host is gone: nothing to tell anyone)
                 return
-            time.sleep(HEARTBEAT_S)
+            self._stop.wait(HEARTBEAT_S)
+
+    def close(self) -> None:
+        """Stop the heartbeat and wait for its thread (at most ``CLOSE_WAIT_S``)."""
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=CLOSE_WAIT_S)
+            self._heartbeat = None
+            atexit.unregister(self.close)
 
     def at(self, step: int, phase: str, role: str = "") -> None:
         """This rank enters ``phase`` (of ``role``, for a step's phases) of ``step``."""

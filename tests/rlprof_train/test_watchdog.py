@@ -276,3 +276,45 @@ def test_your_own_two_rank_loop_meets_in_the_store_and_names_the_rank_behind(tmp
     assert "dist.barrier()" in (folder / "rank0.txt").read_text()  # rank 0 waits for it in the sync
     (line,) = [line for line in result.stderr.splitlines() if "stall:" in line]
     assert line.startswith("[WARN] stall: rank 1 has been in generate of step 3 for "), line
+
+
+THREAD_IN_STORE_AT_EXIT = """
+import datetime, importlib, sys
+import torch.distributed as dist
+from torch.distributed import TCPStore
+
+store = TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+if sys.argv[1] == "progress":
+    import rlprof_train.progress as progress
+
+    progress.HEARTBEAT_S = 0.0  # the heartbeat calls the store back to back: one is under way when Python finalizes
+    beacon = progress.Progress(0, 2, 60.0)
+    beacon.store = store
+else:
+    watchdog = importlib.import_module("rlprof.watchdog")
+
+    watchdog.POLL_S = 0.0  # the same for the watchdog's poll
+    watchdog.Watchdog(watchdog.WatchdogConfig(), sys.argv[2], rank=0, world_size=2, store=store)
+print("returning without closing it", flush=True)
+"""
+
+
+@pytest.mark.slow  # 4 s each
+@pytest.mark.parametrize("thread", ["progress", "watchdog"])
+def test_a_thread_calling_the_store_does_not_abort_the_process_at_exit(tmp_path, thread):
+    # A daemon thread inside a TCPStore call when the interpreter finalizes aborts the process as the call returns
+    # ("terminate called without an active exception", SIGABRT: a two-rank CI run lost rank 1 that way at its end).
+    # Here nobody closes the heartbeat or the watchdog: they are stopped before Python winds down.
+    script = tmp_path / "exit.py"
+    script.write_text(THREAD_IN_STORE_AT_EXIT)
+    for _ in range(3):
+        result = subprocess.run(
+            [sys.executable, str(script), thread, str(tmp_path / "logs")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=subprocess_env(OMP_NUM_THREADS="1"),
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "terminate called" not in result.stderr and "returning without closing it" in result.stdout
