@@ -447,13 +447,15 @@ def policy_loss(
     clip_ratio_high: Optional[float] = None,
     clip_ratio_c: Optional[float] = 3.0,
     loss_agg_mode: str = "token-mean",
+    is_weights: Optional[Tensor] = None,
     **agg_counts: Optional[float],
 ) -> PolicyLoss:
     """PPO's clipped surrogate with dual clip. All inputs ``[B, T]``.
 
     ``ρ = exp(log π - log π_old)``; ``L = max(-A·ρ, -A·clip(ρ, 1-ε_low, 1+ε_high))``; for ``A < 0`` also
     ``L ← min(L, -A·c)`` (dual clip, Ye et al. 2020; ``clip_ratio_c=None`` disables it). ε_low / ε_high default to
-    ``clip_ratio``. ``pg_loss = agg_loss(L)``; ``agg_counts`` as in :func:`agg_loss`.
+    ``clip_ratio``. ``pg_loss = agg_loss(w·L)`` with the rollout correction's importance weights ``is_weights`` (1
+    when None, :mod:`rlprof_train.rollout_correction`); ``agg_counts`` as in :func:`agg_loss`.
     """
     low, high = clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
@@ -471,7 +473,7 @@ def policy_loss(
     else:
         clipfrac_lower = torch.zeros((), dtype=losses.dtype, device=losses.device)
     return PolicyLoss(
-        pg_loss=agg_loss(losses, mask, loss_agg_mode, **agg_counts),
+        pg_loss=agg_loss(_weighted(losses, is_weights), mask, loss_agg_mode, **agg_counts),
         pg_clipfrac=clipfrac,
         pg_clipfrac_lower=clipfrac_lower,
         ppo_kl=masked_mean(-log_ratio, mask),
@@ -489,6 +491,7 @@ def gspo_policy_loss(
     clip_ratio_high: Optional[float] = None,
     clip_ratio_c: Optional[float] = None,
     loss_agg_mode: str = "seq-mean-token-mean",
+    is_weights: Optional[Tensor] = None,
     **agg_counts: Optional[float],
 ) -> PolicyLoss:
     """GSPO (Zheng et al. 2025), as verl's ``compute_policy_loss_gspo``. All inputs ``[B, T]``.
@@ -496,7 +499,8 @@ def gspo_policy_loss(
     The sequence ratio ``s_i = exp(Σ_t m_it (log π - log π_old)_it / |y_i|)`` enters each token as
     ``s_it = sg[s_i] · π_it / sg[π_it]`` (its value ``s_i``, the gradient of ``log π_it``), log-clamped at 10;
     ``L = max(-A·s_it, -A·clip(s_it, 1-ε_low, 1+ε_high))``, always aggregated seq-mean-token-mean (``loss_agg_mode``
-    and ``clip_ratio_c`` do not apply, as in verl). ``ppo_kl`` is the token mean of ``log π_old - log π``.
+    and ``clip_ratio_c`` do not apply, as in verl), each token's ``L`` times ``is_weights`` as in :func:`policy_loss`.
+    ``ppo_kl`` is the token mean of ``log π_old - log π``.
     """
     low, high = clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
     log_ratio = log_prob - old_log_prob
@@ -506,7 +510,9 @@ def gspo_policy_loss(
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - low, 1 + high)
     return PolicyLoss(
-        pg_loss=agg_loss(torch.maximum(unclipped, clipped), mask, "seq-mean-token-mean", **agg_counts),
+        pg_loss=agg_loss(
+            _weighted(torch.maximum(unclipped, clipped), is_weights), mask, "seq-mean-token-mean", **agg_counts
+        ),
         pg_clipfrac=masked_mean((clipped > unclipped).float(), mask),
         pg_clipfrac_lower=torch.zeros((), dtype=ratio.dtype, device=ratio.device),
         ppo_kl=masked_mean(-log_ratio, mask),
@@ -524,24 +530,60 @@ def cispo_policy_loss(
     clip_ratio_high: Optional[float] = None,
     clip_ratio_c: Optional[float] = None,
     loss_agg_mode: str = "token-mean",
+    is_weights: Optional[Tensor] = None,
     **agg_counts: Optional[float],
 ) -> PolicyLoss:
     """CISPO (MiniMax-M1, 2025), as verl's ``compute_policy_loss_cispo``. All inputs ``[B, T]``.
 
     ``ρ = exp(clamp(log π - log π_old, ±20))``; ``L = -sg[clip(ρ, 1-ε_low, 1+ε_high)] · A · log π``: every token keeps
-    its gradient, the clipped ratio only weights it (``clip_ratio_c`` does not apply). ``pg_clipfrac``: the share of
-    tokens whose ratio was clipped.
+    its gradient, the clipped ratio only weights it (``clip_ratio_c`` does not apply); times ``is_weights`` as in
+    :func:`policy_loss`. ``pg_clipfrac``: the share of tokens whose ratio was clipped.
     """
     low, high = clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
     log_ratio = (log_prob - old_log_prob).clamp(min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1 - low, 1 + high)
     return PolicyLoss(
-        pg_loss=agg_loss(-clipped.detach() * advantages * log_prob, mask, loss_agg_mode, **agg_counts),
+        pg_loss=agg_loss(
+            _weighted(-clipped.detach() * advantages * log_prob, is_weights), mask, loss_agg_mode, **agg_counts
+        ),
         pg_clipfrac=masked_mean((ratio != clipped).float(), mask),
         pg_clipfrac_lower=torch.zeros((), dtype=ratio.dtype, device=ratio.device),
         ppo_kl=masked_mean(-log_ratio, mask),
     )
+
+
+def reinforce_policy_loss(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_ratio: Optional[float] = None,
+    clip_ratio_low: Optional[float] = None,
+    clip_ratio_high: Optional[float] = None,
+    clip_ratio_c: Optional[float] = None,
+    loss_agg_mode: str = "token-mean",
+    is_weights: Optional[Tensor] = None,
+    **agg_counts: Optional[float],
+) -> PolicyLoss:
+    """REINFORCE with importance weights, as verl's ``compute_policy_loss_reinforce`` (the rollout correction's
+    bypass mode with ``loss_type=reinforce``, where the old log-probs are the rollout's). All inputs ``[B, T]``.
+
+    ``L = -w·A·log π`` (``w`` = ``is_weights``, 1 when None; no ratio: the clip settings do not apply),
+    ``pg_loss = agg_loss(L)``;
+    ``ppo_kl`` is the token mean of ``log π_old - log π``, the clip fractions 0."""
+    zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
+    return PolicyLoss(
+        pg_loss=agg_loss(_weighted(-advantages * log_prob, is_weights), mask, loss_agg_mode, **agg_counts),
+        pg_clipfrac=zero,
+        pg_clipfrac_lower=zero,
+        ppo_kl=masked_mean(old_log_prob - log_prob, mask),
+    )
+
+
+def _weighted(losses: Tensor, is_weights: Optional[Tensor]) -> Tensor:
+    return losses if is_weights is None else losses * is_weights
 
 
 POLICY_LOSSES: dict[str, Callable[..., PolicyLoss]] = {

@@ -42,6 +42,9 @@ class RolloutBatch:
     token_level_rewards: Optional[Tensor] = None
     advantages: Optional[Tensor] = None
     returns: Optional[Tensor] = None
+    rollout_is_weights: Optional[Tensor] = None
+    """The rollout correction's importance weights ``[B, R]`` (decoupled mode; :mod:`rlprof_train.rollout_correction`):
+    they multiply the policy loss per token."""
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -16,13 +16,21 @@ import torch
 from rlprof.config import load_config as load_profiler_config
 from rlprof.tracking import parse_backends
 from rlprof.typed_config import ConfigError, one_message
-from rlprof_train import algos
+from rlprof_train import algos, rollout_correction
 from rlprof_train.config.load import training_device
 from rlprof_train.config.schema import TrainerConfig, as_dict
 from rlprof_train.launch import launch_world
-from rlprof_train.workers.rollout.registry import check_rollout
+from rlprof_train.workers.rollout.registry import check_rollout, rollout_names, rollout_spec
 
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=@-]*$")
+
+
+class _Problems(ValueError):
+    """Every problem of one group of settings (each its own numbered item of the one error)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
 
 
 def _fail(key: str, value: Any, allowed: str) -> ConfigError:
@@ -39,6 +47,7 @@ def validate(cfg: TrainerConfig, world_size: int = 1) -> None:
         lambda: check_rollout(cfg),
         lambda: _check_batches(cfg, world_size),
         lambda: _check_algorithm(cfg),
+        lambda: _check_rollout_correction(cfg, world_size),
         lambda: _check_names_and_paths(cfg),
         lambda: _check_inputs(cfg),
         lambda: _check_reward_model(cfg),
@@ -46,9 +55,11 @@ def validate(cfg: TrainerConfig, world_size: int = 1) -> None:
         lambda: parse_backends(cfg.trainer.logger),
         lambda: load_profiler_config(as_dict(cfg), world_size=world_size),
     )
-    for check in checks:  # each group stops at its first problem; the groups are independent
+    for check in checks:  # each group stops at its first problem (or names all of its own); they are independent
         try:
             check()
+        except _Problems as exc:
+            problems += exc.problems
         except ValueError as exc:  # ConfigError, and the data and reward loaders' ValueErrors
             problems.append(str(exc))
     if problems:
@@ -192,6 +203,28 @@ def _check_algorithm(cfg: TrainerConfig) -> None:
         )
     if estimator.needs_critic and cfg.critic.enable is False:
         raise _fail("critic.enable", False, f"{algorithm.adv_estimator} needs the critic's values; leave it null")
+
+
+def _check_rollout_correction(cfg: TrainerConfig, world_size: int) -> None:
+    """Its settings (all problems at once), the rollout's log-probs it needs, and no collective that ranks could
+    call a different number of times."""
+    correction, problems = rollout_correction.parse(cfg.algorithm.rollout_correction)
+    name = cfg.actor_rollout_ref.rollout.name
+    if correction.active and not rollout_spec(name).can_return_log_probs:
+        able = ", ".join(n for n in rollout_names() if rollout_spec(n).can_return_log_probs)
+        problems.append(
+            f"actor_rollout_ref.rollout.name={name!r}: algorithm.rollout_correction needs the rollout's log-probs, "
+            f"which this backend does not return (these do: {able})"
+        )
+    actor = cfg.actor_rollout_ref.actor
+    if correction.bypass and correction.batch_normalize and world_size > 1 and actor.use_dynamic_bsz:
+        problems.append(
+            "algorithm.rollout_correction.rollout_is_batch_normalize=True: in bypass mode each micro-batch "
+            "normalises over all ranks, and with actor_rollout_ref.actor.use_dynamic_bsz=True ranks may cut "
+            "different numbers of micro-batches; turn one of them off"
+        )
+    if problems:
+        raise _Problems(problems)
 
 
 def _check_names_and_paths(cfg: TrainerConfig) -> None:

@@ -19,7 +19,7 @@ import torch
 from rlprof.tracking import Tracker, parse_backends
 from rlprof.tracking.base import event_dirs
 from rlprof.typed_config import ConfigError
-from rlprof_train import algos, checkpoint
+from rlprof_train import algos, checkpoint, rollout_correction
 from rlprof_train.agent import Tool
 from rlprof_train.agent.tool_config import load_tools, task_tools
 from rlprof_train.config import TrainerConfig, as_dict
@@ -161,7 +161,8 @@ def make_rollout(
     if env.is_main:
         for line in ignored_settings(rollout_spec(rollout.name), rollout):
             log(line)
-    backend = create_rollout(RolloutContext(cfg, env, model_path, actor, tokenizer, log))
+    wants_log_probs = correction(cfg).active
+    backend = create_rollout(RolloutContext(cfg, env, model_path, actor, tokenizer, log, wants_log_probs))
     multi_turn = rollout.multi_turn
     if not multi_turn.enable:
         return backend
@@ -183,12 +184,18 @@ def rollout_tools(cfg: TrainerConfig) -> list[Tool]:
     return []
 
 
+def correction(cfg: TrainerConfig) -> rollout_correction.Correction:
+    """The run's rollout correction (``algorithm.rollout_correction``, checked when the config was validated)."""
+    return rollout_correction.parse(cfg.algorithm.rollout_correction)[0]
+
+
 def make_actor(
     cfg: TrainerConfig, env: DistEnv, model_path: str, resumed_from: Optional[Path], log: Log
 ) -> ActorWorker:
     """The actor's engine (from its checkpoint's ZeRO layout when resuming); with LoRA, how many parameters train."""
     arr = cfg.actor_rollout_ref
-    actor = ActorWorker(arr.actor, arr.model, model_path, env, checkpoint.saved_by_zero(resumed_from, "actor"))
+    zero_checkpoint = checkpoint.saved_by_zero(resumed_from, "actor")
+    actor = ActorWorker(arr.actor, arr.model, model_path, env, zero_checkpoint, correction(cfg))
     if arr.model.lora_rank > 0:
         trained, total = trainable_parameters(actor.module)
         log(
@@ -275,6 +282,8 @@ def reuses_on_policy_log_probs(cfg: TrainerConfig, log: Log) -> bool:
         )
     if cfg.algorithm.use_kl_in_reward:
         reasons.append("algorithm.use_kl_in_reward needs the old log-probs before the update")
+    if correction(cfg).active:
+        reasons.append("algorithm.rollout_correction compares the rollout's log-probs with the old ones")
     backend = cfg.actor_rollout_ref.rollout.name
     if rollout_spec(backend).returns_log_probs:
         reasons.append(f"the {backend} rollout's log-probs are compared with them (rollout/log_prob_abs_diff)")

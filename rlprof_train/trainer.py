@@ -23,14 +23,14 @@ import torch
 import rlprof
 from rlprof.metrics import MetricAggregator, Reduce
 from rlprof.watchdog import Watchdog
-from rlprof_train import algos, checkpoint, prepare
+from rlprof_train import algos, checkpoint, prepare, rollout_correction
 from rlprof_train.batch import MicroBatching, RolloutBatch
 from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.data import Example, StepBatches, load_datasets, shard
 from rlprof_train.models import load_tokenizer
 from rlprof_train.progress import Progress
 from rlprof_train.step_reduction import StepFacts, step_metrics
-from rlprof_train.workers.engine import DistEnv
+from rlprof_train.workers.engine import DistEnv, global_sum
 from rlprof_train.workers.rollout import SamplingParams
 
 
@@ -76,6 +76,7 @@ class PPOTrainer:
         prepare.note_zero_stages(cfg, self.actor, self.critic, log)
         self.rollout = prepare.make_rollout(cfg, env, model_path, self.actor, self.tokenizer, log, tools)
         self.reuse_log_probs = prepare.reuses_on_policy_log_probs(cfg, log)
+        self.correction = prepare.correction(cfg)
         self.kl_ctrl = algos.KLController(
             algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.type, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon
         )
@@ -151,12 +152,14 @@ class PPOTrainer:
             with self._phase("reward", timing, role="reward"):
                 batch.token_level_scores, reward_metrics = self.reward.score(batch)
                 workers.merge(reward_metrics)
-            if not self.reuse_log_probs:  # else the update's own forward gives them (on-policy)
+            if self.correction.bypass:  # verl's bypass mode: the rollout's log-probs are the old ones
+                batch.old_log_probs = batch.extras["rollout_log_probs"]
+            elif not self.reuse_log_probs:  # else the update's own forward gives them (on-policy)
                 with self._phase("old_log_prob", timing, role="actor"):
                     batch.old_log_probs, actor_metrics = self.actor.compute_log_prob(batch, self.log_prob_batching)
                     workers.merge(actor_metrics)
-            if "rollout_log_probs" in batch.extras and batch.old_log_probs is not None:  # how off-policy samples are
-                gap = (batch.old_log_probs - batch.extras["rollout_log_probs"]).abs()
+            if "rollout_log_probs" in batch.extras and not self.correction.bypass and batch.old_log_probs is not None:
+                gap = (batch.old_log_probs - batch.extras["rollout_log_probs"]).abs()  # how off-policy samples are
                 workers.add(
                     "rollout/log_prob_abs_diff",
                     algos.masked_mean(gap, batch.response_mask).item(),
@@ -183,7 +186,8 @@ class PPOTrainer:
         return step_metrics(self.env, self._facts(step), batch, timing, workers)
 
     def compute_advantages(self, batch: RolloutBatch) -> MetricAggregator:
-        """Token rewards (scores, minus the KL penalty when ``use_kl_in_reward``), then advantages and returns."""
+        """Token rewards (scores, minus the KL penalty when ``use_kl_in_reward``), the rollout correction (decoupled
+        mode: importance weights and the rejection's narrower response mask), then advantages and returns."""
         algorithm, metrics = self.cfg.algorithm, MetricAggregator()
         assert batch.token_level_scores is not None, "run the earlier phases first"
         if algorithm.use_kl_in_reward:
@@ -203,6 +207,16 @@ class PPOTrainer:
         else:
             batch.token_level_rewards = batch.token_level_scores
         assert batch.token_level_rewards is not None
+        if self.correction.active and not self.correction.bypass:  # verl's decoupled mode, once per step
+            assert batch.old_log_probs is not None, "the rollout correction needs the old log-probs"
+            batch.rollout_is_weights, batch.response_mask, corrected = rollout_correction.correct(
+                batch.old_log_probs,
+                batch.extras["rollout_log_probs"],
+                batch.response_mask,
+                self.correction,
+                lambda value: global_sum(value, self.env.world_size),
+            )
+            metrics.merge(corrected)
         batch.advantages, batch.returns = algos.compute_advantage(
             algorithm.adv_estimator,
             batch.token_level_rewards,

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up (if needed), check lint, format and types (ruff, mypy), the import graph and the documentation site (mkdocs
 # --strict: a broken link fails), run every test, the slow end-to-end ones included, then the benchmarks, all but the
-# long runs (TRL, the knob table, LoRA's costs and learning, the host allocation timeline's cost, the vLLM tune, three
-# of verl's scripts that differ from a trained one by the estimator, the
+# long runs (TRL, the knob table, LoRA's costs and learning, the host allocation timeline's cost, the vLLM tune, four
+# of verl's scripts that differ from a trained one by the estimator or the rollout correction, the
 # 5000-window soak: about 50 minutes;
 # .venv/bin/python -m pytest tests benchmarks -m long -s).
 # Quick loop while developing: .venv/bin/python -m pytest -m "not slow"

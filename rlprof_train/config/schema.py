@@ -427,6 +427,31 @@ class KLControlConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """verl's correction between the policy that sampled the responses (the rollout's log-probs) and the one that
+    trains on them (:mod:`rlprof_train.rollout_correction`); everything off by default."""
+
+    rollout_is: Optional[str] = None
+    """Importance weights per ``token`` or per ``sequence`` (null: none)."""
+    rollout_is_threshold: Union[float, str] = 2.0
+    """u: weights truncated at u (TIS); ``"l_u"``: weights outside [l, u] zeroed (IcePop)."""
+    rollout_rs: Optional[str] = None
+    """Rejection, comma-separated options that must all pass: token_k1|k2|k3, seq_sum_k1|k2|k3, seq_mean_k1|k2|k3,
+    seq_max_k2|k3 (null: none)."""
+    rollout_rs_threshold: Optional[Union[float, str]] = None
+    """One threshold for every option or one per option (comma-separated); k1 options take ``"l_u"`` (ratio bounds)
+    or u (for [1/u, u]), the others an upper bound on the divergence."""
+    bypass_mode: bool = False
+    """The rollout's log-probs are the old log-probs (no recomputation); each micro-batch of the update computes the
+    weights and rejection from the current policy."""
+    loss_type: str = "ppo_clip"
+    """In bypass mode: ``ppo_clip`` (PPO's clipped ratio against the rollout's policy) or ``reinforce``
+    (-w·A·log π with the importance weights w)."""
+    rollout_is_batch_normalize: bool = False
+    """Divide the weights by their mean over the batch (tokens, or responses for ``sequence``)."""
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "gae"
     """A registered estimator: gae, grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline or your own."""
@@ -442,6 +467,8 @@ class AlgorithmConfig:
     """Estimator of the in-reward KL."""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     """beta's controller."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Importance weights and rejection between the rollout's policy and the trained one (verl's)."""
 
 
 # ----------------------------------------------------------------------------------------------------- trainer

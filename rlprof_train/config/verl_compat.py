@@ -248,7 +248,7 @@ RULES: list[tuple[str, Rule]] = [
         f"{ARR}.rollout.calculate_log_probs",
         NoOp(
             "the vllm rollout always returns its log-probs (compared with the actor's: rollout/log_prob_abs_diff); "
-            "the hf rollout samples with the actor itself"
+            "the hf rollout samples with the actor itself and returns them when algorithm.rollout_correction needs them"
         ),
     ),
 ]

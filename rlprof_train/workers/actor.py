@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 import rlprof
 from rlprof.metrics import MetricAggregator, Reduce
-from rlprof_train import algos
+from rlprof_train import algos, rollout_correction
 from rlprof_train.batch import MicroBatching, RolloutBatch
 from rlprof_train.config.schema import ActorConfig, ModelConfig
 from rlprof_train.models import load_causal_lm, response_log_probs
+from rlprof_train.rollout_correction import Correction
 from rlprof_train.workers.engine import (
     DistEnv,
     activation_offload,
+    global_sum,
     loss_counts,
     make_engine,
     mini_batches,
@@ -27,10 +29,19 @@ class ActorWorker:
     """Owns the policy's engine; reads only ``actor_rollout_ref.actor`` and ``.model``."""
 
     def __init__(
-        self, cfg: ActorConfig, model: ModelConfig, model_path: str, env: DistEnv, zero_checkpoint: bool = False
+        self,
+        cfg: ActorConfig,
+        model: ModelConfig,
+        model_path: str,
+        env: DistEnv,
+        zero_checkpoint: bool = False,
+        correction: Optional[Correction] = None,
     ) -> None:
-        """``zero_checkpoint``: the run resumes optimizer state saved by a ZeRO engine (see ``zero_stage_to_run``)."""
+        """``zero_checkpoint``: the run resumes optimizer state saved by a ZeRO engine (see ``zero_stage_to_run``);
+        ``correction``: the run's rollout correction, applied by the update in bypass mode (else its importance
+        weights come with the batch, ``rollout_is_weights``)."""
         self.cfg = cfg
+        self.correction = correction or Correction()
         self.model_cfg = model
         self.env = env
         module = load_causal_lm(model_path, model.dtype, model.enable_gradient_checkpointing, lora=model)
@@ -114,16 +125,32 @@ class ActorWorker:
                     "actor/entropy", algos.masked_mean(entropy.detach(), mask).item(), Reduce.WEIGHTED_MEAN, tokens
                 )
             old_log_probs = log_probs.detach() if micro.old_log_probs is None else micro.old_log_probs
-            result = algos.POLICY_LOSSES[cfg.policy_loss.loss_mode](
+            objective = algos.POLICY_LOSSES[cfg.policy_loss.loss_mode]
+            is_weights, policy_mask = micro.rollout_is_weights, mask
+            if self.correction.bypass:  # the old log-probs are the rollout's: correct against this forward (verl)
+                is_weights, policy_mask, corrected = rollout_correction.correct(
+                    log_probs.detach(),
+                    old_log_probs,
+                    mask,
+                    self.correction,
+                    lambda value: global_sum(value, self.env.world_size),
+                )
+                metrics.merge(corrected)
+                if self.correction.loss_type == "reinforce":
+                    objective = algos.reinforce_policy_loss
+                else:  # PPO's ratio against the rollout's policy is the correction: no weights on top
+                    objective, is_weights = algos.policy_loss, None
+            result = objective(
                 old_log_probs,
                 log_probs,
                 micro.advantages,
-                mask,
+                policy_mask,
                 clip_ratio=cfg.clip_ratio,
                 clip_ratio_low=cfg.clip_ratio_low,
                 clip_ratio_high=cfg.clip_ratio_high,
                 clip_ratio_c=cfg.clip_ratio_c,
                 loss_agg_mode=cfg.loss_agg_mode,
+                is_weights=is_weights,
                 **counts,
             )
             loss = result.pg_loss

@@ -111,4 +111,5 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
             f"{checked}[examples/{kind}_trainer/run_qwen3_8b_fsdp.sh]"
             for kind in ("reinforce_plus_plus", "remax", "rloo")
         ),
+        f"{checked}[examples/rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh]",
     }

@@ -46,10 +46,10 @@ def test_the_loop_samples_the_tokens_generate_samples_and_leaves_the_same_random
     ids, mask = prompts
     assert loop_applies(model)
     torch.manual_seed(11)
-    expected = _generate(model, ids, mask, settings)
+    expected, _ = _generate(model, ids, mask, settings, False)
     expected_next = torch.rand(4)
     torch.manual_seed(11)
-    got = sample(model, ids, mask, settings)
+    got, _ = sample(model, ids, mask, settings)
     assert torch.equal(got, expected)
     assert torch.equal(torch.rand(4), expected_next)  # the same draws were consumed
     ends = {row.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in row else length for row in got.tolist()}
@@ -61,8 +61,8 @@ def test_greedy_gives_n_equal_rows_per_prompt_as_generate(model_dir, prompts):
     tokenizer = load_tokenizer(model_dir)
     settings = Sampling(3, 5, 0.0, 1.0, -1, tokenizer.eos_token_id, tokenizer.pad_token_id)
     ids, mask = prompts
-    got = sample(model, ids, mask, settings)
-    assert torch.equal(got, _generate(model, ids, mask, settings))
+    got, _ = sample(model, ids, mask, settings)
+    assert torch.equal(got, _generate(model, ids, mask, settings, False)[0])
     assert torch.equal(got[0::3], got[1::3])
 
 
@@ -73,7 +73,7 @@ def test_each_prompt_is_prefilled_once_and_ended_rows_are_not_computed(model_dir
     model.register_forward_pre_hook(lambda _m, _a, kw: rows_seen.append(kw["input_ids"].shape[0]), with_kwargs=True)
     ids, mask = prompts
     torch.manual_seed(0)
-    tokens = sample(model, ids, mask, Sampling(8, 6, 1.0, 1.0, -1, tokenizer.eos_token_id, tokenizer.pad_token_id))
+    tokens, _ = sample(model, ids, mask, Sampling(8, 6, 1.0, 1.0, -1, tokenizer.eos_token_id, tokenizer.pad_token_id))
     assert rows_seen[0] == ids.shape[0]  # 12 prompts prefilled, not 96 responses
     still_running = [int((~(tokens[:, :step] == tokenizer.eos_token_id).any(1)).sum()) for step in range(1, 6)]
     assert rows_seen[1:] == still_running[: len(rows_seen) - 1]  # each decode step computes the unfinished rows
@@ -105,7 +105,7 @@ def test_a_generation_config_asking_for_more_is_sampled_by_generate(model_dir, p
     batch = rollout.generate(examples, sampling)
     settings = Sampling(2, 4, 1.0, 1.0, -1, tokenizer.eos_token_id, tokenizer.pad_token_id)
     torch.manual_seed(2)
-    expected = _generate(model, *prompts, settings)  # generate applies the penalty
+    expected, _ = _generate(model, *prompts, settings, False)  # generate applies the penalty
     width = expected.shape[1]
     kept = batch.response_mask[:, :width]
     assert torch.equal(batch.responses[:, :width] * kept, expected * kept)
@@ -168,3 +168,39 @@ def test_responses_are_cut_after_their_first_eos_and_padded_to_the_response_leng
         for e in ([5, 6, 7, 8], [5, eos], [], [eos], [5, 6], [5, 6, 7, eos])
     ]
     assert batch.prompt_length == 2 and batch.attention_mask[:, :2].tolist()[0] == [0, 1]
+
+
+@pytest.mark.parametrize("penalty", [None, 1.3])  # the loop, or generate for a config asking for more
+def test_asked_for_them_the_rollout_returns_each_tokens_log_prob_under_the_distribution_it_was_drawn_from(
+    model_dir, prompts, penalty
+):
+    """What a rollout correction compares with the trainer's log-probs (verl's ``processed_logprobs``): without
+    other processing, exactly the actor's full forward at the sampling temperature."""
+    from rlprof_train.models import response_log_probs
+
+    model = load_causal_lm(model_dir).eval()
+    if penalty:
+        model.generation_config.repetition_penalty = penalty
+    tokenizer = load_tokenizer(model_dir)
+    rollout = HFRollout(lambda: model, tokenizer, 1, None, torch.device("cpu"), log_probs=True)
+    ids, mask = prompts
+    examples = [
+        Example(i, tuple(row[m.bool()].tolist()), "x", "0") for i, (row, m) in enumerate(zip(ids, mask, strict=True))
+    ]
+    torch.manual_seed(4)
+    batch = rollout.generate(examples, SamplingParams(2, 0.7, 1.0, -1, 8))
+    sampled = batch.extras["rollout_log_probs"]
+    with torch.no_grad():
+        actor, _ = response_log_probs(model, batch.input_ids, batch.attention_mask, batch.response_length, 0.7)
+    on = batch.response_mask.bool()
+    assert (sampled[~on] == 0).all() and (sampled[on] < 0).all()
+    if penalty is None:
+        torch.testing.assert_close(sampled, actor * batch.response_mask, atol=1e-4, rtol=1e-4)
+    else:  # the penalty moved the distribution sampled from away from the model's own
+        assert (sampled[on] - actor[on]).abs().max() > 1e-3
+    assert (
+        "rollout_log_probs"
+        not in HFRollout(lambda: model, tokenizer, 1, None, torch.device("cpu"))
+        .generate(examples[:2], SamplingParams(2, 0.7, 1.0, -1, 4))
+        .extras
+    )  # not asked: not computed

@@ -13,6 +13,9 @@ for the full ``[B, V]`` batch every step, finished rows included. So from the sa
 those ``generate`` samples (on the CPU, where ``generate`` checks for the end every step; tested). A model whose
 generation config asks for more processing (repetition penalty, min-p, suppressed tokens, ...) is sampled by
 ``generate`` itself.
+
+Asked for, the loop also returns each sampled token's log-prob under the distribution it was drawn from: the log-softmax
+of the processed scores (after temperature, top-k and top-p), verl's ``processed_logprobs``.
 """
 
 from __future__ import annotations
@@ -103,10 +106,12 @@ def sample(
     prompt_mask: torch.Tensor,
     sampling: Sampling,
     step_times: Optional[list[float]] = None,
-) -> torch.Tensor:
+    with_log_probs: bool = False,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Responses ``[B·n, T]`` (T <= ``max_new_tokens``; rows of a prompt consecutive; EOS kept; pad after it) for
-    left-padded prompts ``[B, P]`` with ``prompt_mask`` ``[B, P]``; ``step_times`` gets ``time.perf_counter()`` once
-    each step's tokens are known (T of them)."""
+    left-padded prompts ``[B, P]`` with ``prompt_mask`` ``[B, P]``, and with ``with_log_probs`` each token's sampling
+    log-prob ``[B·n, T]`` (0 after the EOS; else None); ``step_times`` gets ``time.perf_counter()`` once each step's
+    tokens are known (T of them)."""
     from transformers import DynamicCache
 
     n, device = sampling.n, prompt_ids.device
@@ -127,6 +132,7 @@ def sample(
     mask = prompt_mask.repeat_interleave(n, dim=0)
     position = positions[:, -1:].repeat_interleave(n, dim=0)
     tokens = torch.full((rows, sampling.max_new_tokens), sampling.pad_token_id, dtype=torch.long, device=device)
+    log_probs = torch.zeros(tokens.shape, device=device) if with_log_probs else None
     active = torch.arange(rows, device=device)  # the rows still sampling, in batch order
     for step in range(sampling.max_new_tokens):
         scores = processors(tokens[active, :step], logits)
@@ -137,12 +143,14 @@ def sample(
         else:
             chosen = scores.argmax(dim=-1)
         tokens[active, step] = chosen
+        if log_probs is not None:
+            log_probs[active, step] = torch.log_softmax(scores, dim=-1).gather(-1, chosen[:, None]).squeeze(1)
         going = chosen != sampling.eos_token_id
         any_going = bool(going.any())  # waits for the step's tokens on a GPU
         if step_times is not None:
             step_times.append(time.perf_counter())
         if step + 1 == sampling.max_new_tokens or not any_going:
-            return tokens[:, : step + 1]
+            return tokens[:, : step + 1], (log_probs[:, : step + 1] if log_probs is not None else None)
         if not bool(going.all()):
             keep = going.nonzero().squeeze(1)
             cache.batch_select_indices(keep)
@@ -153,4 +161,4 @@ def sample(
             input_ids=chosen[:, None], attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True
         )
         logits = out.logits[:, -1].float()
-    return tokens
+    return tokens, log_probs

@@ -29,7 +29,8 @@ class HFRollout(ContinuingRollout):
     """Samples with the module (the loop, else ``generate``) on ``device``, where the module is; under ZeRO 3 its
     weights are gathered for each call. The loop's decode steps are timed for the engine counters
     (:mod:`~rlprof_train.workers.rollout.engine_stats`), in ``batch.extras["engine_requests"]`` and
-    ``["engine_occupancy"]``. The sampled tokens come back to the host as lists: the completions."""
+    ``["engine_occupancy"]``. The sampled tokens come back to the host as lists: the completions, with each token's
+    sampling log-prob when ``log_probs`` (the distribution after temperature, top-k and top-p)."""
 
     def __init__(
         self,
@@ -38,8 +39,10 @@ class HFRollout(ContinuingRollout):
         zero_stage: int,
         micro_batch_size: Optional[int],
         device: torch.device,
+        log_probs: bool = False,
     ) -> None:
         self.module = module
+        self.log_probs = log_probs
         self.tokenizer = tokenizer
         self.zero_stage = zero_stage
         self.micro_batch_size = micro_batch_size
@@ -85,14 +88,19 @@ class HFRollout(ContinuingRollout):
                     chunk = contexts[start : start + chunk_size]
                     ids, mask = (t.to(self.device) for t in left_pad(chunk, self.tokenizer.pad_token_id))
                     step_times: list[float] = []
-                    out = (
-                        sample(model, ids, mask, settings, step_times)
+                    tokens, log_probs = (
+                        sample(model, ids, mask, settings, step_times, self.log_probs)
                         if loop
-                        else _generate(model, ids, mask, settings)
-                    ).tolist()
+                        else _generate(model, ids, mask, settings, self.log_probs)
+                    )
+                    out = tokens.tolist()
+                    scores = log_probs.tolist() if log_probs is not None else [None] * len(out)
                     lengths = [_length(row, settings.eos_token_id) for row in out]
-                    for row, (tokens, length) in enumerate(zip(out, lengths, strict=True)):
-                        rows.append(Completion(tokens[: min(length, budgets[start + row // n])]))
+                    for row, (sampled_row, length, row_scores) in enumerate(zip(out, lengths, scores, strict=True)):
+                        kept = min(length, budgets[start + row // n])
+                        rows.append(
+                            Completion(sampled_row[:kept], row_scores[:kept] if row_scores is not None else None)
+                        )
                     if loop:
                         requests += hf_request_times([len(c) for c in chunk], lengths, n, arrival, step_times)
                         sampled, row_steps = sampled + sum(lengths), row_steps + len(lengths) * len(step_times)
@@ -106,8 +114,11 @@ def _length(row: list[int], eos_token_id: int) -> int:
     return row.index(eos_token_id) + 1 if eos_token_id in row else len(row)
 
 
-def _generate(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """transformers ``generate`` (for models whose generation config asks for processing the loop does not do)."""
+def _generate(
+    model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Sampling, with_log_probs: bool
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """transformers ``generate`` (for models whose generation config asks for processing the loop does not do): the
+    responses, and with ``with_log_probs`` each token's log-prob under the processed scores it was sampled from."""
     greedy = sampling.temperature == 0
     options: dict[str, Any] = dict(
         do_sample=not greedy,
@@ -124,14 +135,27 @@ def _generate(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, s
     else:  # generate refuses num_return_sequences > 1 without sampling: n identical greedy rows
         prompt_ids, prompt_mask = (t.repeat_interleave(sampling.n, dim=0) for t in (prompt_ids, prompt_mask))
         options["num_return_sequences"] = 1
-    out: torch.Tensor = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **options)
-    return out[:, prompt_ids.shape[1] :]
+    if with_log_probs:
+        options.update(return_dict_in_generate=True, output_scores=True)
+    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **options)
+    if not with_log_probs:
+        return out[:, prompt_ids.shape[1] :], None
+    responses = out.sequences[:, prompt_ids.shape[1] :]
+    scores = torch.stack(out.scores, dim=1).float()  # [rows, T, V], as processed before sampling
+    return responses, torch.log_softmax(scores, dim=-1).gather(-1, responses[..., None]).squeeze(-1)
 
 
-@register_rollout("hf", title="transformers generate", reads=("micro_batch_size",), continues=True)
+@register_rollout(
+    "hf", title="transformers generate", reads=("micro_batch_size",), continues=True, log_probs_on_request=True
+)
 def hf_rollout(context: RolloutContext) -> HFRollout:
     """Samples from the actor's own module: nothing to load or sync."""
     actor, arr = context.actor, context.cfg.actor_rollout_ref
     return HFRollout(
-        lambda: actor.module, context.tokenizer, arr.actor.zero_stage, arr.rollout.micro_batch_size, context.env.device
+        lambda: actor.module,
+        context.tokenizer,
+        arr.actor.zero_stage,
+        arr.rollout.micro_batch_size,
+        context.env.device,
+        context.wants_log_probs,
     )

@@ -18,6 +18,9 @@ need to know about a backend is a property of its registration, never a test of 
 - ``returns_log_probs``: the backend puts the sampling distribution's log-probs of the responses in
   ``batch.extras["rollout_log_probs"]`` ([B, T], zero outside the response mask). The trainer then logs
   ``rollout/log_prob_abs_diff`` against the actor's and keeps the old-log-prob pass.
+- ``log_probs_on_request``: the backend returns them (as above) when :attr:`RolloutContext.wants_log_probs`: the run's
+  rollout correction (``algorithm.rollout_correction``) needs them. A correction on a backend with neither is refused
+  when the config is validated.
 - ``continues``: the backend is a :class:`~rlprof_train.workers.rollout.base.ContinuingRollout`: it can continue
   token sequences, so multi-turn rollouts (``rollout.multi_turn.enable``) run on it; a config asking for them on a
   backend without it is refused when it is validated.
@@ -63,6 +66,8 @@ class RolloutContext:
     """The policy's tokenizer (``pad_token_id`` and ``eos_token_id`` set)."""
     log: Callable[[str], None]
     """One line to the trainer's log (rank 0 prints it)."""
+    wants_log_probs: bool = False
+    """The trainer needs the sampling distribution's log-probs of the responses (its rollout correction)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,12 @@ class RolloutSpec:
     preflight: Optional[Callable[[TrainerConfig], Optional[str]]]
     continues: bool = False
     """It continues token sequences (a ``ContinuingRollout``): multi-turn rollouts run on it."""
+    log_probs_on_request: bool = False
+    """It fills ``batch.extras["rollout_log_probs"]`` when :attr:`RolloutContext.wants_log_probs`."""
+
+    @property
+    def can_return_log_probs(self) -> bool:
+        return self.returns_log_probs or self.log_probs_on_request
 
 
 _ROLLOUTS: dict[str, RolloutSpec] = {}
@@ -91,6 +102,7 @@ def register_rollout(
     returns_log_probs: bool = False,
     preflight: Optional[Callable[[TrainerConfig], Optional[str]]] = None,
     continues: bool = False,
+    log_probs_on_request: bool = False,
 ) -> Callable[[T], T]:
     """Register a :class:`Rollout` subclass taking a :class:`RolloutContext` (or a factory function) as ``name``."""
     if not isinstance(name, str) or not name.isidentifier():
@@ -110,7 +122,7 @@ def register_rollout(
                 f"register_rollout({name!r}, continues=True): {factory.__name__} does not subclass ContinuingRollout"
             )
         _ROLLOUTS[name] = RolloutSpec(
-            name, factory, title or name, tuple(reads), returns_log_probs, preflight, continues
+            name, factory, title or name, tuple(reads), returns_log_probs, preflight, continues, log_probs_on_request
         )
         return factory
 

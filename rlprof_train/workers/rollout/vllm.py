@@ -220,6 +220,7 @@ class VLLMRollout(ContinuingRollout, WindowListener):
             disable_log_stats=rollout.disable_log_stats,
             max_model_len=max_model_len,
             seed=seed,
+            logprobs_mode="processed_logprobs",  # as verl: of the distribution sampled (temperature, top-k/p applied)
         )
         if session is not None and _engine_profiler(session) == "torch":  # vLLM's own, on the engine's side
             contents = set(session.config.tool_settings().contents)  # the same contents
