@@ -5,7 +5,7 @@
 # of verl's scripts that differ from a trained one by the estimator or the rollout correction, the
 # 5000-window soak: about 50 minutes;
 # .venv/bin/python -m pytest tests benchmarks -m long -s).
-# Quick loop while developing: .venv/bin/python -m pytest -m "not slow"
+# Quick loop while developing: .venv/bin/python -m pytest -m "not slow and not long"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
