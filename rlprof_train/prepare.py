@@ -153,15 +153,22 @@ def model_digest(folder: Path) -> str:
 
 
 def make_rollout(
-    cfg: TrainerConfig, env: DistEnv, model_path: str, actor: ActorWorker, tokenizer: Any, log: Log, tools: list[Tool]
+    cfg: TrainerConfig,
+    env: DistEnv,
+    model_path: str,
+    actor: ActorWorker,
+    tokenizer: Any,
+    log: Log,
+    tools: list[Tool],
+    wants_log_probs: bool = False,
 ) -> Rollout:
     """The rollout backend registered as ``actor_rollout_ref.rollout.name`` (the engine settings it ignores that the
-    config changed are named once), rolled out over several turns with ``tools`` when ``multi_turn.enable``."""
+    config changed are named once), rolled out over several turns with ``tools`` when ``multi_turn.enable``;
+    ``wants_log_probs``: the run's rollout correction needs the sampling distribution's log-probs."""
     rollout = cfg.actor_rollout_ref.rollout
     if env.is_main:
         for line in ignored_settings(rollout_spec(rollout.name), rollout):
             log(line)
-    wants_log_probs = correction(cfg).active
     backend = create_rollout(RolloutContext(cfg, env, model_path, actor, tokenizer, log, wants_log_probs))
     multi_turn = rollout.multi_turn
     if not multi_turn.enable:
@@ -190,12 +197,18 @@ def correction(cfg: TrainerConfig) -> rollout_correction.Correction:
 
 
 def make_actor(
-    cfg: TrainerConfig, env: DistEnv, model_path: str, resumed_from: Optional[Path], log: Log
+    cfg: TrainerConfig,
+    env: DistEnv,
+    model_path: str,
+    resumed_from: Optional[Path],
+    log: Log,
+    correction: Optional[rollout_correction.Correction] = None,
 ) -> ActorWorker:
-    """The actor's engine (from its checkpoint's ZeRO layout when resuming); with LoRA, how many parameters train."""
+    """The actor's engine (from its checkpoint's ZeRO layout when resuming), applying ``correction`` in bypass mode;
+    with LoRA, how many parameters train."""
     arr = cfg.actor_rollout_ref
     zero_checkpoint = checkpoint.saved_by_zero(resumed_from, "actor")
-    actor = ActorWorker(arr.actor, arr.model, model_path, env, zero_checkpoint, correction(cfg))
+    actor = ActorWorker(arr.actor, arr.model, model_path, env, zero_checkpoint, correction)
     if arr.model.lora_rank > 0:
         trained, total = trainable_parameters(actor.module)
         log(

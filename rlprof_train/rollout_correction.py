@@ -95,6 +95,17 @@ def _number(text: str) -> float:
     return value
 
 
+def _bounds(spec: Any) -> tuple[float, Optional[float]]:
+    """``u`` or ``"l_u"`` with ``0 < l <= u`` -> ``(u, l or None)``; anything else: ValueError."""
+    if isinstance(spec, bool) or spec is None:
+        raise ValueError(spec)
+    low_text, _, high_text = str(spec).strip().rpartition("_")
+    upper, lower = _number(high_text), (_number(low_text) if low_text else None)
+    if lower is not None and lower > upper:
+        raise ValueError(spec)
+    return upper, lower
+
+
 def parse(settings: Any) -> tuple[Correction, list[str]]:
     """The correction ``settings`` ask for (an object with verl's field names) and every problem with them, each
     naming its key (``algorithm.rollout_correction.<key>``), the value and what is allowed."""
@@ -107,12 +118,7 @@ def parse(settings: Any) -> tuple[Correction, list[str]]:
     upper, lower = 2.0, None
     spec = settings.rollout_is_threshold
     try:
-        if isinstance(spec, bool) or spec is None:
-            raise ValueError(spec)
-        low_text, _, high_text = str(spec).strip().rpartition("_")
-        upper, lower = _number(high_text), (_number(low_text) if low_text else None)
-        if lower is not None and lower > upper:
-            raise ValueError(spec)
+        upper, lower = _bounds(spec)
     except ValueError:
         problems.append(
             f"{key}rollout_is_threshold={spec!r}: a positive number u (weights truncated at u) or 'l_u' with "
@@ -150,12 +156,8 @@ def _rejections(options: list[str], spec: Any, into: list[Rejection]) -> list[st
     for option, part in zip(options, parts * len(options) if len(parts) == 1 else parts, strict=True):
         try:
             if option.endswith("k1"):
-                low_text, _, high_text = part.rpartition("_")
-                high = _number(high_text)
-                low = _number(low_text) if low_text else 1.0 / high
-                if low > high:
-                    raise ValueError(part)
-                into.append(Rejection(option, math.log(high), math.log(low)))
+                high, low = _bounds(part)
+                into.append(Rejection(option, math.log(high), math.log(low if low is not None else 1.0 / high)))
             else:
                 into.append(Rejection(option, _number(part)))
         except ValueError:

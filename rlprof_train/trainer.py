@@ -30,7 +30,7 @@ from rlprof_train.data import Example, StepBatches, load_datasets, shard
 from rlprof_train.models import load_tokenizer
 from rlprof_train.progress import Progress
 from rlprof_train.step_reduction import StepFacts, step_metrics
-from rlprof_train.workers.engine import DistEnv, global_sum
+from rlprof_train.workers.engine import DistEnv
 from rlprof_train.workers.rollout import SamplingParams
 
 
@@ -68,15 +68,17 @@ class PPOTrainer:
         )
 
         self.estimator = algos.adv_estimator(algorithm.adv_estimator)
+        self.correction = prepare.correction(cfg)
         resumed_from = prepare.resume_point(cfg, env, log)
-        self.actor = prepare.make_actor(cfg, env, model_path, resumed_from, log)
+        self.actor = prepare.make_actor(cfg, env, model_path, resumed_from, log, self.correction)
         self.reward = prepare.make_reward(cfg, env, self.tokenizer, log)
         self.ref = prepare.make_ref(cfg, env, model_path, self.actor)
         self.critic = prepare.make_critic(cfg, env, model_path, resumed_from, self.estimator)
         prepare.note_zero_stages(cfg, self.actor, self.critic, log)
-        self.rollout = prepare.make_rollout(cfg, env, model_path, self.actor, self.tokenizer, log, tools)
+        self.rollout = prepare.make_rollout(
+            cfg, env, model_path, self.actor, self.tokenizer, log, tools, wants_log_probs=self.correction.active
+        )
         self.reuse_log_probs = prepare.reuses_on_policy_log_probs(cfg, log)
-        self.correction = prepare.correction(cfg)
         self.kl_ctrl = algos.KLController(
             algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.type, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon
         )
@@ -214,7 +216,7 @@ class PPOTrainer:
                 batch.extras["rollout_log_probs"],
                 batch.response_mask,
                 self.correction,
-                lambda value: global_sum(value, self.env.world_size),
+                self.env.sum,
             )
             metrics.merge(corrected)
         batch.advantages, batch.returns = algos.compute_advantage(

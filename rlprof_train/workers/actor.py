@@ -16,7 +16,6 @@ from rlprof_train.rollout_correction import Correction
 from rlprof_train.workers.engine import (
     DistEnv,
     activation_offload,
-    global_sum,
     loss_counts,
     make_engine,
     mini_batches,
@@ -133,7 +132,7 @@ class ActorWorker:
                     old_log_probs,
                     mask,
                     self.correction,
-                    lambda value: global_sum(value, self.env.world_size),
+                    self.env.sum,
                 )
                 metrics.merge(corrected)
                 if self.correction.loss_type == "reinforce":

@@ -48,6 +48,10 @@ class DistEnv:
         if self.world_size > 1:
             torch.distributed.barrier()
 
+    def sum(self, value: float) -> float:
+        """Σ over ranks of ``value`` (:func:`global_sum`)."""
+        return global_sum(value, self.world_size)
+
     def agree(self, problem: Optional[str], error: type[Exception]) -> None:
         """Raise ``error`` on every rank when any rank found a ``problem`` (so no rank is left waiting in a
         collective); the message names the first rank that did."""
