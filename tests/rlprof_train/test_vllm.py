@@ -138,6 +138,10 @@ def check_sync(engine, actor, tokenizer) -> None:
     old, _ = actor.compute_log_prob(sampled, MicroBatching(64))
     gap = ((old - sampled.extras["rollout_log_probs"]).abs() * sampled.response_mask).max()
     assert gap < 1e-3, f"the engine's log-probs should be the actor's after sync (max gap {gap})"
+    tempered = engine.generate(examples(tokenizer), SamplingParams(4, 0.7, 1.0, -1, 4))  # processed, as verl asks
+    old, _ = actor.compute_log_prob(tempered, MicroBatching(64))  # at the batch's temperature
+    gap = ((old - tempered.extras["rollout_log_probs"]).abs() * tempered.response_mask).max()
+    assert gap < 1e-3, f"the engine's log-probs should be those of the distribution it sampled (max gap {gap})"
 
 
 def run_trainer(tmp_path, *overrides):
