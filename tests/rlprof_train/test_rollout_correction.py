@@ -348,3 +348,22 @@ def test_two_ranks_train_with_the_correction_on_the_hf_rollouts_log_probs(tmp_pa
         assert ("timing_s/old_log_prob" in record) is not bypass
     if bypass:  # the second mini-batch's policy moved: its weights are not all 1
         assert any(r["rollout_corr/rollout_is_max"] != 1.0 or r["rollout_corr/rollout_is_min"] != 1.0 for r in steps)
+
+
+def test_a_correction_on_a_backend_that_returns_no_log_probs_is_one_config_error(monkeypatch):
+    from rlprof_train.workers.rollout import Rollout, registry
+    from rlprof_train.workers.rollout.registry import register_rollout
+
+    monkeypatch.setattr(registry, "_ROLLOUTS", dict(registry._ROLLOUTS))  # registrations of this test only
+
+    @register_rollout("tokens_only")
+    class TokensOnly(Rollout):
+        def generate(self, prompts, sampling): ...
+
+    chosen = ["--config-name=demo", "actor_rollout_ref.rollout.name=tokens_only"]
+    validate(load_trainer_config(chosen))  # without a correction it needs none
+    with pytest.raises(ConfigError) as raised:
+        validate(load_trainer_config([*chosen, "algorithm.rollout_correction.rollout_is=token"]))
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith("actor_rollout_ref.rollout.name='tokens_only': "), message
+    assert "needs the rollout's log-probs" in message and message.endswith("(these do: hf, vllm)"), message
