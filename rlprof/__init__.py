@@ -18,7 +18,7 @@ Decorate once, choose by config::
 Extending: a recording tool is a :class:`rlprof.tools.Tool` registered with :func:`register_tool`.
 """
 
-from rlprof.annotate import profile_range, profiled
+from rlprof.annotate import mini_batch, profile_range, profiled
 from rlprof.session import get_session, init, is_recording, shutdown, step
 from rlprof.timer import marked_timer
 from rlprof.tools import register_tool
@@ -31,6 +31,7 @@ __all__ = [
     "init",
     "is_recording",
     "marked_timer",
+    "mini_batch",
     "profile_range",
     "profiled",
     "register_tool",

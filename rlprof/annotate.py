@@ -9,14 +9,15 @@ fails is reported to the session (which warns once and turns it off) and never r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, Optional, TypeVar, overload
 
 from rlprof.colors import parse_color
-from rlprof.session import RoleGate, add_site
+from rlprof.session import RoleGate, add_site, get_session
 from rlprof.tools.base import RangeSite, remember_decorated
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -247,3 +248,23 @@ def profile_range(name: str, role: str = DEFAULT_ROLE, color: Optional[str | int
     if not gate.open:
         return _NULL_RANGE
     return _Range(gate, site)
+
+
+@contextlib.contextmanager
+def mini_batch(index: int, role: str = DEFAULT_ROLE) -> Iterator[None]:
+    """One mini-batch of an update loop: a range ``role/mini_batch{index}`` (verl's name), and at its end the
+    active tool's schedule over mini-batches advances (verl's ``profiler.step()``; :mod:`rlprof.mini_batches`).
+
+    ::
+
+        for i, rows in enumerate(mini_batches):
+            with rlprof.mini_batch(i, role="actor"):
+                update(rows)
+    """
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"mini_batch: index={index!r} must be an integer >= 0")
+    with profile_range(f"mini_batch{index}", role):
+        yield
+    session = get_session()
+    if session is not None:
+        session.end_mini_batch(role)

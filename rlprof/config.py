@@ -35,7 +35,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlprof.roles import ROLE_ALIASES, RoleProfilerConfig, governing_block, records_on, role_enabled
-from rlprof.typed_config import ConfigError, build, coerce, unknown_key_message
+from rlprof.typed_config import ConfigError, build, check_bounds, coerce, unknown_key_message
 
 __all__ = [
     "ConfigError",
@@ -320,9 +320,10 @@ def _find_roles(tree: Mapping[str, Any], path: str = "") -> dict[str, RoleProfil
 
 
 def _apply_role_tool_config(block: RoleProfilerConfig, path: str, tree: Mapping[str, Any]) -> RoleProfilerConfig:
-    """Honour verl's ``<role>.profiler.tool_config``: a setting the tool lets a role set on its own (its spec's
-    ``per_role``: ``nsys.discrete``) sets the role's field of that name; settings equal to the global ones are
-    accepted; anything else is refused, naming where the setting belongs."""
+    """Honour verl's ``<role>.profiler.tool_config``: a setting the active tool lets a role set on its own (its spec's
+    ``per_role``: ``nsys.discrete``, torch's ``discrete``, ``schedule`` and token window) sets the role's field of that
+    name (another tool's is checked, not applied: verl's blocks list every tool's); settings equal to the global ones
+    are accepted; anything else is refused, naming where the setting belongs."""
     if not block.tool_config:
         return block
     global_block = _build_global(tree.get("global_profiler") or {})
@@ -330,6 +331,7 @@ def _apply_role_tool_config(block: RoleProfilerConfig, path: str, tree: Mapping[
     names = registry.tool_names()
     own = ", ".join(f"{spec.name}.{key}" for spec in registry.tool_specs() for key in spec.per_role)
     role_fields = typing.get_type_hints(RoleProfilerConfig)
+    role_field_specs = {f.name: f for f in dataclasses.fields(RoleProfilerConfig)}
     per_role: dict[str, Any] = {}
     for tool, settings in block.tool_config.items():
         if tool not in names:
@@ -349,7 +351,9 @@ def _apply_role_tool_config(block: RoleProfilerConfig, path: str, tree: Mapping[
             if key not in known:
                 raise ConfigError(unknown_key_message(key_path, str(key), sorted(known)))
             if key in registry.tool_spec(tool).per_role and key in role_fields:
-                per_role[key] = coerce(role_fields[key], value, key_path)
+                checked = check_bounds(role_field_specs[key], coerce(role_fields[key], value, key_path), key_path)
+                if global_block.tool in (None, tool):  # another tool's (verl's blocks list each tool's) is not run
+                    per_role[key] = checked
             elif value is not None and value != getattr(reference, key):
                 raise ConfigError(
                     f"{key_path}: {value!r} differs from global_profiler.global_tool_config.{tool}.{key}="
@@ -427,3 +431,7 @@ def validate(config: ProfilerConfig, world_size: Optional[int] = None) -> None:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+    spec = _tool_registry().tool_spec(gp.tool) if gp.tool else None
+    problems = spec.check(config.tool_settings(), config.roles) if spec is not None and spec.check else []
+    if problems:
+        raise ConfigError("; ".join(problems))

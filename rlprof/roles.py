@@ -13,6 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rlprof.mini_batches import MiniBatchSchedule
+from rlprof.typed_config import bounds
+
 ROLE_ALIASES = {"reward_model": "reward"}
 """Config keys whose ``profiler`` block names another role."""
 ROLE_PARENTS = {"rollout": "actor", "ref": "actor", "tool": "rollout"}
@@ -31,10 +34,19 @@ class RoleProfilerConfig:
     ranks: list[int] = field(default_factory=lambda: [0])
     """Ranks that profile this role when ``all_ranks`` is false."""
     discrete: Optional[bool] = None
-    """nsys only: overrides ``global_tool_config.nsys.discrete`` for this role's ranges."""
+    """Overrides the tool's ``discrete`` for this role's ranges (nsys: per role; torch: one value per process);
+    null: the global one."""
+    schedule: Optional[MiniBatchSchedule] = None
+    """torch: which of this role's update mini-batches the window's trace keeps (:mod:`rlprof.mini_batches`);
+    null: the global one."""
+    profile_token_start: Optional[int] = field(default=None, metadata=bounds(ge=0))
+    """An inference engine's own profiler (vLLM's, beside the torch tool): the first response token it records."""
+    profile_token_end: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """... and the token it stops before (exclusive); null: to the end."""
     tool_config: Optional[dict[str, Any]] = None
-    """verl's per-worker tool settings. Honoured: ``nsys.discrete`` (as ``discrete`` above); a setting equal to the
-    global one is accepted; any other is refused (rlprof runs one tool per process, set by ``global_tool_config``)."""
+    """verl's per-worker tool settings. Honoured: those the tool lets a role set on its own (its ``per_role``:
+    ``nsys.discrete``; ``torch.discrete``, ``schedule``, ``profile_token_start``/``_end``), as the fields above; a
+    setting equal to the global one is accepted; any other is refused (one tool per process, ``global_tool_config``)."""
 
 
 RoleBlocks = Mapping[str, RoleProfilerConfig]

@@ -250,6 +250,13 @@ class Session:
             )
         self.step_thread = me
 
+    def end_mini_batch(self, role: str) -> None:
+        """A mini-batch of ``role``'s update ended (:func:`rlprof.mini_batch`): the tool's schedule advances."""
+        if self.tool is not None and self.window is not None and self.role_enabled(role):
+            with self._lock:
+                if self.tool is not None:
+                    self._guarded(f"ending a mini-batch of {role!r}", self.tool.mini_batch_done, role)
+
     def end_step(self) -> None:
         """The current step is over; the window stays open (recording ``step/between_steps``) when the next step
         is selected, and closes otherwise."""

@@ -145,7 +145,11 @@ def coerce(hint: Any, value: Any, path: str) -> Any:
             if type(None) in args:
                 return None
             raise ConfigError(f"{path}: null is not allowed; expected {describe(hint)}")
-        for option in (a for a in args if a is not type(None)):
+        options = [a for a in args if a is not type(None)]
+        block = options[0] if len(options) == 1 else None
+        if isinstance(block, type) and dataclasses.is_dataclass(block) and isinstance(value, Mapping):
+            return build(block, value, path)  # an optional block: its own message names the field
+        for option in options:
             try:
                 return coerce(option, value, path)
             except ConfigError:

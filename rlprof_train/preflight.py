@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 from rlprof.config import load_config as load_profiler_config
+from rlprof.tools import tool_spec
+from rlprof.tools.torch_profiler import token_window
 from rlprof.tracking import parse_backends
 from rlprof.typed_config import ConfigError, one_message
 from rlprof_train import algos, rollout_correction
@@ -53,7 +55,7 @@ def validate(cfg: TrainerConfig, world_size: int = 1) -> None:
         lambda: _check_reward_model(cfg),
         lambda: _check_multi_turn(cfg),
         lambda: parse_backends(cfg.trainer.logger),
-        lambda: load_profiler_config(as_dict(cfg), world_size=world_size),
+        lambda: _check_profiler(cfg, world_size),
     )
     for check in checks:  # each group stops at its first problem (or names all of its own); they are independent
         try:
@@ -225,6 +227,24 @@ def _check_rollout_correction(cfg: TrainerConfig, world_size: int) -> None:
         )
     if problems:
         raise _Problems(problems)
+
+
+def _check_profiler(cfg: TrainerConfig, world_size: int) -> None:
+    """rlprof's own checks of the profiler blocks, then the rollout's token window: recorded by an engine's own
+    profiler, so the backend must run one."""
+    profiler = load_profiler_config(as_dict(cfg), world_size=world_size)
+    tool = profiler.global_profiler.tool
+    if tool is None or tool_spec(tool).engine_profiler is None:
+        return
+    name = cfg.actor_rollout_ref.rollout.name
+    start, end = token_window(profiler.tool_settings(), profiler.roles, "rollout")
+    if (start, end) != (0, None) and not rollout_spec(name).engine_profiler:
+        able = ", ".join(n for n in rollout_names() if rollout_spec(n).engine_profiler)
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.profiler.tool_config.{tool}.profile_token_start/_end={start}/{end}: the "
+            f"rollout's token window is recorded by an engine's own profiler, which the {name!r} rollout does not "
+            f"run (its sampling is in the trainer's own trace, whole); these do: {able}"
+        )
 
 
 def _check_names_and_paths(cfg: TrainerConfig) -> None:

@@ -177,6 +177,9 @@ class Tool(ABC):
     def stop_window(self, window: StepWindow) -> None:
         """The window ends: write its files (``context.publish``)."""
 
+    def mini_batch_done(self, role: str) -> None:
+        """A mini-batch of ``role``'s update ended (:func:`rlprof.mini_batch`) inside the open window."""
+
     @abstractmethod
     def range_ops(self, site: RangeSite) -> RangeOps:
         """``(enter, exit)`` for ranges of ``site``; called once per site per tool."""

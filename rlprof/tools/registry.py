@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass
-from typing import Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
+from rlprof.roles import RoleBlocks
 from rlprof.tools.base import NoSettings, Tool, ToolContext
 from rlprof.typed_config import ConfigError
 
@@ -41,6 +42,9 @@ class ToolSpec:
     (torch: vLLM's torch profiler, same contents); None: the engine records nothing."""
     oom_snapshot: bool = False
     """It writes a CUDA memory snapshot when the process runs out of device memory (the OOM line names it)."""
+    check: Optional[Callable[[Any, RoleBlocks], list[str]]] = None
+    """``(settings, role blocks) -> problems``: what the settings' schema cannot check (settings that must agree
+    across roles, one process running one profiler), each problem one line naming its key."""
 
 
 _TOOLS: dict[str, ToolSpec] = {}
@@ -54,6 +58,7 @@ def register_tool(
     launcher: Optional[str] = None,
     engine_profiler: Optional[str] = None,
     oom_snapshot: bool = False,
+    check: Optional[Callable[[Any, RoleBlocks], list[str]]] = None,
 ) -> Callable[[T], T]:
     """Register a :class:`Tool` subclass (or a factory ``(ToolContext) -> Tool``) under ``name``, with what it can
     do (see :class:`ToolSpec`)."""
@@ -72,7 +77,7 @@ def register_tool(
             if not issubclass(factory, Tool):
                 raise TypeError(f"register_tool({name!r}): {factory.__name__} does not subclass rlprof.Tool")
             factory.name = name
-        _TOOLS[name] = ToolSpec(name, config, factory, tuple(per_role), launcher, engine_profiler, oom_snapshot)
+        _TOOLS[name] = ToolSpec(name, config, factory, tuple(per_role), launcher, engine_profiler, oom_snapshot, check)
         return factory
 
     return register

@@ -59,6 +59,11 @@ class Mirror:
 
 
 @dataclass(frozen=True)
+class Kept:
+    """A key of a role's profiler block that rlprof honours as verl does: applied as it is (rlprof checks it)."""
+
+
+@dataclass(frozen=True)
 class NoOp:
     reason: str
 
@@ -75,7 +80,7 @@ class Launcher:
     what: str
 
 
-Rule = Union[Alias, Mirror, NoOp, Refused, Launcher]
+Rule = Union[Alias, Kept, Mirror, NoOp, Refused, Launcher]
 
 FSDP = "an FSDP engine detail; the actor and critic run on DeepSpeed here"
 RAY = "a Ray placement detail; processes are started by torchrun or the deepspeed launcher here"
@@ -189,7 +194,9 @@ RULES: list[tuple[str, Rule]] = [
         f"{ARR}.rollout.profiler.tool_config.torch.discrete",
         NoOp(
             "the vllm rollout's engine writes its own torch trace for each profiled step (vllm_torch/rank{R}/, in the "
-            "manifest), as verl's discrete rollout profiling; the rest of the rollout is in the step's trace"
+            "manifest), as verl's discrete rollout profiling; the hf rollout samples in the trainer's process, "
+            "recorded with the other roles' ranges (global_profiler.global_tool_config.torch.discrete for one trace "
+            "per range)"
         ),
     ),
     ("*.relocate_results", NoOp(RELOCATED)),
@@ -200,11 +207,15 @@ RULES: list[tuple[str, Rule]] = [
             "global_profiler.global_tool_config.torch_memory.* instead"
         ),
     ),
+    ("*.profiler.tool_config.torch.schedule.*", Kept()),
+    ("*.profiler.tool_config.torch.discrete", Kept()),
+    ("*.profiler.tool_config.torch.profile_token_start", Kept()),
+    ("*.profiler.tool_config.torch.profile_token_end", Kept()),
     (
         "*.profiler.tool_config.torch.*",
         Refused(
-            "per role, torch settings (contents, discrete, a schedule over mini-batches) are not applied here: the "
-            "torch tool records each selected step whole, with global_profiler.global_tool_config.torch.contents"
+            "not a torch setting here: per role, contents, discrete, schedule.* and profile_token_start/_end are "
+            "(rlprof.tools.torch_profiler.TorchSettings)"
         ),
     ),
     ("*.profiler.tool", NoOp("the tool is global_profiler.tool here (one per process)")),
@@ -338,7 +349,7 @@ def translate(pairs: list[tuple[str, Any]], ours: set[str], world_size: int) -> 
         if value is None and _left_unset_today(key):
             ignored.append(f"{key} (null: today's verl leaves this key of its old layout unset)")
             continue
-        if key in ours:
+        if key in ours or isinstance(rule_for(key), Kept):
             if key in OTHER_ENGINES and value in OTHER_ENGINES[key]:
                 out.problems.append(f"{key}={value!r}: {OTHER_ENGINES[key][value]}")
             out.pairs.append((key, value))

@@ -85,9 +85,10 @@ class ActorWorker:
         cfg = self.cfg
         metrics = MetricAggregator()
         mini_size = cfg.ppo_mini_batch_size * batch.n // self.env.world_size
-        for rows in mini_batches(batch.size, mini_size, cfg.ppo_epochs, cfg.shuffle, seed=batch.uid[0]):
-            metrics.add("actor/pg_loss", self.accumulate_gradients(batch.select(rows), metrics), Reduce.MEAN)
-            optimizer_step(self.engine, "actor", metrics)
+        for i, rows in enumerate(mini_batches(batch.size, mini_size, cfg.ppo_epochs, cfg.shuffle, seed=batch.uid[0])):
+            with rlprof.mini_batch(i, role="actor"):  # a torch schedule over mini-batches walks these (verl)
+                metrics.add("actor/pg_loss", self.accumulate_gradients(batch.select(rows), metrics), Reduce.MEAN)
+                optimizer_step(self.engine, "actor", metrics)
         return metrics
 
     def accumulate_gradients(self, mini: RolloutBatch, metrics: MetricAggregator) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+import rlprof
 from rlprof.metrics import MetricAggregator, Reduce
 from rlprof_train import algos
 from rlprof_train.batch import MicroBatching, RolloutBatch, gather_rows
@@ -70,8 +71,10 @@ class CriticWorker:
         """Value epochs over ``batch``: one optimizer step per mini-batch of ``ppo_mini_batch_size`` prompts."""
         metrics = MetricAggregator()
         mini_size = self.cfg.ppo_mini_batch_size * batch.n // self.env.world_size
-        for rows in mini_batches(batch.size, mini_size, self.cfg.ppo_epochs, shuffle=True, seed=batch.uid[0]):
-            self._update_mini_batch(batch.select(rows), metrics)
+        batches = mini_batches(batch.size, mini_size, self.cfg.ppo_epochs, shuffle=True, seed=batch.uid[0])
+        for i, rows in enumerate(batches):
+            with rlprof.mini_batch(i, role="critic"):  # a torch schedule over mini-batches walks these (verl)
+                self._update_mini_batch(batch.select(rows), metrics)
         return metrics
 
     def _update_mini_batch(self, mini: RolloutBatch, metrics: MetricAggregator) -> None:

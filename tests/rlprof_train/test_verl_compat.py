@@ -10,6 +10,7 @@ import json
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 from rlprof.typed_config import ConfigError
 from rlprof_train.config import as_dict
@@ -17,6 +18,7 @@ from rlprof_train.config.load import DEFAULTS, load, load_trainer_config
 from rlprof_train.config.verl_compat import (
     SEED_ERA,
     VERL_CONFIGS,
+    Kept,
     Launcher,
     Mirror,
     era_defaults,
@@ -26,6 +28,7 @@ from rlprof_train.config.verl_compat import (
     verl_defaults,
 )
 from rlprof_train.main_ppo import main
+from rlprof_train.preflight import validate
 
 from conftest import ROOT
 
@@ -203,7 +206,14 @@ def test_verls_whole_default_config_of_each_era_loads_as_a_user_config(tmp_path,
     notes = " ".join(loaded.notes)
     kinds = {"here": 0, "checked": 0, "noted": 0}
     for key in leaves:
-        kind = "here" if key in ours else "checked" if isinstance(rule_for(key), (Mirror, Launcher)) else "noted"
+        rule = rule_for(key)
+        kind = (
+            "here"
+            if key in ours or isinstance(rule, Kept)
+            else "checked"
+            if isinstance(rule, (Mirror, Launcher))
+            else "noted"
+        )
         assert kind != "noted" or f"{key} (" in notes or f"{key}=" in notes, key  # used, compared, or named once
         kinds[kind] += 1
     print(
@@ -244,21 +254,16 @@ def test_todays_layout_is_read_and_per_role_profiler_settings_are_applied_or_ref
     notes = " ".join(out.notes)
     for named in ("ray_kwargs.ray_init.num_gpus (a Ray placement", "reward.num_workers (", "log_probs (the vllm"):
         assert named in notes, (named, notes)
-    refused = translate(
-        [
-            (f"{ARR}.actor.profiler.tool_config.torch.schedule.active", 2),
-            (f"{ARR}.actor.profiler.tool_config.torch.discrete", True),
-            (f"{ARR}.rollout.profiler.tool_config.torch_memory.stack_depth", 64),
-            (f"{ARR}.rollout.profiler.tool_config.torch.profile_token_start", 4),
-        ],
-        set(),
-        1,
-    ).problems
-    assert [p.split(":")[0] for p in refused] == [
-        f"{ARR}.actor.profiler.tool_config.torch.schedule.active=2",
-        f"{ARR}.actor.profiler.tool_config.torch.discrete=True",
-        f"{ARR}.rollout.profiler.tool_config.torch_memory.stack_depth=64",
-        f"{ARR}.rollout.profiler.tool_config.torch.profile_token_start=4",
+    # verl's torch settings per role: rlprof's role blocks take them as they are (rlprof.config checks them)
+    kept = [
+        (f"{ARR}.actor.profiler.tool_config.torch.schedule.active", 2),
+        (f"{ARR}.actor.profiler.tool_config.torch.discrete", True),
+        (f"{ARR}.rollout.profiler.tool_config.torch.profile_token_start", 4),
+    ]
+    out = translate([*kept, (f"{ARR}.rollout.profiler.tool_config.torch_memory.stack_depth", 64)], set(), 1)
+    assert out.pairs == kept
+    assert [p.split(":")[0] for p in out.problems] == [
+        f"{ARR}.rollout.profiler.tool_config.torch_memory.stack_depth=64"
     ]
     # what the trainer does already: the rollout engine's own trace per step, every trace under save_path
     done = translate(
@@ -327,3 +332,88 @@ def test_validation_in_chunks_of_val_batch_size_scores_as_one_batch(tmp_path):
     key = "val-core/rlprof/arithmetic/reward/mean@1"
     assert [r[key] for r in whole if key in r] == [r[key] for r in chunked if key in r]
     assert len([r for r in whole if key in r]) == 2  # before training and after step 1
+
+
+def test_the_rollouts_token_window_needs_a_backend_whose_engine_profiles_it():
+    """verl's rollout token window is the vLLM engine profiler's (delay/max iterations, checked on the engine's own
+    trace by test_verl_scripts.py's profiling script); the hf rollout runs none, so it is one config error there."""
+    window = [
+        "--config-name=demo",
+        "global_profiler.tool=torch",
+        f"{ARR}.rollout.profiler.tool_config.torch.profile_token_start=2",
+        f"{ARR}.rollout.profiler.tool_config.torch.profile_token_end=5",
+    ]
+    validate(load_trainer_config([*window, f"{ARR}.rollout.name=vllm"]))
+    validate(load_trainer_config([*window[:2], f"{ARR}.rollout.name=hf"]))  # no window: nothing to refuse
+    with pytest.raises(ConfigError) as raised:
+        validate(load_trainer_config([*window, f"{ARR}.rollout.name=hf"]))
+    assert str(raised.value) == (
+        f"{ARR}.rollout.profiler.tool_config.torch.profile_token_start/_end=2/5: the rollout's token window is "
+        "recorded by an engine's own profiler, which the 'hf' rollout does not run (its sampling is in the trainer's "
+        "own trace, whole); these do: vllm"
+    )
+
+
+AWAY = {  # per key name: a value away from verl's default and, where a key is this trainer's too, from its default
+    "tool": "torch",
+    "steps": [1],
+    "save_path": "elsewhere",
+    "finish_hook_cmd": "true",
+    "ranks": [1],
+    "finish_hook_ranks": [1],
+    "contents": ["cpu", "stack"],
+    "enable": False,
+    "stacks": "python",
+    "context": "alloc",
+    "config_path": "/no/msprobe.json",
+    "stages": ["actor"],
+    "profile_token_start": 1,
+    "profile_token_end": 3,
+}
+
+
+def away_from_default(key: str, default):
+    """A value of ``key`` that asks for something other than verl's default; None where the key holds a whole block
+    (its own keys are set one by one) or a mapping of free keyword arguments (tested in test_memory_tool.py)."""
+    leaf = key.rpartition(".")[2]
+    if leaf in AWAY:
+        return AWAY[leaf]
+    if isinstance(default, dict) or leaf in ("tool_config", "_target_"):
+        return None
+    if isinstance(default, bool) or (isinstance(default, str) and default.startswith("${") and leaf != "steps"):
+        return True if not isinstance(default, bool) else not default
+    if isinstance(default, int):
+        return default + 1
+    return f"{default}-other" if isinstance(default, str) else [1]
+
+
+@pytest.mark.slow  # 10 s an era: out of the quick loop
+@pytest.mark.parametrize("commit", VERL_CONFIGS)
+def test_every_profiler_key_of_each_era_is_applied_named_or_refused_never_dropped(commit):
+    """Each profiler key of verl's trainer config (both eras), set alone away from verl's default: the run's profiler
+    configuration holds it, or the log names it as having no effect here, or the one config error names it."""
+    from rlprof.config import load_config as load_profiler_config
+
+    tree = yaml.safe_load(VERL_CONFIGS[commit].read_text())
+    base = ["--config-name=demo"]
+    baseline = load_profiler_config(as_dict(load(base).cfg))
+    outcomes = {"applied": 0, "named": 0, "refused": 0}
+    for key, default in flatten(tree):
+        value = away_from_default(key, default) if "profiler" in key else None
+        if value is None:
+            continue
+        try:
+            loaded = load([*base, f"{key}={json.dumps(value)}"])
+            validate(loaded.cfg)
+        except ConfigError as exc:
+            assert key in str(exc), (key, str(exc))
+            outcomes["refused"] += 1
+            continue
+        if f"{key} (" in " ".join(loaded.notes):
+            outcomes["named"] += 1
+            continue
+        here = OmegaConf.select(OmegaConf.create(as_dict(loaded.cfg)), key)
+        assert here == value or load_profiler_config(as_dict(loaded.cfg)) != baseline, (key, value)
+        outcomes["applied"] += 1
+    print(f"\nverl {commit}: profiler keys {outcomes}")
+    assert all(outcomes.values())

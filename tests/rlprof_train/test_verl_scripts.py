@@ -15,6 +15,7 @@ seed's multi-turn tool-calling script runs with
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import os
@@ -79,11 +80,25 @@ TODAY_CHECKED = {  # today's scripts that differ from a trained one in what is c
 PROFILE = "examples/profile/run_qwen2_5_7b_torch_profile.sh"
 FINISH_HOOK = TODAY / "tests" / "special_e2e" / "profiler_finish_hook_marker.sh"
 """verl's own finish-hook command for its profiler tests: a marker per role and rank under save_path."""
-PROFILE_REFUSED = {  # the profiling script's knobs set to what is not here -> the key its one error names
-    "PROFILE_DISCRETE=True": "actor_rollout_ref.actor.profiler.tool_config.torch.discrete=True",
-    "PROFILE_SCHED_ACTIVE=2": "actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=2",
-    "PROFILE_ROLLOUT_TOKEN_START=4": "actor_rollout_ref.rollout.profiler.tool_config.torch.profile_token_start=4",
-    "PROFILE_CONTENTS=['cpu','stack']": "actor_rollout_ref.actor.profiler.tool_config.torch.contents=['cpu', 'stack']",
+PROFILE_KNOBS = {  # the profiling script as the pool runs it: verl's finish hook, a schedule and a token window
+    "PROFILE_FINISH_HOOK_CMD": str(FINISH_HOOK),
+    "PPO_MINI_BATCH_SIZE": "2",  # two update mini-batches a step ...
+    "PROFILE_SCHED_SKIP_FIRST": "1",  # ... of which the trace keeps the second alone
+    "PROFILE_SCHED_ACTIVE": "1",
+    "PROFILE_ROLLOUT_TOKEN_START": "2",  # the engine's trace: three of its eight iterations
+    "PROFILE_ROLLOUT_TOKEN_END": "5",
+}
+PROFILE_DISCRETE = {"PROFILE_DISCRETE": "True", "PROFILE_ROLLOUT": "False"}
+"""The profiling script with discrete training traces (the pool's second run of it)."""
+PROFILE_REFUSED = {  # the profiling script's knobs set to what is not here -> what its one error names
+    "PROFILE_CONTENTS=['cpu','stack']": [
+        "actor_rollout_ref.actor.profiler.tool_config.torch.contents=['cpu', 'stack']",
+        "actor_rollout_ref.rollout.profiler.tool_config.torch.contents=['cpu', 'stack']",
+    ],
+    "PROFILE_DISCRETE=True PROFILE_SCHED_ACTIVE=2": [
+        "the actor role's profiler.tool_config.torch.schedule: a schedule over mini-batches with discrete torch "
+        "traces is not implemented here",
+    ],
 }
 QUESTIONS = [(f"What is {a} plus {b}?", a + b) for a in range(4) for b in range(4)]
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -293,8 +308,7 @@ def run_script(
         WANDB_MODE="offline",
         WANDB_DIR=str(work),
         OMP_NUM_THREADS="1",
-        **(todays_knobs(root, model, reward_model) if today else {}),
-        **(knobs or {}),
+        **((todays_knobs(root, model, reward_model) if today else {}) | (knobs or {})),  # a script's own knobs win
     )
     appended = todays_arguments(root, name) if today else substitutions(root, model, reward_model)
     command = ["bash", str(script), *appended, *more]
@@ -317,6 +331,7 @@ def script_runs(place, tmp_path_factory) -> dict[str, tuple[subprocess.Completed
     data = place[0] / "data" / "gsm8k_multiturn"
     jobs: dict[str, tuple[str, tuple[str, ...], bool]] = {name: (name, (), False) for name in sorted(RUNS)}
     jobs |= {f"today:{name}": (name, (), True) for name in sorted(TODAY_RUNS)}
+    jobs["today-discrete:" + PROFILE] = (PROFILE, (), True)
     jobs |= {
         rollout: (
             MULTI_TURN,
@@ -330,14 +345,16 @@ def script_runs(place, tmp_path_factory) -> dict[str, tuple[subprocess.Completed
         for rollout in MULTI_TURN_ROLLOUTS
     }
 
-    def one(index: int, name: str, more: tuple[str, ...], today: bool) -> tuple[subprocess.CompletedProcess, Path]:
+    def one(
+        index: int, key: str, name: str, more: tuple[str, ...], today: bool
+    ) -> tuple[subprocess.CompletedProcess, Path]:
         work = root / f"{index}" / "work"
         work.parent.mkdir()
-        knobs = {"PROFILE_FINISH_HOOK_CMD": str(FINISH_HOOK)} if today and name == PROFILE else None
+        knobs = (PROFILE_DISCRETE if key.startswith("today-discrete:") else PROFILE_KNOBS) if name == PROFILE else None
         return run_script(name, place, work, *more, today=today, knobs=knobs), work
 
     with ThreadPoolExecutor(CONCURRENT) as pool:
-        futures = {key: pool.submit(one, i, *job) for i, (key, job) in enumerate(jobs.items())}
+        futures = {key: pool.submit(one, i, key, *job) for i, (key, job) in enumerate(jobs.items())}
         return {key: future.result() for key, future in futures.items()}
 
 
@@ -402,11 +419,26 @@ def check_todays_run(name: str, result: subprocess.CompletedProcess, work: Path,
     print(f"\n{name} ({selects}): {tally(work, output, len(todays_arguments(Path(), name)))}, ran 2 steps")
     if name == PROFILE:  # its traces: the trainer's per profiled step, the vLLM engine's beside them
         written = read_manifest(work / "profile")
-        trainer = sorted(tuple(r["steps"]) for r in written if r["tool"] == "torch")
+        trainer = sorted((tuple(r["steps"]), r["path"]) for r in written if r["tool"] == "torch")
         engine = sorted(
-            tuple(r["steps"]) for r in written if r["tool"] == "vllm_torch" and r["format"] == "chrome_trace"
+            (tuple(r["steps"]), r["path"])
+            for r in written
+            if r["tool"] == "vllm_torch" and r["format"] == "chrome_trace"
         )
-        assert trainer == [(1,), (2,)] and engine == [(1,), (2,)], written
+        # the schedule: the trainer's trace of each step holds the second update mini-batch alone (skip_first=1,
+        # active=1; what ran before it, the rollout included, is not kept, as in verl)
+        assert [(steps, Path(path).name) for steps, path in trainer] == [
+            ((1,), "rank0.mb1.pt.trace.json.gz"),
+            ((2,), "rank0.mb1.pt.trace.json.gz"),
+        ], written
+        for _, path in trainer:
+            held = set(annotation_names(work / "profile" / path))
+            assert "actor/mini_batch1" in held and not {"actor/mini_batch0", "rollout/generate_sequences"} & held
+        # the token window [2, 5): three engine iterations (of the eight of 8-token responses), all decoding
+        assert [steps for steps, _ in engine] == [(1,), (2,)], written
+        for _, path in engine:
+            iterations = [n for n in annotation_names(work / "profile" / path) if n.startswith("execute_")]
+            assert len(iterations) == 3 and all(n.startswith("execute_context_0(0)") for n in iterations), iterations
         # its finish hook (verl's marker script) ran once, after step 2, on the profiled rank, its roles named
         (hook,) = read_manifest(work / "profile", kind="finish_hook")
         assert hook["returncode"] == 0 and hook["command"] == str(FINISH_HOOK), hook
@@ -415,15 +447,41 @@ def check_todays_run(name: str, result: subprocess.CompletedProcess, work: Path,
         assert "[rlprof][finish_hook] rank 0: exited with 0" in output
 
 
-def test_the_profiling_scripts_settings_that_are_not_here_are_named(place, tmp_path):
-    """The profiling script with each knob that asks for what this trainer does not do: one error naming every key
+def test_the_profiling_scripts_discrete_mode_gives_each_stage_its_own_trace(script_runs):
+    """PROFILE_DISCRETE=True: each phase of a profiled step (verl's stages) is a trace of its own."""
+    result, work = script_runs["today-discrete:" + PROFILE]
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    written = [r for r in read_manifest(work / "profile") if r["tool"] == "torch"]
+    stages = {(tuple(r["steps"]), r["role"], Path(r["path"]).name.split(".")[2]) for r in written}
+    # the actor's block is discrete (the reference's and the trainer's own blocks are not); the rollout is not
+    # profiled (PROFILE_ROLLOUT=False)
+    assert stages == {((step,), "actor", phase) for step in (1, 2) for phase in ("old_log_prob", "update_actor")}
+    for record in written:
+        held = set(annotation_names(work / "profile" / record["path"]))
+        assert not any(n.startswith("ProfilerStep#") for n in held)
+        if record["path"].endswith(".actor.update_actor.pt.trace.json.gz"):
+            assert {"actor/update_actor", "actor/mini_batch0"} <= held, held
+    assert not [r for r in read_manifest(work / "profile") if r["tool"] == "vllm_torch"]  # PROFILE_ROLLOUT=False
+
+
+@pytest.mark.parametrize("knobs", sorted(PROFILE_REFUSED))
+def test_the_profiling_scripts_settings_that_are_not_here_are_named(place, tmp_path, knobs):
+    """The profiling script with knobs that ask for what this trainer does not do: one error naming every key
     (and nothing else), at once."""
-    knobs = dict(knob.split("=", 1) for knob in PROFILE_REFUSED)
-    result = run_script(PROFILE, place, tmp_path / "work", today=True, knobs=knobs)
+    given = dict(knob.split("=", 1) for knob in knobs.split())
+    result = run_script(PROFILE, place, tmp_path / "work", today=True, knobs=given)
     assert result.returncode == 2, (result.stdout + result.stderr)[-4000:]
     (error,) = [line for line in result.stderr.splitlines() if line.startswith("config error:")]
-    assert [key for key in PROFILE_REFUSED.values() if key not in error] == [], error
-    assert error.startswith(f"config error: {len(PROFILE_REFUSED) + 1} problems: ")  # the rollout's contents too
+    assert [named for named in PROFILE_REFUSED[knobs] if named not in error] == [], error
+    count = len(PROFILE_REFUSED[knobs])
+    assert error.startswith(f"config error: {count} problems: " if count > 1 else "config error: "), error
+
+
+def annotation_names(trace: Path) -> list[str]:
+    """The names of a Chrome trace's annotations (rlprof's ranges, vLLM's iterations), one per occurrence."""
+    raw = trace.read_bytes()
+    events = json.loads(gzip.decompress(raw) if trace.suffix == ".gz" else raw)["traceEvents"]
+    return [e["name"] for e in events if e.get("cat") == "user_annotation"]
 
 
 def printed_config(stdout: str) -> dict:

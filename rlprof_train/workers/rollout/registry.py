@@ -85,6 +85,9 @@ class RolloutSpec:
     """It continues token sequences (a ``ContinuingRollout``): multi-turn rollouts run on it."""
     log_probs_on_request: bool = False
     """It fills ``batch.extras["rollout_log_probs"]`` when :attr:`RolloutContext.wants_log_probs`."""
+    engine_profiler: bool = False
+    """Its engine runs the profiler the tool asks of engines (the torch tool's ``engine_profiler``: vLLM's own torch
+    profiler) over the profiled steps, which honours the rollout's token window (``profile_token_start``/``_end``)."""
 
     @property
     def can_return_log_probs(self) -> bool:
@@ -103,6 +106,7 @@ def register_rollout(
     preflight: Optional[Callable[[TrainerConfig], Optional[str]]] = None,
     continues: bool = False,
     log_probs_on_request: bool = False,
+    engine_profiler: bool = False,
 ) -> Callable[[T], T]:
     """Register a :class:`Rollout` subclass taking a :class:`RolloutContext` (or a factory function) as ``name``."""
     if not isinstance(name, str) or not name.isidentifier():
@@ -122,7 +126,15 @@ def register_rollout(
                 f"register_rollout({name!r}, continues=True): {factory.__name__} does not subclass ContinuingRollout"
             )
         _ROLLOUTS[name] = RolloutSpec(
-            name, factory, title or name, tuple(reads), returns_log_probs, preflight, continues, log_probs_on_request
+            name,
+            factory,
+            title or name,
+            tuple(reads),
+            returns_log_probs,
+            preflight,
+            continues,
+            log_probs_on_request,
+            engine_profiler,
         )
         return factory
 

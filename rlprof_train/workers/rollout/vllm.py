@@ -34,6 +34,7 @@ import torch
 
 import rlprof
 from rlprof.session import Session
+from rlprof.tools.torch_profiler import token_window
 from rlprof.typed_config import ConfigError
 from rlprof.window import StepWindow, WindowListener
 from rlprof_train.batch import RolloutBatch
@@ -344,10 +345,14 @@ class VLLMRollout(ContinuingRollout, WindowListener):
 
     def window_started(self, window: StepWindow) -> None:
         session = rlprof.get_session()
-        if _engine_profiler(session) == "torch" and rlprof.is_recording("rollout"):
+        if session is not None and _engine_profiler(session) == "torch" and rlprof.is_recording("rollout"):
             self.profiling = window
             self.before = set(self.profile_dir.rglob("*")) if self.profile_dir.exists() else set()
-            self.llm.start_profile(profile_prefix=window.name)
+            start, end = token_window(session.config.tool_settings(), session.config.roles, "rollout")
+            # verl's mapping of the rollout's token window onto the engine's iterations (0: from the first / no end)
+            self.llm.start_profile(
+                profile_prefix=window.name, delay_iterations=start, max_iterations=0 if end is None else end - start
+            )
 
     def window_stopped(self, window: StepWindow) -> None:
         if self.profiling is not window:
@@ -398,6 +403,7 @@ def _engine_profiler(session: Optional[Session]) -> Optional[str]:
     returns_log_probs=True,
     preflight=_installed,
     continues=True,
+    engine_profiler=True,
 )
 def vllm_rollout(context: RolloutContext) -> VLLMRollout:
     """A vLLM engine in this process, loaded from the model directory, synced from the actor after each update."""
