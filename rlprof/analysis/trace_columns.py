@@ -1,4 +1,4 @@
-"""A trace's events recorded as columns, to be replayed into a :class:`~rlprof.analysis.trace_model.TraceBuilder`
+"""A trace's events recorded as columns, to be replayed into a :class:`~rlprof.analysis.trace_builder.TraceBuilder`
 in another process: what the helper process of a large trace's reading (:mod:`rlprof.analysis.sources.trace_helper`)
 sends back for the batches it decoded.
 
@@ -16,7 +16,8 @@ import array
 import marshal
 from typing import Any, Optional
 
-from rlprof.analysis.trace_model import DEVICE_CODES, FRAME_KINDS, Interner, TraceBuilder, TraceScan
+from rlprof.analysis.trace_builder import TraceBuilder
+from rlprof.analysis.trace_model import DEVICE_CODES, FRAME_KINDS, Interner, TraceScan
 
 _FRAME, _LAUNCH, _OP = ("i", "d", "d", "i", "b"), ("i", "d", "d", "q"), ("d", "d", "i", "b", "q", "q", "q")
 """Typecodes of the columns: a frame (thread, start, duration, name, kind), a launch (thread, start, duration,

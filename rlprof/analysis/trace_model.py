@@ -1,10 +1,12 @@
 """The one trace model every trace source fills and every trace analysis reads (HTA's shape): CPU frames per
-thread, the launches that queue device work, and the device operations themselves, reduced in one pass to per-range
-totals, operators, steps and the GPU summaries of :mod:`rlprof.analysis.gpu`.
+thread, the launches that queue device work, and the device operations themselves.
 
-A source (a torch/kineto Chrome trace, an nsys report) feeds a :class:`TraceBuilder` event by event, in any file
-order; :meth:`TraceBuilder.finish` returns the :class:`TraceScan`. What is kept meanwhile is compact (typed arrays,
-interned names), so memory grows with a few dozen bytes per event, never with the event objects.
+A source (a torch/kineto Chrome trace, an nsys report) feeds a :class:`~rlprof.analysis.trace_builder.TraceBuilder`
+event by event, in any file order. Once every thread is walked, the builder holds a :class:`BuiltTrace` (compact:
+typed arrays, interned names, so memory grows with a few dozen bytes per event, never with the event objects), and
+each registered trace analysis (:func:`register_trace_analysis`; the built-in ones are the modules of
+:mod:`rlprof.analysis.trace_analyses`: per-range totals, device time, GPU projections, memory, captures, steps) adds
+its part to the :class:`TraceScan` the builder returns.
 
 Semantics, the same for every source:
 
@@ -30,21 +32,13 @@ Semantics, the same for every source:
 
 from __future__ import annotations
 
-import array
-import bisect
-from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
-from rlprof.analysis.gpu import DeviceOps, GpuSummary, intersection_length, merged, summarize_device
+from rlprof.analysis.gpu import GpuSummary
 
 STEP_PREFIX = "ProfilerStep#"
-MAX_FRAME_DEPTH = 512
-"""Frames open at once on one thread that are kept; a frame nested deeper (a real trace's stacks are a few dozen
-deep) is counted, not kept: its time is its parent's children's, its own frames and launches go to its deepest kept
-ancestor."""
-REORDER_WINDOW = 256
-"""CPU frames of a thread held back and sorted before they are walked (see :meth:`TraceBuilder.frame`)."""
 RANGE, ANNOTATION, STEP, OPERATOR = "range", "annotation", "step", "operator"
 """Kinds of tracked frames (see the module doc)."""
 OP, NESTING = "op", "nesting"
@@ -159,7 +153,8 @@ class TraceScan:
     """Device operations whose launch is not in the trace (kept, outside every range)."""
     unlaunched_us: float = 0.0
     too_deep: int = 0
-    """CPU frames nested past :data:`MAX_FRAME_DEPTH` on their thread: counted, not kept."""
+    """CPU frames nested past :data:`~rlprof.analysis.trace_builder.MAX_FRAME_DEPTH` on their thread: counted, not
+    kept."""
     captures: list[CaptureWindow] = field(default_factory=list)
     """Stream captures (CUDA graphs being recorded), in time order."""
     graph_launches: int = 0
@@ -171,6 +166,8 @@ class TraceScan:
     """The ranges rlprof's torch tool lists in the traces it writes (None: the trace lists none)."""
     problems: list[str] = field(default_factory=list)
     """What could not be read (a truncated file, re-sorted threads): one line each."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """What trace analyses registered outside rlprof found, by the name each keeps it under."""
 
     def ranges_of(self, kind: str) -> list[RangeTotals]:
         return [r for r in self.ranges.values() if r.kind == kind]
@@ -187,7 +184,7 @@ class TraceScan:
                 totals.kind = ANNOTATION
 
 
-# --------------------------------------------------------------------------------------------- the builder
+# --------------------------------------------------------------------------------------------- the built trace
 
 
 class Interner:
@@ -203,51 +200,6 @@ class Interner:
             found = self.ids[value] = len(self.values)
             self.values.append(value)
         return found
-
-
-class _Held:
-    """A thread's frames held for a sort at the end (it broke its start order): typed arrays, 21 bytes a frame."""
-
-    __slots__ = ("duration", "kind", "name", "start")
-
-    def __init__(self) -> None:
-        self.start = array.array("d")
-        self.duration = array.array("d")
-        self.name = array.array("i")
-        self.kind = array.array("b")
-
-    def append(self, start: float, duration: float, name: int, kind: int) -> None:
-        self.start.append(start)
-        self.duration.append(duration)
-        self.name.append(name)
-        self.kind.append(kind)
-
-
-class _Thread:
-    """One thread: its open frames, and every frame in start order (start, duration, own time, bucket, the frame it
-    was walked inside: 32 bytes a frame, the own time written when the frame closes)."""
-
-    __slots__ = ("arrived", "bucket", "duration", "held", "last", "outer", "own", "pending", "stack", "start")
-
-    def __init__(self) -> None:
-        self.stack: list[list[Any]] = []
-        self.pending: deque[tuple[float, float, int, str, str]] = deque()
-        """The last frames given, sorted, waiting to be walked."""
-        self.arrived = 0
-        self.last = (float("-inf"), 0.0)
-        """(start, -duration) of the last frame walked: frames come in that order (the longer first on a tie)."""
-        self.held: Optional[_Held] = None
-        self.start = array.array("d")
-        self.duration = array.array("d")
-        self.own = array.array("d")
-        """Duration minus the children's (the launch calls inside are taken out at the end)."""
-        self.bucket = array.array("i")
-        self.outer = array.array("i")
-        """The index of the frame around each (-1: none)."""
-
-
-_END, _CHILDREN, _CONTEXT, _DEPTH, _INDEX = range(5)
-"""A frame on a thread's stack: [end, children's total, context id, operator depth, index in the thread's arrays]."""
 
 
 class EventSink(Protocol):
@@ -269,461 +221,124 @@ class EventSink(Protocol):
     def graph_call(self, thread: Any, start: float, duration: float, call: int) -> None: ...
 
 
-class TraceBuilder:
-    """Takes a trace's events (see the module doc) and reduces them to a :class:`TraceScan`.
+@dataclass
+class BuiltTrace:
+    """A trace once its threads are walked (:class:`~rlprof.analysis.trace_builder.TraceBuilder`): what the trace
+    analyses read. Arrays are numpy views over the builder's typed columns; a field no analysis still to run reads is
+    released (set to None) as the analyses go."""
 
-    A *context* is the tuple of tracked ``(kind, label)`` keys around a frame (itself included when tracked); a
-    *bucket* is where a frame's time goes: ``(kind, label, context of its parent)``, and determines the frame's own
-    context (:attr:`bucket_context`).
-    """
+    file: str
+    names: list[str]
+    """Interned names (operators, device operations) by id."""
+    contexts: list[tuple[tuple[str, str], ...]]
+    """Interned contexts by id: the tracked ``(kind, label)`` keys around a frame, outermost first."""
+    empty_context: int
+    buckets: list[tuple[str, str, int]]
+    """Where frames' time goes, by id: ``(kind, name, context of the parent)``."""
+    bucket_counts: Any
+    """Frames per bucket; ``bucket_totals`` their durations, ``bucket_selfs`` their own (self) times."""
+    bucket_totals: Any
+    bucket_selfs: Any
+    instances: list[tuple[Any, float, float, float, str, str]]
+    """(thread, start, end, duration, kind, label) of every range, annotation and step."""
+    memory: dict[Any, list[tuple[float, int, int]]]
+    """Thread -> its allocator events (time, size, total allocated after)."""
+    graph_calls: list[tuple[int, float, float, int]]
+    """(thread id, start, end, code of :data:`GRAPH_CALLS`) of each capture begin, end and graph launch."""
+    thread_ids: dict[Any, int]
+    launch_thread: Any
+    """Per launch: its thread's id, start, duration, correlation id, and the context of its innermost frame."""
+    launch_start: Any
+    launch_duration: Any
+    launch_correlation: Any
+    launch_context: Any
+    op_start: Any
+    """Per device operation: start, duration, name id, kind code (:data:`DEVICE_CODES`), stream, correlation, bytes,
+    and the index of its launch (-1: none in the trace)."""
+    op_duration: Any
+    op_name: Any
+    op_kind: Any
+    op_stream: Any
+    op_correlation: Any
+    op_bytes: Any
+    launch_of_op: Any
 
-    def __init__(self, scan: TraceScan) -> None:
-        self.scan = scan
-        self.names = Interner()
-        self.contexts = Interner()
-        self.buckets = Interner()
-        self.bucket_context = array.array("i")
-        """The context of a frame of each bucket."""
-        self.empty_context = self.contexts(())
-        self.threads: dict[Any, _Thread] = {}
-        self.thread_ids = Interner()
-        self.memory: dict[Any, list[tuple[float, int, int]]] = defaultdict(list)
-        self.launch_thread = array.array("i")
-        self.launch_start = array.array("d")
-        self.launch_duration = array.array("d")
-        self.launch_correlation = array.array("q")
-        self.op_start = array.array("d")
-        self.op_duration = array.array("d")
-        self.op_name = array.array("i")
-        self.op_kind = array.array("b")
-        self.op_stream = array.array("q")
-        self.op_correlation = array.array("q")
-        self.op_bytes = array.array("q")
-        self.graph_calls: list[tuple[int, float, float, int]] = []
-        """(thread id, start, end, one of :data:`GRAPH_CALLS`' codes) of each capture begin, end and graph launch."""
-        self.instances: list[tuple[Any, float, float, float, str, str]] = []
-        """(thread, start, end, duration, kind, label) of every range, annotation and step (few: kept as tuples)."""
-        self._file = ""
-
-    # ----------------------------------------------------------------------------------------- inputs
-
-    def frame(self, thread: Any, start: float, duration: float, name: str, kind: str) -> None:
-        """A CPU frame of ``kind`` (one of :data:`FRAME_KINDS`; a step's name is ``ProfilerStep#N``), in the thread's
-        start order (the longer first on a tie) up to :data:`REORDER_WINDOW` frames: each thread's last frames wait
-        in a sorted delay line, so that a frame written a little late (kineto on a loaded machine) is walked in its
-        place. A frame later than that makes the thread's frames wait, compactly, to be walked again in order at the
-        end."""
-        state = self.threads.get(thread)
-        if state is None:
-            state = self.threads[thread] = _Thread()
-        item = (start, -duration, state.arrived, name, kind)
-        state.arrived += 1
-        pending = state.pending
-        if not pending or item > pending[-1]:
-            pending.append(item)
-        else:
-            bisect.insort(pending, item)
-        if len(pending) > REORDER_WINDOW:
-            self._ordered(thread, state, pending.popleft())
-
-    def _ordered(self, thread: Any, state: _Thread, item: tuple[float, float, int, str, str]) -> None:
-        start, negative_duration, _, name, kind = item
-        key = (start, negative_duration)
-        if state.held is not None or key < state.last:
-            if state.held is None:
-                state.held = _Held()
-            state.held.append(start, -negative_duration, self.names(name), FRAME_KINDS.index(kind))
-            return
-        state.last = key
-        self._walk(thread, state, start, -negative_duration, name, kind)
-
-    def launch(self, thread: Any, start: float, duration: float, correlation: int) -> None:
-        """A CPU call that queued device work (``cudaLaunchKernel``, ``cudaMemcpyAsync``, ...), in any order."""
-        self.launch_thread.append(self.thread_ids(thread))
-        self.launch_start.append(start)
-        self.launch_duration.append(duration)
-        self.launch_correlation.append(correlation)
-
-    def device_op(
-        self, start: float, duration: float, name: str, kind: str, stream: int, correlation: Optional[int], size: int
-    ) -> None:
-        """A kernel, copy or set on the device (``kind``: kernel, memcpy, memset; ``size`` in bytes or 0)."""
-        self.op_start.append(start)
-        self.op_duration.append(duration)
-        self.op_name.append(self.names(name))
-        self.op_kind.append(DEVICE_CODES[kind])
-        self.op_stream.append(stream)
-        self.op_correlation.append(correlation if correlation is not None else -1)
-        self.op_bytes.append(size)
-
-    def memory_event(self, thread: Any, time: float, size: int, total_allocated: int) -> None:
-        """An allocator event (``[memory]``): ``size`` bytes (negative: freed), ``total_allocated`` after it."""
-        self.memory[thread].append((time, size, total_allocated))
-
-    def graph_call(self, thread: Any, start: float, duration: float, call: int) -> None:
-        """A call that begins or ends a stream capture or replays a graph (a code of :data:`GRAPH_CALLS`); it is a
-        launch call too (given to :meth:`launch` as well)."""
-        self.graph_calls.append((self.thread_ids(thread), start, start + duration, call))
-
-    # ----------------------------------------------------------------------------------------- the walk
-
-    def _walk(self, thread: Any, state: _Thread, start: float, duration: float, name: str, kind: str) -> None:
-        stack = state.stack
-        while stack and stack[-1][_END] <= start:
-            self._close(state, stack.pop())
-        if len(stack) >= MAX_FRAME_DEPTH:
-            stack[-1][_CHILDREN] += duration
-            self.scan.too_deep += 1
-            return
-        if stack:
-            parent = stack[-1]
-            parent[_CHILDREN] += duration
-            outer, depth, around = parent[_CONTEXT], parent[_DEPTH], parent[_INDEX]
-        else:
-            outer, depth, around = self.empty_context, 0, -1
-        if kind == OP:
-            kind = OPERATOR if depth == 0 else OP
-            depth += 1
-        bucket = self.buckets.ids.get((kind, name, outer))
-        if bucket is None:
-            bucket = self._new_bucket(kind, name, outer)
-        if kind in (RANGE, ANNOTATION, STEP):
-            self.instances.append((thread, start, start + duration, duration, kind, name))
-        index = len(state.start)
-        state.start.append(start)
-        state.duration.append(duration)
-        state.own.append(duration)
-        state.bucket.append(bucket)
-        state.outer.append(around)
-        stack.append([start + duration, 0.0, self.bucket_context[bucket], depth, index])
-
-    def _new_bucket(self, kind: str, name: str, outer: int) -> int:
-        context = outer
-        if kind not in (OP, NESTING, STEP):  # tracked: its label is in the context of all inside it (once per name)
-            keys = self.contexts.values[outer]
-            if (kind, name) not in keys:
-                context = self.contexts((*keys, (kind, name)))
-        self.bucket_context.append(context)
-        return self.buckets((kind, name, outer))
-
-    def _close(self, state: _Thread, frame: list[Any]) -> None:
-        state.own[frame[_INDEX]] -= frame[_CHILDREN]
-
-    def _rewalk(self, thread: Any, state: _Thread) -> None:
-        """Walk a thread that broke its start order again, every frame of it in order (those walked before too), a
-        slice of the sorted frames at a time so that the transient copies stay small."""
-        import numpy as np
-
-        held = state.held
-        assert held is not None
-        kinds = np.array(
-            [FRAME_KINDS.index(OP if kind == OPERATOR else kind) for kind, _, _ in self.buckets.values], dtype=np.int8
-        )
-        names = np.array([self.names(name) for _, name, _ in self.buckets.values], dtype=np.int32)
-        walked = np.frombuffer(state.bucket, dtype=np.int32)
-        start = np.concatenate([np.frombuffer(state.start), np.frombuffer(held.start)])
-        duration = np.concatenate([np.frombuffer(state.duration), np.frombuffer(held.duration)])
-        name = np.concatenate([names[walked], np.frombuffer(held.name, dtype=np.int32)])
-        kind = np.concatenate([kinds[walked], np.frombuffer(held.kind, dtype=np.int8)])
-        del walked
-        state.held, state.start, state.duration, state.own, state.bucket, state.outer = (
-            None,
-            *(array.array("d"),) * 3,
-            array.array("i"),
-            array.array("i"),
-        )
-        self.instances = [i for i in self.instances if i[0] != thread]
-        order = np.lexsort((-duration, start))
-        fresh = self.threads[thread] = _Thread()
-        labels = self.names.values
-        for low in range(0, len(order), 1 << 16):
-            part = order[low : low + (1 << 16)]
-            for when, length, label, code in zip(
-                start[part].tolist(), duration[part].tolist(), name[part].tolist(), kind[part].tolist(), strict=True
-            ):
-                self._walk(thread, fresh, when, length, labels[label], FRAME_KINDS[code])
-        while fresh.stack:
-            self._close(fresh, fresh.stack.pop())
-        label = thread[1] if isinstance(thread, tuple) else thread
-        self.scan.problems.append(f"thread {label} of {self._file} was not in start order; its events were re-sorted")
-
-    # ----------------------------------------------------------------------------------------- the end
-
-    def finish(self, name: str) -> TraceScan:
-        """Close every frame, attribute launches and device operations by time, and fill the scan."""
-        import numpy as np
-
-        self._file = name
-        for thread, state in list(self.threads.items()):
-            while state.pending:
-                self._ordered(thread, state, state.pending.popleft())
-            if state.held is not None:
-                self._rewalk(thread, state)
-            else:
-                while state.stack:
-                    self._close(state, state.stack.pop())
-        if self.scan.too_deep:
-            self.scan.problems.append(
-                f"{name}: {self.scan.too_deep} CPU frames nested more than {MAX_FRAME_DEPTH} deep on their thread were "
-                "counted, not kept (their time is their parent's children's)"
-            )
-        launch_context = self._frames_and_launches(np)
-        launch_of_op = self._launch_of_each_op(np)
-        self._attribute_device_ops(np, launch_context, launch_of_op)
-        del launch_context
-        self._project_instances(np, launch_of_op)
-        self._attribute_memory()
-        self._captures(np)
-        steps = sorted(
-            (start, end, number, duration)
-            for _, start, end, duration, kind, label in self.instances
-            if kind == STEP and (number := step_number(label)) is not None
-        )
-        self.scan.steps = {number: duration for _, _, number, duration in steps}
-        if len(self.op_start):
-            ops = self._device_ops(np, launch_of_op)
-            of_step = self._step_of_each_op(np, ops, launch_of_op, steps)
-            del launch_of_op
-            self.launch_start = self.launch_duration = array.array("d")
-            self.scan.gpu = summarize_device(ops, self.names.values)
-            for _, _, number, _ in steps:
-                selected = of_step == number
-                if selected.any():
-                    self.scan.gpu_by_step[number] = summarize_device(ops.select(selected), self.names.values)
-                    self.scan.ranges[f"{STEP_PREFIX}{number}"].cuda_us = float(ops.duration[selected].sum())
-        return self.scan
-
-    def _captures(self, np: Any) -> None:
-        """Each thread's capture windows (a begin to the next end), the launches inside them that queued no device
-        work, and the device's idle time inside them within its traced span; graph replays counted."""
-        self.scan.graph_launches = sum(1 for *_, call in self.graph_calls if call == GRAPH_LAUNCH)
-        begun: dict[int, float] = {}
-        windows = []
-        for thread, start, end, call in sorted(self.graph_calls, key=lambda c: c[1]):
-            if call == BEGIN_CAPTURE:
-                begun.setdefault(thread, start)
-            elif call == END_CAPTURE and thread in begun:
-                windows.append((thread, begun.pop(thread), end))
-        if not windows:
-            return
-        threads = np.frombuffer(self.launch_thread, dtype=np.int32)
-        starts = np.frombuffer(self.launch_start, dtype=np.float64)
-        worked = np.isin(
-            np.frombuffer(self.launch_correlation, dtype=np.int64), np.frombuffer(self.op_correlation, dtype=np.int64)
-        )
-        ops_start = np.frombuffer(self.op_start)
-        ops_end = ops_start + np.frombuffer(self.op_duration)
-        busy = merged(np, ops_start, ops_end)
-        first, last = (float(ops_start.min()), float(ops_end.max())) if len(ops_start) else (0.0, 0.0)
-        for thread, start, end in windows:
-            inside = (threads == thread) & (starts >= start) & (starts <= end) & ~worked
-            calls = sum(1 for t, s, _, c in self.graph_calls if t == thread and start <= s <= end and c != GRAPH_LAUNCH)
-            low, high = max(start, first), min(end, last)
-            idle = 0.0
-            if high > low:
-                window = (np.array([low]), np.array([high]))
-                idle = (high - low) - intersection_length(np, window, busy)
-            self.scan.captures.append(CaptureWindow(start, end, int(inside.sum()) - calls, idle))
-
-    def _frames_and_launches(self, np: Any) -> Any:
-        """Thread by thread: each launch's innermost frame (a merge of the thread's frames, in start order, with its
-        launches, sorted by time), its time out of that frame's own time, and the totals of every bucket. Returns the
-        context of each launch's frame; the threads' arrays are released as they are done."""
-        count = len(self.launch_start)
-        launch_context = np.full(count, self.empty_context, dtype=np.int32)
-        launch_thread = np.frombuffer(self.launch_thread, dtype=np.int32)
-        launch_start = np.frombuffer(self.launch_start, dtype=np.float64)
-        launch_duration = np.frombuffer(self.launch_duration, dtype=np.float64)
-        buckets = len(self.buckets.values)
-        counts = np.zeros(buckets, dtype=np.int64)
-        totals, selfs = np.zeros(buckets), np.zeros(buckets)
-        contexts = np.frombuffer(self.bucket_context, dtype=np.int32)
-        for thread in list(self.threads):
-            state = self.threads.pop(thread)
-            bucket = np.frombuffer(state.bucket, dtype=np.int32)
-            duration = np.frombuffer(state.duration, dtype=np.float64)
-            own = np.frombuffer(state.own, dtype=np.float64).copy()
-            thread_id = self.thread_ids.ids.get(thread)
-            mine = np.nonzero(launch_thread == thread_id)[0] if thread_id is not None and count else []
-            if len(mine) and len(bucket):
-                innermost = _innermost(np, state, launch_start[mine])
-                inside = innermost >= 0
-                np.subtract.at(own, innermost[inside], launch_duration[mine][inside])
-                launch_context[mine[inside]] = contexts[bucket[innermost[inside]]]
-            counts += np.bincount(bucket, minlength=buckets)
-            totals += np.bincount(bucket, weights=duration, minlength=buckets)
-            selfs += np.bincount(bucket, weights=np.maximum(0.0, own), minlength=buckets)
-            del state, bucket, duration, own
-        self._fill(counts, totals, selfs)
-        return launch_context
-
-    def _fill(self, counts: Any, totals: Any, selfs: Any) -> None:
-        """Totals of tracked frames, and operator rows under every tracked frame around them."""
-        scan = self.scan
-        for bucket in counts.nonzero()[0].tolist():
-            kind, name, outer = self.buckets.values[bucket]
-            count, total, own = int(counts[bucket]), float(totals[bucket]), float(selfs[bucket])
-            if kind in (OP, OPERATOR):
-                for label in [key[1] for key in self.contexts.values[outer]] or [""]:
-                    row = scan.ops.get((label, name, "cpu"))
-                    if row is None:
-                        row = scan.ops[(label, name, "cpu")] = OpTotals(name, "cpu")
-                    row.count += count
-                    row.self_us += own
-            if kind in (OP, NESTING):
-                continue
-            row_totals = scan.ranges.get(name)
-            if row_totals is None:
-                row_totals = scan.ranges[name] = RangeTotals(name, kind)
-            row_totals.count += count
-            row_totals.total_us += total
-            row_totals.self_us += own
-
-    def _launch_of_each_op(self, np: Any) -> Any:
-        """For each device operation, the index of the launch with its correlation id, or -1."""
-        correlation = np.frombuffer(self.op_correlation, dtype=np.int64)
-        launches = np.frombuffer(self.launch_correlation, dtype=np.int64)
-        found = np.full(len(correlation), -1, dtype=np.int64)
-        if len(launches) and len(correlation):
-            order = np.argsort(launches, kind="stable")
-            ordered = launches[order]
-            position = np.minimum(np.searchsorted(ordered, correlation), len(ordered) - 1)
-            matched = (ordered[position] == correlation) & (correlation >= 0)
-            found[matched] = order[position[matched]]
-        return found
-
-    def _attribute_device_ops(self, np: Any, launch_context: Any, launch_of_op: Any) -> None:
-        """Each device operation's time to the tracked frames around its launch (see the module doc)."""
-        scan = self.scan
-        if not len(self.op_start):
-            return
-        durations = np.frombuffer(self.op_duration, dtype=np.float64)
-        names = np.frombuffer(self.op_name, dtype=np.int32).astype(np.int64)
-        launched = launch_of_op >= 0
-        context = np.full(len(durations), self.empty_context, dtype=np.int64)
-        context[launched] = launch_context[launch_of_op[launched]]
-        scan.unlaunched = int((~launched).sum())
-        scan.unlaunched_us = float(durations[~launched].sum())
-        width = len(self.names.values)
-        keys, inverse = np.unique(context * width + names, return_inverse=True)
-        totals = np.bincount(inverse, weights=durations)
-        counts = np.bincount(inverse)
-        for key, total, n in zip(keys.tolist(), totals.tolist(), counts.tolist(), strict=True):
-            context_id, name_id = divmod(key, width)
-            op_name = self.names.values[name_id]
-            for label in [k[1] for k in self.contexts.values[context_id]] or [""]:
-                row = scan.ops.get((label, op_name, "cuda"))
-                if row is None:
-                    row = scan.ops[(label, op_name, "cuda")] = OpTotals(op_name, "cuda")
-                row.count += n
-                row.self_us += total
-                if label in scan.ranges:
-                    scan.ranges[label].cuda_us += total
-
-    def _project_instances(self, np: Any, launch_of_op: Any) -> None:
-        """Each range and annotation instance's GPU projection (see :attr:`RangeTotals.gpu_span_us`), thread
-        by thread: each instance spans the device operations of the launches made while it is open."""
-        launches = len(self.launch_start)
-        if not launches or not len(self.op_start):
-            return
-        first = np.full(launches, np.inf)
-        last = np.full(launches, -np.inf)
-        launched = launch_of_op >= 0
-        starts = np.frombuffer(self.op_start, dtype=np.float64)
-        np.minimum.at(first, launch_of_op[launched], starts[launched])
-        np.maximum.at(last, launch_of_op[launched], (starts + np.frombuffer(self.op_duration))[launched])
-        with_ops = np.isfinite(first)
-        launch_thread = np.frombuffer(self.launch_thread, dtype=np.int32)
-        launch_start = np.frombuffer(self.launch_start, dtype=np.float64)
-        by_thread: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
-        for thread, start, end, _, kind, label in self.instances:
-            if kind in (RANGE, ANNOTATION):
-                by_thread[thread].append((start, end, label))
-        for thread, spans in by_thread.items():
-            thread_id = self.thread_ids.ids.get(thread)
-            mine = np.nonzero((launch_thread == thread_id) & with_ops)[0] if thread_id is not None else []
-            if not len(mine):
-                continue
-            mine = mine[np.argsort(launch_start[mine], kind="stable")]
-            times, lows, highs = launch_start[mine], first[mine], last[mine]
-            for start, end, label in spans:  # the launches at start <= time < end, a slice of the sorted ones
-                low, high = np.searchsorted(times, (start, end), side="left").tolist()
-                if high > low and (span := float(highs[low:high].max() - lows[low:high].min())) > 0:
-                    self.scan.ranges[label].gpu_span_us += span
-
-    def _attribute_memory(self) -> None:
-        """Each ``[memory]`` event counts for every rlprof range open on its thread at its time; on a thread that
-        opens no range (autograd's backward thread, a worker a range hands work to), for the ranges open at its time
-        on the others (a sweep per thread)."""
-        scan = self.scan
-        ranges = sorted((start, end, label, t) for t, start, end, _, kind, label in self.instances if kind == RANGE)
-        with_ranges = {t for *_, t in ranges}
-        for thread, events in self.memory.items():
-            scan.memory_events += len(events)
-            own = thread in with_ranges
-            spans = [(start, end, label) for start, end, label, t in ranges if t == thread or not own]
-            open_ranges: list[tuple[float, str]] = []
-            following = 0
-            for time, size, total in sorted(events):
-                while following < len(spans) and spans[following][0] <= time:
-                    open_ranges.append((spans[following][1], spans[following][2]))
-                    following += 1
-                open_ranges = [(end, label) for end, label in open_ranges if end >= time]
-                for _, label in open_ranges:
-                    totals = scan.ranges[label]
-                    if size > 0:
-                        totals.allocated_bytes += size
-                    totals.peak_allocated = max(totals.peak_allocated, total)
-
-    def _device_ops(self, np: Any, launch_of_op: Any) -> DeviceOps:
-        starts = np.frombuffer(self.op_start, dtype=np.float64)
-        durations = np.frombuffer(self.op_duration, dtype=np.float64)
-        launched = launch_of_op >= 0
-        index = np.maximum(launch_of_op, 0)
-        launch_start = np.frombuffer(self.launch_start, dtype=np.float64)
-        launch_duration = np.frombuffer(self.launch_duration, dtype=np.float64)
-        nan = np.full(len(starts), np.nan)
-        return DeviceOps(
-            start=starts,
-            end=starts + durations,
-            name=np.frombuffer(self.op_name, dtype=np.int32),
-            kind=np.frombuffer(self.op_kind, dtype=np.int8),
-            stream=np.frombuffer(self.op_stream, dtype=np.int64),
-            bytes=np.frombuffer(self.op_bytes, dtype=np.int64),
-            launch_end=np.where(launched, (launch_start + launch_duration)[index], np.nan)
-            if len(launch_start)
-            else nan,
-            launch_duration=np.where(launched, launch_duration[index], np.nan) if len(launch_start) else nan,
-            duration=durations,
-        )
-
-    def _step_of_each_op(
-        self, np: Any, ops: DeviceOps, launch_of_op: Any, steps: list[tuple[float, float, int, float]]
-    ) -> Any:
-        """The step of each device operation (-1: none): by its launch's start, else its own."""
-        launch_start = np.frombuffer(self.launch_start, dtype=np.float64)
-        times = ops.start
-        if len(launch_start):
-            times = np.where(launch_of_op >= 0, launch_start[np.maximum(launch_of_op, 0)], ops.start)
-        of_step = np.full(len(times), -1, dtype=np.int64)
-        for start, end, number, _ in steps:
-            of_step[(times >= start) & (times < end)] = number
-        return of_step
+    def release(self, keep: frozenset[str]) -> None:
+        """Let go of every array and list not in ``keep`` (what the analyses still to run read)."""
+        for name in _RELEASABLE - keep:
+            setattr(self, name, None)
 
 
-def _innermost(np: Any, state: _Thread, times: Any) -> Any:
-    """For each time, the index of the innermost of the thread's frames holding it (``start <= time < end``), -1 for
-    none: the last frame to start at or before the time, or the nearest frame around it still open then (the frames
-    are in walk order: by start, the longer first on a tie, each inside ``outer``)."""
-    starts = np.frombuffer(state.start, dtype=np.float64)
-    ends = starts + np.frombuffer(state.duration, dtype=np.float64)
-    outer = np.frombuffer(state.outer, dtype=np.int32)
-    found = np.searchsorted(starts, times, side="right") - 1
-    pending = np.nonzero(found >= 0)[0]
-    while len(pending):  # once per level of nesting
-        frame = found[pending]
-        closed = ends[frame] <= times[pending]
-        pending, frame = pending[closed], frame[closed]
-        found[pending] = outer[frame]
-        pending = pending[found[pending] >= 0]
-    return found
+_RELEASABLE = frozenset(
+    {
+        "bucket_counts",
+        "bucket_totals",
+        "bucket_selfs",
+        "instances",
+        "memory",
+        "graph_calls",
+        "launch_thread",
+        "launch_start",
+        "launch_duration",
+        "launch_correlation",
+        "launch_context",
+        "op_start",
+        "op_duration",
+        "op_name",
+        "op_kind",
+        "op_stream",
+        "op_correlation",
+        "op_bytes",
+        "launch_of_op",
+    }
+)
+
+
+@dataclass(frozen=True)
+class TraceAnalysis:
+    """One analysis over a built trace: ``run(trace, scan)`` adds its part to the scan."""
+
+    name: str
+    run: Callable[[BuiltTrace, TraceScan], None]
+    reads: frozenset[str]
+    """The :class:`BuiltTrace` fields it reads (the others may be released before it runs)."""
+    after: Optional[str] = None
+    """The analysis whose part of the scan it reads (it runs later); None: in registration order."""
+
+
+_ANALYSES: dict[str, TraceAnalysis] = {}
+
+
+def register_trace_analysis(
+    name: str, *, reads: tuple[str, ...], after: Optional[str] = None
+) -> Callable[[Callable[[BuiltTrace, TraceScan], None]], Callable[[BuiltTrace, TraceScan], None]]:
+    """Register the decorated ``run(trace, scan)`` as the trace analysis ``name``, reading the :class:`BuiltTrace`
+    fields ``reads`` and run after the analysis ``after`` (whose results it reads); a later registration of a name
+    replaces it."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"register_trace_analysis: name={name!r} must be an identifier such as 'longest_kernel'")
+    unknown = sorted(set(reads) - set(BuiltTrace.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"register_trace_analysis({name!r}): reads={unknown} are not fields of BuiltTrace")
+
+    def register(run: Callable[[BuiltTrace, TraceScan], None]) -> Callable[[BuiltTrace, TraceScan], None]:
+        _ANALYSES[name] = TraceAnalysis(name, run, frozenset(reads), after)
+        return run
+
+    return register
+
+
+def trace_analyses() -> list[TraceAnalysis]:
+    """The registered analyses in the order they run: registration order, each after the one it names."""
+    ordered: list[TraceAnalysis] = []
+    placed: set[str] = set()
+    remaining = list(_ANALYSES.values())
+    while remaining:
+        ready = next((a for a in remaining if a.after is None or a.after in placed), None)
+        if ready is None:
+            waiting = ", ".join(f"{a.name} (after={a.after!r})" for a in remaining)
+            raise ValueError(f"trace analyses wait for analyses that are not registered: {waiting}")
+        ordered.append(ready)
+        placed.add(ready.name)
+        remaining.remove(ready)
+    return ordered

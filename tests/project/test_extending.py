@@ -1,7 +1,7 @@
 """docs/extending.md's worked examples, run as written: a tool, a tracking backend, an advantage estimator, a
-rollout backend, a diagnosis rule, an input source, an output format and a report section, each added from user code
-with one registration (the format and the section: one file) and then used through the public config or command
-line."""
+rollout backend, a diagnosis rule, an input source, a trace analysis, an output format and a report section, each
+added from user code with one registration (the format and the section: one file) and then used through the public
+config or command line."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def run_blocks(*indices, **names):
 
 
 def test_the_documents_examples_are_all_here():
-    assert len(BLOCKS) == 9
+    assert len(BLOCKS) == 10
 
 
 def test_a_tool_registered_from_user_code_records_through_the_public_config(tmp_path):
@@ -140,13 +140,34 @@ def test_a_source_registered_from_user_code_is_read_by_rlprof_report(tmp_path, c
         del sources._SOURCES["range_csv"]
 
 
+def test_a_trace_analysis_registered_from_user_code_adds_its_part_to_every_scan():
+    """The longest device operation of a trace recorded on a GPU (HTA's test data), as the analysis finds it and as
+    the trace's own events give it."""
+    import gzip
+
+    from rlprof.analysis import trace_model
+    from rlprof.analysis.sources.chrome_trace import scan_trace
+
+    trace = ROOT / "tests" / "data" / "traces" / "hta_trace_diff_v100_rank1.json.gz"
+    run_blocks(7)
+    try:
+        found = scan_trace(trace).extra["longest_device_op"]
+    finally:
+        del trace_model._ANALYSES["longest_device_op"]
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    device = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    longest = max(device, key=lambda e: float(e["dur"]))
+    assert found == (longest["name"], float(longest["dur"]))
+    assert "longest_device_op" not in scan_trace(trace).extra  # unregistered: gone
+
+
 def test_an_output_format_in_a_file_of_yours_is_used_by_import_path(tmp_path, capsys, monkeypatch):
     import csv
     import io
 
     from rlprof.cli import main
 
-    (tmp_path / "my_formats.py").write_text(BLOCKS[7])
+    (tmp_path / "my_formats.py").write_text(BLOCKS[8])
     monkeypatch.syspath_prepend(str(tmp_path))
     trace = ROOT / "tests" / "data" / "traces" / "hta_cpu_only_rank-34.pt.trace.json.gz"
     assert main(["report", str(trace), "--format", "my_formats:csv_tables"]) == 0
@@ -173,7 +194,7 @@ def test_a_report_section_in_a_file_of_yours_takes_part_with_plugin(tmp_path, ca
     with Tracker("p", "sections", ["file"], log_dir=tmp_path / "logs") as tracker:
         for step, took in seconds.items():
             tracker.log({"timing_s/step": took, "timing_s/gen": took / 2}, step=step)
-    (tmp_path / "my_sections.py").write_text(BLOCKS[8])
+    (tmp_path / "my_sections.py").write_text(BLOCKS[9])
     monkeypatch.syspath_prepend(str(tmp_path))
     before = report_sections.report_sections()
     try:

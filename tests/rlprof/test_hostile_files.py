@@ -14,7 +14,7 @@ import pytest
 
 from rlprof.analysis.run import find_run
 from rlprof.analysis.sources.chrome_trace import scan_trace
-from rlprof.analysis.trace_model import MAX_FRAME_DEPTH
+from rlprof.analysis.trace_builder import MAX_FRAME_DEPTH
 from rlprof.cli import main
 
 from conftest import ROOT, subprocess_env

@@ -82,7 +82,7 @@ def test_events_a_little_out_of_start_order_are_put_back_in_passing(example_run,
     bounded window (a held thread made the 300 MB benchmark peak at 323 MiB) and the totals do not change."""
     import random
 
-    from rlprof.analysis import trace_model
+    from rlprof.analysis import trace_builder, trace_model
 
     (trace,) = (example_run / "torch").rglob("*.pt.trace.json.gz")
     with gzip.open(trace, "rt") as handle:
@@ -104,8 +104,8 @@ def test_events_a_little_out_of_start_order_are_put_back_in_passing(example_run,
 
     def walked(window: int) -> tuple[list[str], dict[str, float]]:
         """Frames 1 2 4 3 5 6 (3 written late; 5 holds 6) through the model with a delay line of ``window``."""
-        monkeypatch.setattr(trace_model, "REORDER_WINDOW", window)
-        builder = trace_model.TraceBuilder(trace_model.TraceScan("x"))
+        monkeypatch.setattr(trace_builder, "REORDER_WINDOW", window)
+        builder = trace_builder.TraceBuilder(trace_model.TraceScan("x"))
         for start, duration in ((1, 1), (2, 1), (4, 1), (3, 1), (5, 3), (6, 1)):
             builder.frame((1, 1), start, duration, f"actor/f{start}", trace_model.RANGE)
         scan = builder.finish("x")

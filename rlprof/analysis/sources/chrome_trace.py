@@ -11,7 +11,7 @@ touches: an event with wrong types (``"ts": "abc"``, a list as category, a non-o
 event the decoder cannot take (``NaN``, an integer beyond 64 bits, nesting deeper than 1024) is read alone by
 Python's parser or skipped, and a truncated file is read up to the damage. One event larger than
 :data:`MAX_EVENT_BYTES` stops the reading with one line (the events before it are kept). CPU frames a little out
-of start order are put back in order by the model (:class:`~rlprof.analysis.trace_model.TraceBuilder`).
+of start order are put back in order by the model (:class:`~rlprof.analysis.trace_builder.TraceBuilder`).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from typing import IO, Any, Optional, TypeVar
 import msgspec
 
 from rlprof.analysis.sources.base import InputFile, ReadOptions, Source, SourceError
+from rlprof.analysis.trace_builder import TraceBuilder
 from rlprof.analysis.trace_columns import ColumnsReplay
 from rlprof.analysis.trace_model import (
     GRAPH_CALLS,
@@ -43,7 +44,6 @@ from rlprof.analysis.trace_model import (
     MEMSET,
     NESTING,
     EventSink,
-    TraceBuilder,
     TraceScan,
     frame_kind,
 )

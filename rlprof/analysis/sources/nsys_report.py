@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rlprof.analysis.sources.base import InputFile, ReadOptions, Source, SourceError
+from rlprof.analysis.trace_builder import TraceBuilder
 from rlprof.analysis.trace_model import (
     ANNOTATION,
     KERNEL,
@@ -36,7 +37,6 @@ from rlprof.analysis.trace_model import (
     RANGE,
     STEP,
     STEP_PREFIX,
-    TraceBuilder,
     TraceScan,
 )
 
