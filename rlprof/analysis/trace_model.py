@@ -169,6 +169,16 @@ class TraceScan:
     extra: dict[str, Any] = field(default_factory=dict)
     """What trace analyses registered outside rlprof found, by the name each keeps it under."""
 
+    def count_op(self, context: tuple[tuple[str, str], ...], name: str, device: str, count: int, us: float) -> None:
+        """An operator's calls and time (``device``: cpu self time, cuda device time) under every tracked frame of
+        ``context`` (the label ``""`` when there is none)."""
+        for label in [key[1] for key in context] or [""]:
+            row = self.ops.get((label, name, device))
+            if row is None:
+                row = self.ops[(label, name, device)] = OpTotals(name, device)
+            row.count += count
+            row.self_us += us
+
     def ranges_of(self, kind: str) -> list[RangeTotals]:
         return [r for r in self.ranges.values() if r.kind == kind]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlprof.analysis.trace_model import BuiltTrace, OpTotals, TraceScan, register_trace_analysis
+from rlprof.analysis.trace_model import BuiltTrace, TraceScan, register_trace_analysis
 
 
 @register_trace_analysis(
@@ -28,12 +28,8 @@ def device_time(trace: BuiltTrace, scan: TraceScan) -> None:
     counts = np.bincount(inverse)
     for key, total, n in zip(keys.tolist(), totals.tolist(), counts.tolist(), strict=True):
         context_id, name_id = divmod(key, width)
-        op_name = trace.names[name_id]
-        for label in [k[1] for k in trace.contexts[context_id]] or [""]:
-            row = scan.ops.get((label, op_name, "cuda"))
-            if row is None:
-                row = scan.ops[(label, op_name, "cuda")] = OpTotals(op_name, "cuda")
-            row.count += n
-            row.self_us += total
+        around = trace.contexts[context_id]
+        scan.count_op(around, trace.names[name_id], "cuda", n, total)
+        for _, label in around:
             if label in scan.ranges:
                 scan.ranges[label].cuda_us += total

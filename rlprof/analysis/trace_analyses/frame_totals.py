@@ -8,7 +8,6 @@ from rlprof.analysis.trace_model import (
     OP,
     OPERATOR,
     BuiltTrace,
-    OpTotals,
     RangeTotals,
     TraceScan,
     register_trace_analysis,
@@ -22,12 +21,7 @@ def frame_totals(trace: BuiltTrace, scan: TraceScan) -> None:
         kind, name, outer = trace.buckets[bucket]
         count, total, own = int(counts[bucket]), float(totals[bucket]), float(selfs[bucket])
         if kind in (OP, OPERATOR):
-            for label in [key[1] for key in trace.contexts[outer]] or [""]:
-                row = scan.ops.get((label, name, "cpu"))
-                if row is None:
-                    row = scan.ops[(label, name, "cpu")] = OpTotals(name, "cpu")
-                row.count += count
-                row.self_us += own
+            scan.count_op(trace.contexts[outer], name, "cpu", count, own)
         if kind in (OP, NESTING):
             continue
         row_totals = scan.ranges.get(name)
