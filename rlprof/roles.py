@@ -63,6 +63,14 @@ def governing_block(blocks: RoleBlocks, name: str) -> Optional[RoleProfilerConfi
     return block
 
 
+def role_setting(blocks: RoleBlocks, name: str, key: str, settings: Any) -> Any:
+    """A tool setting ``key`` for role ``name``: its governing block's where that sets it (not None), else the tool's
+    global ``settings``' value."""
+    block = governing_block(blocks, name)
+    value = getattr(block, key) if block is not None else None
+    return getattr(settings, key) if value is None else value
+
+
 def role_enabled(blocks: RoleBlocks, name: str, rank: int) -> bool:
     """Whether ``name``'s ranges record on ``rank`` (see the module doc)."""
     if not blocks:

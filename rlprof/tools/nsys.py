@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from rlprof.colors import ROLE_COLORS, parse_color, role_color
-from rlprof.roles import governing_block
+from rlprof.roles import role_setting
 from rlprof.tools.base import RangeOps, RangeSite, StepWindowSettings, Tool, ToolContext
 from rlprof.tools.registry import register_tool
 from rlprof.window import StepWindow
@@ -126,9 +126,7 @@ class NsysTool(Tool):
         return self.domain.get_event_attributes(message=site.name, color=color, category=site.role)
 
     def _is_discrete(self, role: str) -> bool:
-        block = governing_block(self.context.roles, role)
-        override = block.discrete if block is not None else None
-        return self.discrete if override is None else override
+        return bool(role_setting(self.context.roles, role, "discrete", self.context.settings))
 
     def start_window(self, window: StepWindow) -> None:
         if not self.discrete:

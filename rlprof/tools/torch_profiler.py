@@ -26,7 +26,7 @@ from typing import Any, Literal, Optional
 
 from rlprof.manifest import free_name
 from rlprof.mini_batches import MiniBatchSchedule
-from rlprof.roles import RoleBlocks, governing_block
+from rlprof.roles import RoleBlocks, governing_block, role_setting
 from rlprof.tools.base import RangeOps, RangeSite, StepWindowSettings, Tool, ToolContext
 from rlprof.tools.registry import register_tool
 from rlprof.typed_config import bounds
@@ -60,8 +60,8 @@ class TorchSettings(StepWindowSettings):
 
 def role_schedule(settings: TorchSettings, roles: RoleBlocks, role: str) -> MiniBatchSchedule:
     """The schedule over ``role``'s mini-batches: its block's (or its parent's), else the global one."""
-    block = governing_block(roles, role)
-    return block.schedule if block is not None and block.schedule is not None else settings.schedule
+    schedule: MiniBatchSchedule = role_setting(roles, role, "schedule", settings)
+    return schedule
 
 
 def token_window(settings: TorchSettings, roles: RoleBlocks, role: str) -> tuple[int, Optional[int]]:
@@ -89,8 +89,7 @@ def _enabled_schedules(settings: TorchSettings, roles: RoleBlocks) -> dict[MiniB
 def role_discrete(settings: TorchSettings, roles: RoleBlocks, role: str) -> bool:
     """Whether ``role``'s ranges are traces of their own: its block's (or its parent's) ``discrete``, else the
     global one."""
-    block = governing_block(roles, role)
-    return block.discrete if block is not None and block.discrete is not None else settings.discrete
+    return bool(role_setting(roles, role, "discrete", settings))
 
 
 def _discrete(settings: TorchSettings, roles: RoleBlocks) -> bool:
