@@ -149,8 +149,21 @@ def train(
         traceback.print_exc()
         stall = progress.stall_report(exc)
         print(f"error on rank {rank}: {stall or f'{type(exc).__name__}: {exc}'}", file=sys.stderr, flush=True)
-        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+        return 130 if interrupted(exc) else 1
     return 0
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ctrl-C, or an error raised while a Ctrl-C unwound (a library's cleanup that failed on the
+    way: vLLM's tokenizer pool turns one landing in its ``get`` into an ``UnboundLocalError``)."""
+    seen: set[int] = set()
+    cause: Optional[BaseException] = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 if __name__ == "__main__":

@@ -526,3 +526,27 @@ def test_engine_metrics_are_the_percentiles_sums_and_shares_of_the_requests():
         "rollout/engine/kv_cache_usage": 0.1,
         "rollout/engine/kv_cache_usage_mean": 0.1,
     }
+
+
+def test_an_error_raised_while_ctrl_c_unwinds_still_exits_as_an_interrupt(capsys):
+    """A library's cleanup that fails while a KeyboardInterrupt unwinds (vLLM's tokenizer pool, hit between its
+    ``get`` and its ``finally``, raised UnboundLocalError in a CI run) is still Ctrl-C: 130, the traceback kept."""
+    from rlprof_train.main_ppo import train
+    from rlprof_train.progress import Progress
+
+    def pool_hit_by_ctrl_c() -> None:
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise UnboundLocalError("cannot access local variable 'tok' where it is not associated with a value")
+
+    def plain_error() -> None:
+        raise UnboundLocalError("a bug")
+
+    progress = Progress(0, 1, timeout_s=60.0)
+    try:
+        assert train(pool_hit_by_ctrl_c, 0, progress) == 130
+        assert train(plain_error, 0, progress) == 1
+    finally:
+        progress.close()
+    assert "KeyboardInterrupt" in capsys.readouterr().err
