@@ -109,12 +109,15 @@ class PPOTrainer:
             setting="trainer.watchdog",
         )
         try:
+            compile_metrics = self.warm_up()
             if trainer.val_before_train and self.start_step == 1:
                 self._log({**self.validate(), "training/global_step": 0.0}, step=0)
             for step in range(self.start_step, self.total_steps + 1):
                 torch.manual_seed(trainer.seed * 100_003 + step * self.env.world_size + self.env.rank)
                 with rlprof.step(step):
                     metrics = self.train_step(step)
+                metrics.update(compile_metrics)
+                compile_metrics = {}
                 if step in self.watchdog.stalled_steps:
                     metrics["watchdog/stalls"] = 1.0
                 last = step == self.total_steps
@@ -231,6 +234,15 @@ class PPOTrainer:
             reward_baselines=batch.extras.get("reward_baselines"),
         )
         return metrics
+
+    def warm_up(self) -> dict[str, float]:
+        """The rollout's compile for the first step's prompts, timed on its own (``timing_s/rollout_compile``, logged
+        with that step) so that no step's time includes it; empty when the rollout compiles nothing."""
+        prompts = shard(self.batches.batch(self.start_step), self.env.rank, self.env.world_size)
+        timing: dict[str, float] = {}
+        with rlprof.marked_timer("rollout_compile", timing, role="rollout"):
+            compiled = self.rollout.warm_up(prompts, self.sampling)
+        return {"timing_s/rollout_compile": timing["rollout_compile"]} if compiled else {}
 
     def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch:
         """The rollout's batch for ``prompts``, on this rank's device: where the step's data crosses to the models,

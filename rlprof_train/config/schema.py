@@ -287,7 +287,10 @@ class RolloutConfig:
     logs its counters (``rollout/engine/*``: queue time, time to first token, per-token time, preemptions,
     prefix-cache hits; :mod:`rlprof_train.workers.rollout.engine_stats`)."""
     enforce_eager: bool = True
-    """vLLM: no CUDA graphs / compilation (fast start)."""
+    """No compiled decoding (fast start). ``false``: vLLM captures CUDA graphs; the hf rollout samples with a static
+    KV cache and a compiled decode step (transformers' ``torch.compile``, CUDA graphs on a GPU; batch and length
+    bucketed to powers of two so that few shapes compile), compiled before the first step and timed as
+    ``timing_s/rollout_compile``. Not with ZeRO 3 on hf."""
     max_num_seqs: int = field(default=256, metadata=bounds(ge=1))
     """vLLM: sequences per engine step."""
     enable_chunked_prefill: bool = True

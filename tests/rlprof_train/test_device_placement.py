@@ -22,6 +22,7 @@ import torch
 
 from rlprof_train.config.load import load_trainer_config
 from rlprof_train.workers.engine import DistEnv
+from rlprof_train.workers.rollout.static_decode import StaticDecoder
 
 from conftest import build_reward_model
 from simulated_cuda import SIMULATED, DeviceMismatch, SimulatedCuda, on_device
@@ -127,7 +128,11 @@ CASES = {
         "actor_rollout_ref.model.enable_gradient_checkpointing=true",
     ),
     "lora": ("actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8"),
+    "compiled_rollout": ("actor_rollout_ref.rollout.enforce_eager=false",),
 }
+COMPILED = {"compiled_rollout"}
+"""Cases whose step is compiled: ``torch.compile`` traces below the simulation's torch-function level, so on the CPU
+the simulation checks the step's eager form (the same forward on the same static cache); the device runs it compiled."""
 REAL_DEVICE_ONLY = {  # DeepSpeed's own buffers are made on its accelerator: CUDA on a GPU machine
     "bf16_zero1_gae_offload_activations": (
         "actor_rollout_ref.model.dtype=bfloat16",
@@ -152,7 +157,9 @@ def check_placed(trainer, records, placement: Placement) -> None:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_the_trainer_keeps_every_tensor_on_the_device(tmp_path, placement, case):
+def test_the_trainer_keeps_every_tensor_on_the_device(tmp_path, placement, case, monkeypatch):
+    if placement.simulated and case in COMPILED:
+        monkeypatch.setattr(StaticDecoder, "compiled_forward", lambda _self, model: model.forward)
     trainer, records = train(tmp_path, placement, *CASES[case])
     check_placed(trainer, records, placement)
     assert (tmp_path / "ckpt" / "global_step_2").is_dir()

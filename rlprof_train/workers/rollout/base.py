@@ -59,6 +59,7 @@ class Rollout(ABC):
       ``batch.extras["rollout_log_probs"]`` ([B, T], the sampling distribution's log-probs, 0 outside the response).
     - A backend that can continue token sequences is a :class:`ContinuingRollout` (registered with
       ``continues=True``): multi-turn rollouts (:mod:`~rlprof_train.workers.rollout.multi_turn`) run on it.
+    - ``warm_up(prompts, sampling)`` runs once before the first step with that step's prompts.
     - ``sync_weights()`` runs after every actor update (inside ``rollout/update_weights``) and after a resume.
     - ``close()`` runs once at the end, also after a failure.
     - A backend whose engine records on its own (an engine-side profiler) follows rlprof's windows as a
@@ -72,6 +73,12 @@ class Rollout(ABC):
 
     @abstractmethod
     def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch: ...
+
+    def warm_up(self, prompts: list[Example], sampling: SamplingParams) -> bool:
+        """Compile what a ``generate`` call with these prompts would compile first, and say whether there was
+        anything to compile (not for backends that compile nothing, or compile when they start); the trainer times it
+        before its first step as ``timing_s/rollout_compile``."""
+        return False
 
     def sync_weights(self) -> None:
         """Load the actor's latest weights (a no-op for backends that sample from the actor's own module)."""

@@ -78,7 +78,7 @@ def loop_applies(model: Any) -> bool:
     return not (changed - _HANDLED)
 
 
-def _processors(sampling: Sampling) -> Any:
+def processors_for(sampling: Sampling) -> Any:
     """The logits processors ``generate`` would build for these settings, in its order."""
     from transformers import (
         InfNanRemoveLogitsProcessor,
@@ -99,6 +99,31 @@ def _processors(sampling: Sampling) -> Any:
     return processors
 
 
+def draw(
+    processors: Any,
+    sampling: Sampling,
+    history: torch.Tensor,
+    logits: torch.Tensor,
+    rows: int,
+    active: Optional[torch.Tensor] = None,
+    with_log_probs: bool = False,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """One step's tokens ``[A]`` for the ``active`` rows' last logits ``[A, V]`` (``history``: their tokens so far,
+    ``[A, step]``), and with ``with_log_probs`` each token's log-prob under the processed scores it was drawn from.
+    Sampling draws the exponential noise of ``torch.multinomial(p, 1)`` for all ``rows`` of the batch, finished rows
+    included, so the draws of a row do not depend on which others are still going; ``active`` None: all rows are."""
+    scores = processors(history, logits)
+    if sampling.temperature > 0:
+        probs = torch.softmax(scores, dim=-1)
+        noise = torch.empty((rows, probs.shape[-1]), dtype=probs.dtype, device=probs.device).exponential_(1)
+        chosen = (probs / (noise if active is None else noise[active])).argmax(dim=-1)
+    else:
+        chosen = scores.argmax(dim=-1)
+    if not with_log_probs:
+        return chosen, None
+    return chosen, torch.log_softmax(scores, dim=-1).gather(-1, chosen[:, None]).squeeze(1)
+
+
 @torch.no_grad()
 def sample(
     model: Any,
@@ -116,7 +141,7 @@ def sample(
 
     n, device = sampling.n, prompt_ids.device
     rows = prompt_ids.shape[0] * n
-    processors = _processors(sampling)
+    processors = processors_for(sampling)
     cache = DynamicCache(config=model.config)
     positions = (prompt_mask.long().cumsum(-1) - 1).masked_fill(prompt_mask == 0, 0)
     out = model(
@@ -135,16 +160,11 @@ def sample(
     log_probs = torch.zeros(tokens.shape, device=device) if with_log_probs else None
     active = torch.arange(rows, device=device)  # the rows still sampling, in batch order
     for step in range(sampling.max_new_tokens):
-        scores = processors(tokens[active, :step], logits)
-        if sampling.temperature > 0:
-            probs = torch.softmax(scores, dim=-1)
-            noise = torch.empty((rows, probs.shape[-1]), dtype=probs.dtype, device=device).exponential_(1)
-            chosen = (probs / noise[active]).argmax(dim=-1)  # torch.multinomial(probs, 1) on the full batch
-        else:
-            chosen = scores.argmax(dim=-1)
+        history = tokens[active, :step]
+        chosen, chosen_log_probs = draw(processors, sampling, history, logits, rows, active, log_probs is not None)
         tokens[active, step] = chosen
-        if log_probs is not None:
-            log_probs[active, step] = torch.log_softmax(scores, dim=-1).gather(-1, chosen[:, None]).squeeze(1)
+        if log_probs is not None and chosen_log_probs is not None:
+            log_probs[active, step] = chosen_log_probs
         going = chosen != sampling.eos_token_id
         any_going = bool(going.any())  # waits for the step's tokens on a GPU
         if step_times is not None:

@@ -1,6 +1,7 @@
 """``hf`` rollout: transformers' sampling on the actor's own module (always its current weights), by the loop of
-:mod:`rlprof_train.workers.rollout.decode` (the tokens ``generate`` samples, computed with less work) or by
-``generate`` itself for models whose generation config asks for more."""
+:mod:`rlprof_train.workers.rollout.decode` (the tokens ``generate`` samples, computed with less work), with
+``enforce_eager=false`` by its compiled, static-cache form (:mod:`rlprof_train.workers.rollout.static_decode`), or
+by ``generate`` itself for models whose generation config asks for more."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Optional
 import torch
 
 from rlprof_train.batch import RolloutBatch
+from rlprof_train.config.schema import TrainerConfig
 from rlprof_train.data import Example, left_pad
 from rlprof_train.workers.rollout.base import (
     Completion,
@@ -23,6 +25,7 @@ from rlprof_train.workers.rollout.base import (
 from rlprof_train.workers.rollout.decode import Sampling, loop_applies, sample
 from rlprof_train.workers.rollout.engine_stats import RequestTimes, hf_request_times
 from rlprof_train.workers.rollout.registry import RolloutContext, register_rollout
+from rlprof_train.workers.rollout.static_decode import StaticDecoder
 
 
 class HFRollout(ContinuingRollout):
@@ -30,7 +33,9 @@ class HFRollout(ContinuingRollout):
     weights are gathered for each call. The loop's decode steps are timed for the engine counters
     (:mod:`~rlprof_train.workers.rollout.engine_stats`), in ``batch.extras["engine_requests"]`` and
     ``["engine_occupancy"]``. The sampled tokens come back to the host as lists: the completions, with each token's
-    sampling log-prob when ``log_probs`` (the distribution after temperature, top-k and top-p)."""
+    sampling log-prob when ``log_probs`` (the distribution after temperature, top-k and top-p). ``compiled``: the
+    loop's decode step is compiled on a static cache (:mod:`.static_decode`); ``warm_up`` compiles the first step's
+    shape, and each shape compiled later is named in the log with its time."""
 
     def __init__(
         self,
@@ -40,13 +45,28 @@ class HFRollout(ContinuingRollout):
         micro_batch_size: Optional[int],
         device: torch.device,
         log_probs: bool = False,
+        compiled: bool = False,
+        log: Callable[[str], None] = print,
     ) -> None:
         self.module = module
+        self.log = log
+        self.static = StaticDecoder(self._compiled) if compiled else None
         self.log_probs = log_probs
         self.tokenizer = tokenizer
         self.zero_stage = zero_stage
         self.micro_batch_size = micro_batch_size
         self.device = device
+
+    def _compiled(self, rows: int, positions: int, seconds: float) -> None:
+        self.log(f"rollout: compiled the decode step for {rows} rows x {positions} positions in {seconds:.1f} s")
+
+    def warm_up(self, prompts: list[Example], sampling: SamplingParams) -> bool:
+        """With ``compiled``: compile the decode step for the shape of a call with these prompts (two steps)."""
+        if self.static is None:
+            return False
+        budgets = [sampling.response_length] * len(prompts)
+        self.complete([p.prompt_ids for p in prompts], sampling.n, budgets, sampling, steps=2)
+        return True
 
     def _gathered(self, model: Any) -> Any:
         if self.zero_stage == 3:
@@ -62,7 +82,12 @@ class HFRollout(ContinuingRollout):
 
     @torch.no_grad()
     def complete(
-        self, contexts: Sequence[Sequence[int]], n: int, budgets: Sequence[int], sampling: SamplingParams
+        self,
+        contexts: Sequence[Sequence[int]],
+        n: int,
+        budgets: Sequence[int],
+        sampling: SamplingParams,
+        steps: Optional[int] = None,
     ) -> Completions:
         model = self.module()
         was_training = model.training
@@ -88,11 +113,14 @@ class HFRollout(ContinuingRollout):
                     chunk = contexts[start : start + chunk_size]
                     ids, mask = (t.to(self.device) for t in left_pad(chunk, self.tokenizer.pad_token_id))
                     step_times: list[float] = []
-                    tokens, log_probs = (
-                        sample(model, ids, mask, settings, step_times, self.log_probs)
-                        if loop
-                        else _generate(model, ids, mask, settings, self.log_probs)
-                    )
+                    if not loop:
+                        tokens, log_probs = _generate(model, ids, mask, settings, self.log_probs)
+                    elif self.static is not None:
+                        tokens, log_probs = self.static.sample(
+                            model, ids, mask, settings, step_times, self.log_probs, steps
+                        )
+                    else:
+                        tokens, log_probs = sample(model, ids, mask, settings, step_times, self.log_probs)
                     out = tokens.tolist()
                     scores = log_probs.tolist() if log_probs is not None else [None] * len(out)
                     lengths = [_length(row, settings.eos_token_id) for row in out]
@@ -145,8 +173,25 @@ def _generate(
     return responses, torch.log_softmax(scores, dim=-1).gather(-1, responses[..., None]).squeeze(-1)
 
 
+def _preflight(cfg: TrainerConfig) -> Optional[str]:
+    """The compiled decode replays on the weights' own buffers: ZeRO 3 gathers them anew for every call."""
+    arr = cfg.actor_rollout_ref
+    if not arr.rollout.enforce_eager and arr.actor.zero_stage == 3:
+        return (
+            "actor_rollout_ref.rollout.enforce_eager=false (the compiled decode) needs the weights in place, and "
+            "actor_rollout_ref.actor.zero_stage=3 gathers them for each call; use enforce_eager=true or zero_stage "
+            "0, 1 or 2"
+        )
+    return None
+
+
 @register_rollout(
-    "hf", title="transformers generate", reads=("micro_batch_size",), continues=True, log_probs_on_request=True
+    "hf",
+    title="transformers generate",
+    reads=("micro_batch_size", "enforce_eager"),
+    continues=True,
+    log_probs_on_request=True,
+    preflight=_preflight,
 )
 def hf_rollout(context: RolloutContext) -> HFRollout:
     """Samples from the actor's own module: nothing to load or sync."""
@@ -158,4 +203,6 @@ def hf_rollout(context: RolloutContext) -> HFRollout:
         arr.rollout.micro_batch_size,
         context.env.device,
         context.wants_log_probs,
+        compiled=not arr.rollout.enforce_eager,
+        log=context.log,
     )

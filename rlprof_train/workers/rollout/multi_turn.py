@@ -289,6 +289,9 @@ class MultiTurnRollout(Rollout):
         }
         return batch
 
+    def warm_up(self, prompts: list[Example], sampling: SamplingParams) -> bool:
+        return self.backend.warm_up(prompts, sampling)
+
     def sync_weights(self) -> None:
         self.backend.sync_weights()
 

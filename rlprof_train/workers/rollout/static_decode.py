@@ -1,0 +1,159 @@
+"""The hf rollout's compiled decode (``rollout.enforce_eager=false``): transformers' static KV cache and its compiled
+forward, with shapes that stay the same from step to step and from call to call.
+
+A decode step of a small model is a few hundred kernel launches and little arithmetic, so on a GPU its time is the
+host's; compiling the step (``torch.compile`` of the model's forward on transformers' ``StaticCache``, as
+transformers documents it; CUDA graphs on a GPU) makes it one replay. A compiled step needs fixed shapes, so unlike
+the eager loop (:mod:`.decode`), whose batch shrinks as rows finish, this loop keeps every row to the end:
+
+- the batch is ``bucket(prompts) · n`` rows (the padding rows repeat the last prompt; their tokens are thrown away);
+- the cache holds ``bucket(prompt length + new tokens)`` positions (:func:`bucket`: a power of two, at least 16),
+  the attention mask covers all of them (positions after the current one are masked by the cache position);
+- a finished row goes on computing with pad as its input, its tokens pad.
+
+So a run compiles one decode step per (rows, positions) bucket: one for training, one for validation, a few more
+for multi-turn contexts that grow. Each cache is kept for the next call with its shape (a CUDA graph replays on the
+same buffers). Sampling is the eager loop's (:func:`.decode.draw`: the same processors and the same noise for the
+real rows): from the same random state and weights, the tokens are the eager loop's up to the compiled kernels'
+float rounding (greedy tokens equal on the CPU; tested). The prefill runs eagerly, its shape varies with the prompts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch
+
+from rlprof_train.workers.rollout.decode import Sampling, draw, processors_for
+
+MIN_BUCKET = 16
+KEPT_CACHES = 4
+"""Static caches kept between calls, least recently used dropped first (each is rows x positions x layers x 2)."""
+
+
+def bucket(size: int) -> int:
+    """The power of two at least ``size`` and at least :data:`MIN_BUCKET`."""
+    return max(MIN_BUCKET, 1 << (max(size, 1) - 1).bit_length())
+
+
+def prompt_bucket(prompts: int) -> int:
+    """Prompts a compiled batch holds for ``prompts`` real ones: the power of two at least ``prompts``."""
+    return 1 << (max(prompts, 1) - 1).bit_length()
+
+
+class StaticDecoder:
+    """Compiled decode steps of one model, with the static caches of the shapes seen so far.
+
+    ``on_compile(rows, positions, seconds)`` is told the time of each shape's first decode step (where
+    ``torch.compile`` traces and compiles it)."""
+
+    def __init__(self, on_compile: Callable[[int, int, float], None]) -> None:
+        self.on_compile = on_compile
+        self.caches: OrderedDict[tuple[int, int, Any], Any] = OrderedDict()
+        self._compiled: Optional[tuple[Any, Any]] = None
+
+    def _cache(self, model: Any, rows: int, positions: int) -> tuple[Any, bool]:
+        """The static cache for this shape (reset), and whether the shape is new."""
+        from transformers import StaticCache
+
+        key = (rows, positions, next(model.parameters()).dtype)
+        cache = self.caches.pop(key, None)
+        new = cache is None
+        if cache is None:
+            cache = StaticCache(config=model.config, max_cache_len=positions)
+        else:
+            cache.reset()
+        self.caches[key] = cache
+        while len(self.caches) > KEPT_CACHES:
+            self.caches.popitem(last=False)
+        return cache, new
+
+    def compiled_forward(self, model: Any) -> Any:
+        """``model.forward`` compiled as transformers documents for its static cache (whole graph, static shapes,
+        CUDA graphs on a GPU), once per model. The forward, not the call: hooks on the model itself (a DeepSpeed
+        engine's timers) stay out of the graph."""
+        if self._compiled is None or self._compiled[0] is not model:
+            device = next(model.parameters()).device
+            mode = "reduce-overhead" if device.type == "cuda" else "default"
+            self._compiled = (model, torch.compile(model.forward, fullgraph=True, dynamic=False, mode=mode))
+        return self._compiled[1]
+
+    @torch.no_grad()
+    def sample(
+        self,
+        model: Any,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        sampling: Sampling,
+        step_times: Optional[list[float]] = None,
+        with_log_probs: bool = False,
+        steps: Optional[int] = None,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """What :func:`.decode.sample` returns for the same arguments: responses ``[B·n, T]`` and with
+        ``with_log_probs`` their sampling log-probs; ``steps`` caps the decode steps below ``max_new_tokens`` (a
+        warm-up compiles with a few)."""
+        n, device = sampling.n, prompt_ids.device
+        prompts, width = prompt_ids.shape
+        padded = prompt_bucket(prompts)
+        if padded > prompts:  # padding rows: the last prompt again
+            extra = padded - prompts
+            prompt_ids = torch.cat([prompt_ids, prompt_ids[-1:].expand(extra, -1)])
+            prompt_mask = torch.cat([prompt_mask, prompt_mask[-1:].expand(extra, -1)])
+        rows, real = padded * n, prompts * n
+        positions = bucket(width + sampling.max_new_tokens)
+        cache, new_shape = self._cache(model, rows, positions)
+        ids, mask = prompt_ids.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0)
+        full_mask = torch.cat([mask, mask.new_ones((rows, positions - width))], dim=1)  # [rows, positions]
+        position = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        out = model(
+            input_ids=ids,
+            attention_mask=full_mask[:, :width],
+            position_ids=position,
+            past_key_values=cache,
+            use_cache=True,
+            cache_position=torch.arange(width, device=device),
+            logits_to_keep=1,
+        )
+        logits = out.logits[:, -1].float()
+        position = position[:, -1:]
+        processors = processors_for(sampling)
+        total = min(sampling.max_new_tokens, steps or sampling.max_new_tokens)
+        tokens = torch.full((real, total), sampling.pad_token_id, dtype=torch.long, device=device)
+        log_probs = torch.zeros(tokens.shape, device=device) if with_log_probs else None
+        done = torch.zeros(real, dtype=torch.bool, device=device)
+        step_input = torch.full((rows, 1), sampling.pad_token_id, dtype=torch.long, device=device)
+        compiled = self.compiled_forward(model)
+        for step in range(total):
+            history = tokens[:, :step]
+            chosen, chosen_log_probs = draw(processors, sampling, history, logits[:real], real, None, with_log_probs)
+            chosen = chosen.masked_fill(done, sampling.pad_token_id)
+            tokens[:, step] = chosen
+            if log_probs is not None and chosen_log_probs is not None:
+                log_probs[:, step] = chosen_log_probs.masked_fill(done, 0.0)
+            done = done | (chosen == sampling.eos_token_id)
+            all_done = bool(done.all())  # waits for the step's tokens on a GPU
+            if step_times is not None:
+                step_times.append(time.perf_counter())
+            if step + 1 == total or all_done:
+                return tokens[:, : step + 1], (log_probs[:, : step + 1] if log_probs is not None else None)
+            step_input[:real, 0] = chosen
+            position = position + 1
+            started = time.perf_counter()
+            if device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            out = compiled(
+                input_ids=step_input,
+                attention_mask=full_mask,
+                position_ids=position,
+                past_key_values=cache,
+                use_cache=True,
+                cache_position=torch.full((1,), width + step, dtype=torch.long, device=device),
+            )
+            logits = out.logits[:, -1].float()
+            if new_shape:
+                self.on_compile(rows, positions, time.perf_counter() - started)
+                new_shape = False
+        return tokens, log_probs

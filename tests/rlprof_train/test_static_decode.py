@@ -1,0 +1,125 @@
+"""The hf rollout's compiled decode (``rollout.enforce_eager=false``): transformers' static cache and compiled forward
+(``torch.compile`` runs on the CPU too), against the eager loop it replaces. From the same random state and weights it
+samples the eager loop's tokens and log-probs; its shapes are bucketed so that calls with other prompt lengths or
+counts reuse one compiled step; an optimizer's update of the weights is what the next call samples from."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlprof_train.data import arithmetic_rows, left_pad
+from rlprof_train.models import load_causal_lm, load_tokenizer, response_log_probs
+from rlprof_train.tiny_model import create_tiny_model
+from rlprof_train.workers.rollout.decode import Sampling, sample
+from rlprof_train.workers.rollout.static_decode import StaticDecoder, bucket, prompt_bucket
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return create_tiny_model(tmp_path_factory.mktemp("model"), max_operand=60, sft_steps=40)  # 1-3 digit answers
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    return load_tokenizer(model_dir)
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    """One model for the module: its compiled step is traced once per shape, as in a run."""
+    return load_causal_lm(model_dir).eval()
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return []  # (rows, positions) of every compile
+
+
+@pytest.fixture(scope="module")
+def decoder(compiled):
+    return StaticDecoder(lambda rows, positions, _seconds: compiled.append((rows, positions)))
+
+
+def prompts(tokenizer, count, seed=3, shorten_first=True):
+    rows = arithmetic_rows(count, 60, seed=seed)
+    ids = [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
+    if shorten_first:
+        ids[0] = ids[0][1:]  # prompts of different lengths: left padding in the batch
+    return left_pad(ids, tokenizer.pad_token_id)
+
+
+def test_buckets_are_powers_of_two_from_16_and_prompt_counts_powers_of_two():
+    assert [bucket(s) for s in (1, 16, 17, 33, 100, 128, 129)] == [16, 16, 32, 64, 128, 128, 256]
+    assert [prompt_bucket(p) for p in (1, 2, 3, 12, 16, 17)] == [1, 2, 4, 16, 16, 32]
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_p", "top_k", "length"),
+    [(1.0, 1.0, -1, 6), (0.7, 0.9, 20, 8), (1.3, 1.0, 5, 12), (0.0, 1.0, -1, 5)],
+)
+def test_it_samples_the_eager_loops_tokens_and_log_probs_from_the_same_random_state(
+    model, tokenizer, decoder, temperature, top_p, top_k, length
+):
+    ids, mask = prompts(tokenizer, 12)
+    settings = Sampling(8, length, temperature, top_p, top_k, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    torch.manual_seed(11)
+    expected, expected_log_probs = sample(model, ids, mask, settings, with_log_probs=True)
+    expected_next = torch.rand(4)
+    torch.manual_seed(11)
+    got, got_log_probs = decoder.sample(model, ids, mask, settings, with_log_probs=True)
+    assert torch.equal(got, expected)
+    assert expected_log_probs is not None and got_log_probs is not None
+    torch.testing.assert_close(got_log_probs, expected_log_probs, rtol=0, atol=1e-5)
+    assert torch.equal(torch.rand(4), expected_next)  # the same draws were consumed
+    if temperature > 0:
+        ends = {row.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in row else -1 for row in got.tolist()}
+        assert len(ends) > 1, "rows end at different steps: finished rows are padded while the others go on"
+
+
+def test_calls_within_a_bucket_reuse_the_compiled_step_and_a_new_bucket_compiles_once(
+    model, tokenizer, decoder, compiled
+):
+    settings = Sampling(8, 6, 1.0, 1.0, -1, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    decoder.sample(model, *prompts(tokenizer, 12), settings)  # 16 prompts x 8 rows, bucket(7 + 6) positions
+    before = list(compiled)
+    for count, seed in ((12, 4), (9, 5), (16, 6)):  # other prompts, other counts and widths, the same buckets
+        decoder.sample(model, *prompts(tokenizer, count, seed, shorten_first=False), settings)
+    assert compiled == before
+    decoder.sample(model, *prompts(tokenizer, 17), settings)  # 32 prompts: a new shape
+    decoder.sample(model, *prompts(tokenizer, 20, seed=8), settings)
+    assert compiled == [*before, (32 * 8, 16)]
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+        ),
+    ],
+)
+def test_after_an_optimizer_step_it_samples_from_the_new_weights_as_the_eager_loop_does(model_dir, tokenizer, device):
+    """On a GPU the compiled step is a CUDA graph: it must replay on the weights the optimizer updated in place."""
+    model = load_causal_lm(model_dir, device=torch.device(device))
+    decoder = StaticDecoder(lambda rows, positions, _seconds: None)
+    ids, mask = (t.to(device) for t in prompts(tokenizer, 12))
+    greedy = Sampling(1, 6, 0.0, 1.0, -1, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    model.eval()
+    before = decoder.sample(model, ids, mask, greedy)[0]
+    assert torch.equal(before, sample(model, ids, mask, greedy)[0])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    model.train()
+    sequences = torch.cat([ids, before], dim=1)
+    full_mask = torch.cat([mask, (before != tokenizer.pad_token_id).long()], dim=1)
+    for _ in range(3):  # make the greedy answers less likely, in place (as the trainer's optimizer does)
+        log_probs, _ = response_log_probs(model, sequences, full_mask, before.shape[1])
+        optimizer.zero_grad()
+        log_probs.sum().backward()
+        optimizer.step()
+    model.eval()
+    after = decoder.sample(model, ids, mask, greedy)[0]
+    assert not torch.equal(after, before)
+    assert torch.equal(after, sample(model, ids, mask, greedy)[0])
