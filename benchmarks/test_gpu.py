@@ -6,6 +6,12 @@
   most 64 new tokens (a random model rarely stops early), micro-batches of 32 completions, one optimizer step per
   step. Goal: TRL's median s/step over rlprof_train's at least 1.5x. Also stated: rlprof_train's rollout time,
   its MFU (``perf/mfu/actor`` against the device's dense bf16 peak) and peak memory.
+- **rlprof_train with its fast paths against TRL in its fastest setting**, the same equal work: rlprof_train with
+  the hf rollout's compiled decode (``rollout.enforce_eager=false``: static cache, CUDA graphs) and bf16 parameters
+  with fp32 master weights (remove padding and the fused AdamW are the defaults); TRL, without vLLM, in each of fp32,
+  bf16 autocast and transformers' static cache in the first pair, its fastest from then on. At 155M (2 pairs) and at
+  TinyLlama's 1B shape (1 pair, so that the ratio is not an artefact of a small model). Goal: at least 2x TRL's
+  step throughput, and at 155M the rollout at most 0.35 s a step; MFU, peak memory and the compile time stated.
 - **The cost of a recorded window against the bare tool it drives**: a hand-written generate / reference / update
   loop on the same model (bf16), one recorded step timed from its start to its file written: rlprof's ``torch``
   window (cpu + cuda) against ``torch.profiler.profile`` with the same activities and ranges exported as a gzipped
@@ -28,13 +34,23 @@ import pytest
 import torch
 
 from llama_shapes import build
-from test_vs_trl import Geometry, fast_enough, pair, run_rlprof, run_trl, table
+from test_vs_trl import Geometry, fast_enough, pair, run_fastest_trl, run_rlprof, run_trl, table
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "outputs" / "models"
 OUT = ROOT / "outputs" / "benchmarks"
+
+FAST_PATHS = (
+    "actor_rollout_ref.rollout.enforce_eager=false",  # static cache, compiled decode step (CUDA graphs)
+    "actor_rollout_ref.model.dtype=bfloat16",  # bf16 parameters and compute, fp32 master weights
+)
+TRLS_SETTINGS = ({}, {"bf16": True}, {"cache_implementation": "static"})
+"""TRL's own speed settings without vLLM: fp32 HF generate (its fastest measured on the H200, 1.71 s a step), bf16
+autocast (1.81 s), and transformers' static cache, which generate compiles on a GPU: all three in the first pair, the
+fastest of them from then on."""
+ROLLOUT_TARGET_S = 0.35  # the 155M geometry's rollout (256 completions of 64 new tokens) with the fast paths, at most
 
 GPU_155M = Geometry(
     "gpu 155m: arithmetic prompts, 32 x 8, up to 64 new tokens, micro-batch 32, fp32",
@@ -48,6 +64,27 @@ GPU_155M = Geometry(
     warm_up=3,
     device="cuda",
 )
+
+
+FAST_GEOMETRIES = {
+    "155m": dataclasses.replace(
+        GPU_155M,
+        name="gpu 155m, each side's fastest without vLLM: arithmetic prompts, 32 x 8, up to 64 new tokens, "
+        "micro-batch 32",
+        speed_target=2.0,
+        extra=FAST_PATHS,
+        trl_settings=TRLS_SETTINGS,
+    ),
+    "1b": dataclasses.replace(
+        GPU_155M,
+        name="gpu 1b (TinyLlama's shape), each side's fastest without vLLM: arithmetic prompts, 32 x 8, up to 64 "
+        "new tokens, micro-batch 32",
+        speed_target=2.0,
+        pairs=1,
+        extra=FAST_PATHS,
+        trl_settings=TRLS_SETTINGS,
+    ),
+}
 
 
 def device_line() -> str:
@@ -85,6 +122,42 @@ def test_gpu_trainer_against_trl(benchmark, tmp_path):
     benchmark.extra_info.update(ratios=[p["ratio"] for p in pairs], gen_s=gen, mfu=mfu, device=device_line())
     benchmark.pedantic(lambda: None, rounds=1)
     assert fast_enough(pairs, geometry), report
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is not installed (the GPU kit carries it)")
+@pytest.mark.parametrize("shape", FAST_GEOMETRIES)
+def test_gpu_fast_paths_against_trls_fastest(benchmark, tmp_path, shape):
+    """rlprof_train with its fast paths against TRL in the fastest of its settings, at equal work: goal 2x TRL's step
+    throughput, and at 155M the rollout at most ``ROLLOUT_TARGET_S``; MFU and the compile time stated."""
+    geometry = dataclasses.replace(FAST_GEOMETRIES[shape], model=str(build(shape, MODELS / f"llama-{shape}")))
+    pairs, settings = [], geometry.trl_settings
+    for seed in range(1, geometry.pairs + 1):
+        ours = run_rlprof(geometry, seed, tmp_path / f"rlprof-{seed}")
+        trl = run_fastest_trl(geometry, seed, tmp_path / f"trl-{seed}", Path(geometry.model or ""), settings)
+        settings = (trl["settings"],)  # TRL's fastest in the first pair is its setting from then on
+        pairs.append(pair(geometry, ours, trl))
+    records = [r for p in pairs for r in p["ours_records"]]
+    gen = statistics.median(r["timing_s/gen"] for r in records)
+    gens = [r["timing_s/gen"] for r in records]
+    mfu = statistics.median(r["perf/mfu/actor"] for r in records)
+    peak = max(r["perf/max_memory_allocated_gb"] for r in records)
+    compile_s = [seconds for p in pairs for seconds in p["ours_compile_s"]]
+    report = "\n".join(
+        [
+            table(geometry, pairs),
+            f"device: {device_line()}",
+            f"rlprof_train: rollout {gen:.3f} s a step (median; {min(gens):.3f}-{max(gens):.3f}), compiled once "
+            f"before step 1 in {', '.join(f'{s:.1f}' for s in compile_s)} s; MFU of the update {100 * mfu:.2f}% of "
+            f"the dense bf16 peak; peak allocated {peak:.1f} GB",
+            "",
+        ]
+    )
+    write(f"gpu_fast_{shape}.md", report)
+    benchmark.extra_info.update(ratios=[p["ratio"] for p in pairs], gen_s=gen, mfu=mfu, device=device_line())
+    benchmark.pedantic(lambda: None, rounds=1)
+    assert fast_enough(pairs, geometry), report
+    if shape == "155m":
+        assert gen <= ROLLOUT_TARGET_S, report
 
 
 # ----------------------------------------------------------------------------------------------- window cost

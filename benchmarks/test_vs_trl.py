@@ -34,6 +34,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -63,6 +64,7 @@ class Geometry:
     model: str | None = None  # a directory (the GPU benchmarks' built Llamas); None: the task's embedded model
     device: str = "cpu"
     extra: tuple[str, ...] = ()  # rlprof_train overrides beyond the equal-work ones (the GPU's settings)
+    trl_settings: tuple[dict, ...] = ({},)  # TRL's GRPOConfig speed settings tried in pair 1; its fastest runs on
 
 
 # both at the 1.5x aimed at; the demo's step is mostly 8 compute-bound forward/backward passes of short sequences,
@@ -163,9 +165,10 @@ def step_prompts(geometry: Geometry, seed: int, model: Path) -> list[list[dict]]
     ]
 
 
-def run_trl(geometry: Geometry, seed: int, folder: Path, model: Path) -> dict:
+def run_trl(geometry: Geometry, seed: int, folder: Path, model: Path, settings: Optional[dict] = None) -> dict:
     folder.mkdir(parents=True)
     spec = {
+        "settings": settings or {},
         "model": str(model),
         "rows": step_prompts(geometry, seed, model),
         "n": geometry.n,
@@ -184,7 +187,14 @@ def run_trl(geometry: Geometry, seed: int, folder: Path, model: Path) -> dict:
     result = json.loads((folder / "out.json").read_text())
     assert result["prompts_match"], "TRL trained on other prompts than rlprof_train at some step"
     assert result["optimizer"] == "AdamW, fused=True", result["optimizer"]  # transformers' default, and ours
-    return result
+    return {**result, "settings": settings or {}}
+
+
+def run_fastest_trl(geometry: Geometry, seed: int, folder: Path, model: Path, settings: tuple[dict, ...]) -> dict:
+    """TRL in each of ``settings``, one after the other; the run with the lowest median step time (after the
+    warm-up) is TRL's best (its ``settings`` say which)."""
+    runs = [run_trl(geometry, seed, folder / f"settings-{i}", model, s) for i, s in enumerate(settings)]
+    return min(runs, key=lambda run: statistics.median(run["step_s"][geometry.warm_up :]))
 
 
 def pair(geometry: Geometry, ours: dict, trl: dict) -> dict:
@@ -205,7 +215,9 @@ def pair(geometry: Geometry, ours: dict, trl: dict) -> dict:
         "response_range": ours["response_range"],
         "prompt_range": ours["prompt_range"],
         "trl_first": trl["reward"][:10],
+        "trl_settings": trl["settings"],
         "ours_records": ours["records"][geometry.warm_up :],
+        "ours_compile_s": [r["timing_s/rollout_compile"] for r in ours["records"] if "timing_s/rollout_compile" in r],
     }
 
 
@@ -251,6 +263,14 @@ def table(geometry: Geometry, pairs: list[dict]) -> str:
         f"over the run, over the pairs: rlprof_train {mean_over_pairs(pairs, 'ours_mean'):.3f}, TRL "
         f"{mean_over_pairs(pairs, 'trl_mean'):.3f}; over steps {geometry.steps // 2 + 1}-{geometry.steps}: "
         f"rlprof_train {mean_over_pairs(pairs, 'ours_late'):.3f}, TRL {mean_over_pairs(pairs, 'trl_late'):.3f}",
+        *(
+            [
+                f"TRL's settings tried in pair 1: {list(geometry.trl_settings)}; its fastest, run in every pair: "
+                f"{pairs[0]['trl_settings']}"
+            ]
+            if len(geometry.trl_settings) > 1
+            else []
+        ),
         f"rlprof_train's step: generation {100 * mean_over_pairs(pairs, 'gen_share'):.0f}% (median); prompts of "
         f"{span(pairs, 'prompt_range')} tokens, responses of {span(pairs, 'response_range')} "
         f"(mean {mean_over_pairs(pairs, 'response_mean'):.1f})",

@@ -5,8 +5,10 @@
 SPEC (written by test_vs_trl.py): ``model`` (directory), ``rows`` (one list of prompts per training step, each
 ``{"prompt": text, "ids": token ids, "ground_truth": ..., "data_source": ...}``, in rlprof_train's step order),
 ``n`` (completions per prompt), ``micro_batch`` (completions per forward/backward), ``response_length``, ``lr``,
-``beta``, ``seed``, ``threads`` and optionally ``reward`` ({"path", "name"}: a verl-style ``compute_score`` file) and
-``device`` (``cpu``, the default, or ``cuda``: TRL on the GPU, as ``use_cpu=False``).
+``beta``, ``seed``, ``threads`` and optionally ``reward`` ({"path", "name"}: a verl-style ``compute_score`` file),
+``device`` (``cpu``, the default, or ``cuda``: TRL on the GPU, as ``use_cpu=False``) and ``settings`` (``GRPOConfig``
+fields over the ones below: TRL's own speed settings, e.g. ``{"bf16": true}`` or ``{"cache_implementation":
+"static"}``).
 
 TRL is configured as the equivalent of rlprof_train's GRPO settings: ``loss_type="dapo"`` (token-mean over the
 accumulated batch), ``beta`` with k3 KL and no bias correction, ``scale_rewards="group"``, one iteration, constant
@@ -95,38 +97,43 @@ def main(spec_path: str, out_path: str) -> None:
     if completions % micro:
         raise SystemExit(f"micro_batch={micro} does not divide the {completions} completions of a step")
     config = GRPOConfig(
-        output_dir=str(Path(out_path).parent / "trl-output"),
-        use_cpu=spec.get("device", "cpu") == "cpu",
-        seed=spec["seed"],
-        max_steps=len(steps),
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=completions // micro,
-        num_generations=n,
-        max_completion_length=spec["response_length"],
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        learning_rate=spec["lr"],
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        beta=spec["beta"],
-        use_bias_correction_kl=False,
-        loss_type="dapo",
-        scale_rewards="group",
-        num_iterations=1,
-        epsilon=0.2,
-        shuffle_dataset=False,
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,
-        use_vllm=False,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
+        **{
+            **dict(
+                output_dir=str(Path(out_path).parent / "trl-output"),
+                use_cpu=spec.get("device", "cpu") == "cpu",
+                seed=spec["seed"],
+                max_steps=len(steps),
+                per_device_train_batch_size=micro,
+                gradient_accumulation_steps=completions // micro,
+                num_generations=n,
+                max_completion_length=spec["response_length"],
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                learning_rate=spec["lr"],
+                lr_scheduler_type="constant",
+                warmup_steps=0,
+                weight_decay=0.0,
+                max_grad_norm=1.0,
+                beta=spec["beta"],
+                use_bias_correction_kl=False,
+                loss_type="dapo",
+                scale_rewards="group",
+                num_iterations=1,
+                epsilon=0.2,
+                shuffle_dataset=False,
+                bf16=False,
+                fp16=False,
+                gradient_checkpointing=False,
+                use_vllm=False,
+                logging_steps=1,
+                report_to="none",
+                save_strategy="no",
+                disable_tqdm=True,
+                dataloader_num_workers=0,
+            ),
+            **spec.get("settings", {}),
+        }
     )
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
     trainer = GRPOTrainer(

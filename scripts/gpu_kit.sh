@@ -5,6 +5,7 @@
 #   bash scripts/gpu_kit.sh prepare                 # here (CPU, package registries reachable): wheels -> .gpu_kit/
 #   bash scripts/gpu_kit.sh run [--out DIR]         # there (CUDA, Python 3.12, no network): install, test, summarize
 #   bash scripts/gpu_kit.sh run --dry-run           # anywhere: list what run would execute
+#   bash scripts/gpu_kit.sh run --part speed        # there: the fast paths' evidence (speed-1b: the 1B comparison)
 #
 # prepare downloads the cp312 manylinux wheels the GPU machine lacks (see ../shared/docs/PLATFORM.md, "The lent GPU
 # machine": it has torch, transformers, peft, tensorboard, rich, psutil, pytest, pandas, pyarrow; not omegaconf, nvtx,
@@ -22,7 +23,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 KIT="$ROOT/.gpu_kit"
 LIMIT_MIB=64
-RUN_BUDGET_S=${GPU_KIT_BUDGET_S:-480}  # seconds for all steps (the issue's call is at most 8 minutes)
+RUN_BUDGET_S=${GPU_KIT_BUDGET_S:-}  # seconds for all steps; empty: the part's (kit 480, speed and speed-1b 540)
 PY_VERSION=3.12
 PLATFORM=manylinux_2_17_x86_64
 WHEELS=(  # name==version as in .venv, so the GPU machine runs what the tests ran here
@@ -62,19 +63,42 @@ steps() {
 20|rlprof report on that run: kernel time per range|python3 -m rlprof.cli report "$WORK/run/logs" --format json > "$OUT/report.json" && python3 $SHOW report "$OUT/report.json"
 20|rlprof memory on a CUDA snapshot of the trainer (pytest's torch_memory run)|snap="$(find "$WORK/pytest" -path '*torch_memory/step2/*' -name '*.pickle' | head -1)" && cp "$snap" "$OUT/trainer_step2_snapshot.pickle" && python3 -m rlprof.cli memory "$snap" --format json > "$OUT/snapshot.json" && python3 -m rlprof.cli memory "$snap" | head -40 && cp "$(find "$WORK/pytest" -name 'oom_*.pickle' | head -1)" "$OUT/oom_snapshot.pickle"
 90|the GPU's checkpoint resumed on the GPU (torchrun --nproc_per_node 1, trainer.n_gpus_per_node=1) and on the CPU|python3 -m torch.distributed.run --standalone --nproc_per_node 1 -m $TRAIN trainer.n_gpus_per_node=1 trainer.total_training_steps=6 trainer.save_freq=6 data.max_response_length=16 'trainer.resume_allow_changes=[data.max_response_length]' && python3 -m $TRAIN trainer.device=cpu data.train_batch_size=4 actor_rollout_ref.actor.ppo_mini_batch_size=4 actor_rollout_ref.rollout.n=2 data.max_response_length=4 trainer.total_training_steps=7 trainer.save_freq=-1 'trainer.resume_allow_changes=[data.train_batch_size,actor_rollout_ref.actor.ppo_mini_batch_size,actor_rollout_ref.rollout.n,data.max_response_length]' && python3 $SHOW steps "$WORK/run/logs/metrics.jsonl" --last 6,7
-240|GPU benchmarks: against TRL's GRPOTrainer at equal work, a recorded window against the bare torch tool|python3 -m pytest -m gpu benchmarks -p no:cacheprovider -q -s -rs --basetemp="$WORK/bench"; cat outputs/benchmarks/gpu_*.md
+240|GPU benchmarks: against TRL's GRPOTrainer at equal work, a recorded window against the bare torch tool|python3 -m pytest -m gpu benchmarks -k "not fast_paths" -p no:cacheprovider -q -s -rs --basetemp="$WORK/bench"; cat outputs/benchmarks/gpu_*.md
+EOF
+}
+
+# The steps of run --part speed (issue 48's evidence, about 8 minutes): the compiled decode on the device, then the
+# fast paths against TRL's fastest setting at 155M; --part speed-1b: the same comparison at TinyLlama's 1B shape.
+speed_steps() {
+  cat <<'EOF'
+90|the compiled decode on the device: CUDA graphs replay on the weights an optimizer step updated, and the trainer keeps every tensor there with it|python3 -m pytest -m gpu tests/rlprof_train/test_static_decode.py tests/rlprof_train/test_device_placement.py -k "static_decode or compiled_rollout" -p no:cacheprovider -q -rs --basetemp="$WORK/pytest"
+420|the fast paths against TRL's fastest setting at 155M: ratio, rollout time, MFU, compile time|python3 -m pytest -m gpu benchmarks/test_gpu.py -k "fast_paths and 155m" -p no:cacheprovider -q -s -rs --basetemp="$WORK/bench"; cat outputs/benchmarks/gpu_fast_155m.md
+EOF
+}
+
+speed_1b_steps() {
+  cat <<'EOF'
+500|the fast paths against TRL's fastest setting at TinyLlama's 1B shape|python3 -m pytest -m gpu benchmarks/test_gpu.py -k "fast_paths and 1b" -p no:cacheprovider -q -s -rs --basetemp="$WORK/bench"; cat outputs/benchmarks/gpu_fast_1b.md
 EOF
 }
 
 run() {
-  local out="$ROOT/outputs/gpu_kit" dry=0
+  local out="$ROOT/outputs/gpu_kit" dry=0 part=kit
   while (( $# )); do
     case "$1" in
       --out) out="$2"; shift 2 ;;
       --dry-run) dry=1; shift ;;
-      *) die "run: unknown option $1 (allowed: --out DIR, --dry-run)" ;;
+      --part) part="$2"; shift 2 ;;
+      *) die "run: unknown option $1 (allowed: --out DIR, --dry-run, --part kit|speed|speed-1b)" ;;
     esac
   done
+  local list
+  case "$part" in
+    kit) list=steps; RUN_BUDGET_S=${RUN_BUDGET_S:-480} ;;
+    speed) list=speed_steps; RUN_BUDGET_S=${RUN_BUDGET_S:-540} ;;
+    speed-1b) list=speed_1b_steps; RUN_BUDGET_S=${RUN_BUDGET_S:-540} ;;
+    *) die "run: --part $part is not a part (allowed: kit, speed, speed-1b)" ;;
+  esac
   export OUT="$out" WORK="${TMPDIR:-/tmp}/rlprof_gpu_kit" MODEL="$ROOT/outputs/models/llama-155m" PYTHONUNBUFFERED=1
   export SHOW="scripts/gpu_kit_show.py" TRAIN="rlprof_train.main_ppo --config-name demo trainer.device=cuda \
 actor_rollout_ref.model.path=$MODEL trainer.test_freq=-1 trainer.val_before_train=false trainer.logger=[file] \
@@ -85,7 +109,7 @@ trainer.log_dir=$WORK/run/logs trainer.default_local_dir=$WORK/run/ckpt"
     echo "  with TRAIN=$TRAIN"
     while IFS='|' read -r seconds what command; do
       echo "  [${seconds} s] ${what}: ${command}"
-    done < <(steps)
+    done < <($list)
     echo "  then write $out/{summary.txt,junit.xml,report.json,snapshot.json,files.txt} and two CUDA snapshots"
     return 0
   fi
@@ -114,7 +138,7 @@ trainer.log_dir=$WORK/run/logs trainer.default_local_dir=$WORK/run/ckpt"
       || status=$?
     echo "$( (( status == 0 )) && echo PASS || echo "FAIL (exit $status)") after $(( SECONDS - t0 )) s: $what" >> "$summary"
     grep -vE "^(Loading weights|Writing model)|it/s]$" "$WORK/step.log" | tail -n 40 | cut -c1-400 | sed 's/^/    /' >> "$summary"
-  done < <(steps)
+  done < <($list)
   find "$WORK" -type f -printf '%s\t%P\n' | sort -k2 > "$OUT/files.txt"
   echo "total $(( SECONDS - started )) s" >> "$summary"
   cat "$summary"
@@ -123,5 +147,5 @@ trainer.log_dir=$WORK/run/logs trainer.default_local_dir=$WORK/run/ckpt"
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) die "usage: bash scripts/gpu_kit.sh prepare | run [--out DIR] [--dry-run]" ;;
+  *) die "usage: bash scripts/gpu_kit.sh prepare | run [--out DIR] [--dry-run] [--part kit|speed|speed-1b]" ;;
 esac

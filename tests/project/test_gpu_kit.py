@@ -32,6 +32,21 @@ def test_dry_run_lists_the_gpu_tests_the_trainer_and_the_summaries():
                      "torch.distributed.run --standalone --nproc_per_node 1", "trainer.n_gpus_per_node=1",
                      "trainer.device=cpu", "pytest -m gpu benchmarks", "summary.txt"):  # fmt: skip
         assert fragment in result.stdout, fragment
+    assert "fast_paths" not in result.stdout.replace('"not fast_paths"', "")  # the speed parts are their own calls
+
+
+@pytest.mark.parametrize(("part", "shape"), [("speed", "155m"), ("speed-1b", "1b")])
+def test_each_speed_part_lists_its_comparison_with_trl(part, shape):
+    result = kit("run", "--dry-run", "--part", part)
+    assert result.returncode == 0, result.stderr
+    assert "with a 540 s budget" in result.stdout
+    assert f'-k "fast_paths and {shape}"' in result.stdout and f"gpu_fast_{shape}.md" in result.stdout
+
+
+def test_an_unknown_part_is_one_line_naming_the_parts():
+    result = kit("run", "--dry-run", "--part", "fast")
+    assert result.returncode == 2
+    assert result.stderr == "gpu_kit: run: --part fast is not a part (allowed: kit, speed, speed-1b)\n"
 
 
 @pytest.mark.slow
