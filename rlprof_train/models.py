@@ -4,6 +4,7 @@ pass the actor and the reference share. The embedded tiny model is built in :mod
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -150,6 +151,21 @@ class ValueModel(torch.nn.Module):
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding: 0 at each sequence's first real token."""
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
+class CompiledForward:
+    """``module``'s forward compiled (``torch.compile``'s keywords in ``options``), called as the module is (keyword
+    arguments; its output). The forward, not the call: hooks on the module itself (a DeepSpeed engine's timers) stay
+    out of the graph; the engine's backward and step are unchanged. The training passes (``model.torch_compile``) use
+    the default, dynamic shapes: the packed length and the micro-batch's width change from call to call and share a
+    graph; the compiled decode uses static ones (:mod:`~rlprof_train.workers.rollout.static_decode`)."""
+
+    def __init__(self, module: Any, **options: Any) -> None:
+        self.module = module
+        self.forward: Callable[..., Any] = torch.compile(module.forward, **{"dynamic": True, **options})
+
+    def __call__(self, **inputs: Any) -> Any:
+        return self.forward(**inputs)
 
 
 def keeps_logits(model: Any) -> bool:

@@ -120,6 +120,13 @@ def _check_strategy(cfg: TrainerConfig) -> None:
         )
     if actor.offload_param and actor.zero_stage != 3:
         raise _fail("actor_rollout_ref.actor.offload_param", True, "parameter offload needs zero_stage=3")
+    if cfg.actor_rollout_ref.model.torch_compile and actor.zero_stage == 3:
+        raise _fail(
+            "actor_rollout_ref.model.torch_compile",
+            True,
+            "a compiled forward needs the weights in place, and actor_rollout_ref.actor.zero_stage=3 gathers them "
+            "layer by layer in hooks; use zero_stage 0, 1 or 2, or torch_compile=false",
+        )
     if actor.offload_optimizer and actor.zero_stage == 0:
         raise _fail("actor_rollout_ref.actor.offload_optimizer", True, "optimizer offload needs zero_stage >= 1")
     critic = cfg.critic

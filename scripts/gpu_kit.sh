@@ -57,7 +57,7 @@ prepare() {
 # trainer's command with the run's folders, $SHOW scripts/gpu_kit_show.py, which prints a step's figures).
 steps() {
   cat <<'EOF'
-260|pytest -m gpu tests: every CUDA-only path, the trainer on the device in every configuration, its faults (Ctrl-C, SIGTERM, bf16 overflow)|python3 -m pytest -m gpu tests -p no:cacheprovider -q -rs --durations=8 --junitxml="$OUT/junit.xml" --basetemp="$WORK/pytest"
+260|pytest -m gpu tests: every CUDA-only path, the trainer on the device in every configuration, its faults (Ctrl-C, SIGTERM, bf16 overflow)|python3 -m pytest -m gpu tests -k "not static_decode and not compiled_rollout and not fast_paths" -p no:cacheprovider -q -rs --durations=8 --junitxml="$OUT/junit.xml" --basetemp="$WORK/pytest"
 25|a 155M-parameter Llama from the embedded tokenizer|python3 benchmarks/llama_shapes.py 155m "$MODEL"
 75|the trainer on CUDA: the 155M Llama, 32 prompts x 8, 64 new tokens, 5 steps, the torch tool (cpu+cuda) on step 3, a checkpoint at step 5|python3 -m $TRAIN data.max_response_length=64 trainer.total_training_steps=5 trainer.save_freq=5 global_profiler.tool=torch 'global_profiler.steps=[3]' 'global_profiler.global_tool_config.torch.contents=[cpu,cuda]' global_profiler.save_path="$WORK/run/profile" && python3 $SHOW steps "$WORK/run/logs/metrics.jsonl"
 20|rlprof report on that run: kernel time per range|python3 -m rlprof.cli report "$WORK/run/logs" --format json > "$OUT/report.json" && python3 $SHOW report "$OUT/report.json"
@@ -71,7 +71,7 @@ EOF
 # fast paths against TRL's fastest setting at 155M; --part speed-1b: the same comparison at TinyLlama's 1B shape.
 speed_steps() {
   cat <<'EOF'
-90|the compiled decode on the device: CUDA graphs replay on the weights an optimizer step updated, and the trainer keeps every tensor there with it|python3 -m pytest -m gpu tests/rlprof_train/test_static_decode.py tests/rlprof_train/test_device_placement.py -k "static_decode or compiled_rollout" -p no:cacheprovider -q -rs --basetemp="$WORK/pytest"
+120|the fast paths on the device: CUDA graphs replay on the weights an optimizer step updated; the trainer with the compiled decode, the compiled training forward and bf16 keeps every tensor there|python3 -m pytest -m gpu tests/rlprof_train/test_static_decode.py tests/rlprof_train/test_device_placement.py -k "static_decode or compiled_rollout or fast_paths" -p no:cacheprovider -q -rs --basetemp="$WORK/pytest"
 420|the fast paths against TRL's fastest setting at 155M: ratio, rollout time, MFU, compile time|python3 -m pytest -m gpu benchmarks/test_gpu.py -k "fast_paths and 155m" -p no:cacheprovider -q -s -rs --basetemp="$WORK/bench"; cat outputs/benchmarks/gpu_fast_155m.md
 EOF
 }

@@ -82,6 +82,11 @@ class ModelConfig:
     """Keep saved activations on the host (GPU only; a no-op on CPU)."""
     use_remove_padding: bool = True
     """Sequence packing: forward passes over real tokens only."""
+    torch_compile: bool = False
+    """Compile the policy's forward for the training passes (update, old log-probs, reference): ``torch.compile``
+    with dynamic shapes, so packed lengths and micro-batch widths share one graph (one per pass kind: with and
+    without gradients). Costs its compile at the first passes; not with ``actor.zero_stage=3``. Opt-in (verl's
+    ``use_torch_compile``, which compiles its entropy, is a different key)."""
     dtype: Dtype = "float32"
     """Parameters and compute dtype of actor, critic and reference."""
     lora_rank: int = field(default=0, metadata=bounds(ge=0))

@@ -83,6 +83,10 @@ class Launcher:
 Rule = Union[Alias, Kept, Mirror, NoOp, Refused, Launcher]
 
 FSDP = "an FSDP engine detail; the actor and critic run on DeepSpeed here"
+ENTROPY_COMPILE = (
+    "verl compiles its entropy function with it; the entropy is computed eagerly here (compiling the policy's "
+    "whole forward for the training passes is actor_rollout_ref.model.torch_compile)"
+)
 RAY = "a Ray placement detail; processes are started by torchrun or the deepspeed launcher here"
 IO = "verl's own I/O; nothing to do here"
 RELOCATED = (
@@ -161,8 +165,8 @@ RULES: list[tuple[str, Rule]] = [
     (f"{ARR}.ref.fsdp_config.param_offload", NoOp("the reference policy is frozen here, with no optimizer state")),
     ("*.fsdp_config.*", NoOp(FSDP)),
     (f"{ARR}.actor.fsdp_config", NoOp(FSDP)),
-    (f"{ARR}.actor.use_torch_compile", NoOp("torch.compile is not used here (eager PyTorch)")),
-    (f"{ARR}.ref.use_torch_compile", NoOp("torch.compile is not used here (eager PyTorch)")),
+    (f"{ARR}.actor.use_torch_compile", NoOp(ENTROPY_COMPILE)),
+    (f"{ARR}.ref.use_torch_compile", NoOp(ENTROPY_COMPILE)),
     (f"{ARR}.actor.checkpoint.*", NoOp("checkpoints always hold the model, optimizer and trainer state here")),
     ("critic.checkpoint.*", NoOp("checkpoints always hold the model, optimizer and trainer state here")),
     (f"{ARR}.hybrid_engine", NoOp("the actor and the rollout share one process here")),

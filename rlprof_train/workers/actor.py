@@ -11,7 +11,7 @@ from rlprof.metrics import MetricAggregator, Reduce
 from rlprof_train import algos, rollout_correction
 from rlprof_train.batch import MicroBatching, RolloutBatch
 from rlprof_train.config.schema import ActorConfig, ModelConfig
-from rlprof_train.models import load_causal_lm, response_log_probs
+from rlprof_train.models import CompiledForward, load_causal_lm, response_log_probs
 from rlprof_train.rollout_correction import Correction
 from rlprof_train.workers.engine import (
     DistEnv,
@@ -57,6 +57,8 @@ class ActorWorker:
             zero_checkpoint=zero_checkpoint,
             overlap_comm=cfg.overlap_comm,
         )
+        self.forward_model = CompiledForward(self.engine.module) if model.torch_compile else self.engine
+        """What the log-prob and update passes call: the engine, or its module's compiled forward."""
         self.update_batching = MicroBatching(
             cfg.ppo_micro_batch_size_per_gpu,
             cfg.use_dynamic_bsz,
@@ -70,7 +72,8 @@ class ActorWorker:
 
     def compute_log_prob(self, batch: RolloutBatch, batching: MicroBatching) -> tuple[torch.Tensor, MetricAggregator]:
         """Log-probs ``[B, R]`` of the sampled responses under the current policy, and ``actor/entropy``."""
-        log_probs, entropy = log_prob_pass(self.engine, batch, batching, self.cfg.entropy_from_logits_with_chunking)
+        chunked = self.cfg.entropy_from_logits_with_chunking
+        log_probs, entropy = log_prob_pass(self.forward_model, batch, batching, chunked)
         metrics = MetricAggregator()
         metrics.add(
             "actor/entropy",
@@ -108,7 +111,7 @@ class ActorWorker:
         on_policy = micro.old_log_probs is None  # reuse_on_policy_log_probs: old = this forward's, detached
         with activation_offload(self.model_cfg.enable_activation_offload):
             log_probs, entropy = response_log_probs(
-                self.engine,
+                self.forward_model,
                 micro.input_ids,
                 micro.attention_mask,
                 micro.response_length,

@@ -13,7 +13,7 @@ from rlprof.metrics import MetricAggregator, Reduce
 from rlprof_train import algos
 from rlprof_train.batch import MicroBatching, RolloutBatch
 from rlprof_train.config.schema import ModelConfig, RefConfig
-from rlprof_train.models import load_causal_lm
+from rlprof_train.models import CompiledForward, load_causal_lm
 from rlprof_train.workers.log_prob import log_prob_pass
 
 
@@ -38,6 +38,9 @@ class RefWorker:
             if lora_policy is not None
             else load_causal_lm(model_path, model.dtype, device=device).eval().requires_grad_(False)
         )
+        module = lora_policy.module if lora_policy is not None else self.model
+        self.forward_model = CompiledForward(module) if model.torch_compile else self.model
+        """What the log-prob pass calls: the model (or the actor's engine), or the module's compiled forward."""
         self.batching = MicroBatching(
             cfg.log_prob_micro_batch_size_per_gpu,
             cfg.log_prob_use_dynamic_bsz,
@@ -50,7 +53,7 @@ class RefWorker:
         base = self.lora_policy.module.disable_adapter() if self.lora_policy is not None else contextlib.nullcontext()
         with base:
             log_probs, entropy = log_prob_pass(
-                self.model, batch, self.batching, self.cfg.entropy_from_logits_with_chunking
+                self.forward_model, batch, self.batching, self.cfg.entropy_from_logits_with_chunking
             )
         metrics = MetricAggregator()
         metrics.add(

@@ -32,7 +32,8 @@ def test_dry_run_lists_the_gpu_tests_the_trainer_and_the_summaries():
                      "torch.distributed.run --standalone --nproc_per_node 1", "trainer.n_gpus_per_node=1",
                      "trainer.device=cpu", "pytest -m gpu benchmarks", "summary.txt"):  # fmt: skip
         assert fragment in result.stdout, fragment
-    assert "fast_paths" not in result.stdout.replace('"not fast_paths"', "")  # the speed parts are their own calls
+    assert '-k "not static_decode and not compiled_rollout and not fast_paths"' in result.stdout  # --part speed's
+    assert '"fast_paths and' not in result.stdout
 
 
 @pytest.mark.parametrize(("part", "shape"), [("speed", "155m"), ("speed-1b", "1b")])
@@ -41,6 +42,8 @@ def test_each_speed_part_lists_its_comparison_with_trl(part, shape):
     assert result.returncode == 0, result.stderr
     assert "with a 540 s budget" in result.stdout
     assert f'-k "fast_paths and {shape}"' in result.stdout and f"gpu_fast_{shape}.md" in result.stdout
+    if part == "speed":  # the fast paths on the device first
+        assert '-k "static_decode or compiled_rollout or fast_paths"' in result.stdout
 
 
 def test_an_unknown_part_is_one_line_naming_the_parts():

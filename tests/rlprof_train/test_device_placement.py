@@ -142,6 +142,11 @@ REAL_DEVICE_ONLY = {  # DeepSpeed's own buffers are made on its accelerator: CUD
         "actor_rollout_ref.model.enable_activation_offload=true",
     ),
     "zero3": ("actor_rollout_ref.actor.zero_stage=3", "actor_rollout_ref.model.dtype=bfloat16"),
+    "fast_paths_bf16": (  # the compiled decode (CUDA graphs), the compiled training forward, bf16 with fp32 master
+        "actor_rollout_ref.rollout.enforce_eager=false",
+        "actor_rollout_ref.model.torch_compile=true",
+        "actor_rollout_ref.model.dtype=bfloat16",
+    ),
 }
 
 

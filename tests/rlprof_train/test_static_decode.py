@@ -54,6 +54,7 @@ def test_buckets_are_powers_of_two_from_16_and_prompt_counts_powers_of_two():
     assert [prompt_bucket(p) for p in (1, 2, 3, 12, 16, 17)] == [1, 2, 4, 16, 16, 32]
 
 
+@pytest.mark.slow  # compiles (about 10 s on 2 cores): kept out of the quick loop, as the other compiling tests
 @pytest.mark.parametrize(
     ("temperature", "top_p", "top_k", "length"),
     [(1.0, 1.0, -1, 6), (0.7, 0.9, 20, 8), (1.3, 1.0, 5, 12), (0.0, 1.0, -1, 5)],
@@ -77,6 +78,7 @@ def test_it_samples_the_eager_loops_tokens_and_log_probs_from_the_same_random_st
         assert len(ends) > 1, "rows end at different steps: finished rows are padded while the others go on"
 
 
+@pytest.mark.slow
 def test_calls_within_a_bucket_reuse_the_compiled_step_and_a_new_bucket_compiles_once(
     model, tokenizer, decoder, compiled
 ):
@@ -91,6 +93,7 @@ def test_calls_within_a_bucket_reuse_the_compiled_step_and_a_new_bucket_compiles
     assert compiled == [*before, (32 * 8, 16)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "device",
     [

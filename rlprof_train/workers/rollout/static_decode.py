@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 import torch
 
+from rlprof_train.models import CompiledForward
 from rlprof_train.workers.rollout.decode import Sampling, draw, processors_for
 
 MIN_BUCKET = 16
@@ -53,7 +54,7 @@ class StaticDecoder:
     def __init__(self, on_compile: Callable[[int, int, float], None]) -> None:
         self.on_compile = on_compile
         self.caches: OrderedDict[tuple[int, int, Any], Any] = OrderedDict()
-        self._compiled: Optional[tuple[Any, Any]] = None
+        self._compiled: Optional[CompiledForward] = None
 
     def _cache(self, model: Any, rows: int, positions: int) -> tuple[Any, bool]:
         """The static cache for this shape (reset), and whether the shape is new."""
@@ -72,14 +73,12 @@ class StaticDecoder:
         return cache, new
 
     def compiled_forward(self, model: Any) -> Any:
-        """``model.forward`` compiled as transformers documents for its static cache (whole graph, static shapes,
-        CUDA graphs on a GPU), once per model. The forward, not the call: hooks on the model itself (a DeepSpeed
-        engine's timers) stay out of the graph."""
-        if self._compiled is None or self._compiled[0] is not model:
-            device = next(model.parameters()).device
-            mode = "reduce-overhead" if device.type == "cuda" else "default"
-            self._compiled = (model, torch.compile(model.forward, fullgraph=True, dynamic=False, mode=mode))
-        return self._compiled[1]
+        """``model``'s forward compiled as transformers documents for its static cache (whole graph, static shapes,
+        CUDA graphs on a GPU), once per model."""
+        if self._compiled is None or self._compiled.module is not model:
+            mode = "reduce-overhead" if next(model.parameters()).device.type == "cuda" else "default"
+            self._compiled = CompiledForward(model, fullgraph=True, dynamic=False, mode=mode)
+        return self._compiled
 
     @torch.no_grad()
     def sample(
