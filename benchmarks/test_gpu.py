@@ -42,10 +42,17 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "outputs" / "models"
 OUT = ROOT / "outputs" / "benchmarks"
 
-FAST_PATHS = (
-    "actor_rollout_ref.rollout.enforce_eager=false",  # static cache, compiled decode step (CUDA graphs)
-    "actor_rollout_ref.model.dtype=bfloat16",  # bf16 parameters and compute, fp32 master weights
-)
+COMPILED_DECODE = "actor_rollout_ref.rollout.enforce_eager=false"  # static cache, compiled decode step (CUDA graphs)
+BF16 = "actor_rollout_ref.model.dtype=bfloat16"  # bf16 parameters and compute, fp32 master weights
+COMPILED_FORWARD = "actor_rollout_ref.model.torch_compile=true"  # the training passes' forward, dynamic shapes
+FAST_PATHS = (COMPILED_DECODE, BF16, COMPILED_FORWARD)
+EACH_FAST_PATH = {  # each on its own over the eager fp32 baseline, then all; the baseline runs first and last
+    "eager, fp32 (baseline)": (),
+    "compiled decode": (COMPILED_DECODE,),
+    "bf16": (BF16,),
+    "compiled training forward": (COMPILED_FORWARD,),
+    "all three": FAST_PATHS,
+}
 TRLS_SETTINGS = ({}, {"bf16": True}, {"cache_implementation": "static"})
 """TRL's own speed settings without vLLM: fp32 HF generate (its fastest measured on the H200, 1.71 s a step), bf16
 autocast (1.81 s), and transformers' static cache, which generate compiles on a GPU: all three in the first pair, the
@@ -158,6 +165,53 @@ def test_gpu_fast_paths_against_trls_fastest(benchmark, tmp_path, shape):
     assert fast_enough(pairs, geometry), report
     if shape == "155m":
         assert gen <= ROLLOUT_TARGET_S, report
+
+
+def test_gpu_each_fast_path_on_its_own(benchmark, tmp_path):
+    """What each fast path gains and costs at the 155M geometry: step, rollout and update time (medians after the
+    warm-up) and peak memory, each path on its own over the eager fp32 baseline, then all three; the baseline runs
+    first and last (its two runs are the spread). Target: each path's step faster than the slower baseline run (a
+    path that does not gain is not kept in ``FAST_PATHS``)."""
+    geometry = dataclasses.replace(GPU_155M, model=str(build("155m", MODELS / "llama-155m")))
+    order = [*EACH_FAST_PATH, next(iter(EACH_FAST_PATH))]
+    runs: dict[str, list[dict]] = {}
+    for i, name in enumerate(order):
+        variant = dataclasses.replace(geometry, extra=EACH_FAST_PATH[name])
+        result = run_rlprof(variant, 1, tmp_path / f"run-{i}")
+        records = result["records"][geometry.warm_up :]
+        runs.setdefault(name, []).append(
+            {
+                "step_s": statistics.median(result["step_s"][geometry.warm_up :]),  # as the pairs with TRL
+                **{
+                    phase: statistics.median(r.get(f"timing_s/{phase}", 0.0) for r in records)
+                    for phase in ("gen", "ref", "update_actor")
+                },
+                "peak_gb": max(r.get("perf/max_memory_allocated_gb", float("nan")) for r in records),  # GPU only
+                "compile_s": sum(r.get("timing_s/rollout_compile", 0.0) for r in result["records"]),
+            }
+        )
+    baseline = runs[order[0]]
+    slower_baseline = max(run["step_s"] for run in baseline)
+    lines = [
+        f"### each fast path on its own: {geometry.name}, {geometry.steps} steps, medians after {geometry.warm_up}",
+        "",
+        "| setting | s/step | baseline / it | rollout s | reference s | update s | peak allocated GB | rollout "
+        "compile s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, measured in runs.items():
+        for run in measured:
+            lines.append(
+                f"| {name} | {run['step_s']:.3f} | {slower_baseline / run['step_s']:.2f}x | {run['gen']:.3f} | "
+                f"{run['ref']:.3f} | {run['update_actor']:.3f} | {run['peak_gb']:.2f} | {run['compile_s']:.1f} |"
+            )
+    lines += ["", f"device: {device_line()}", ""]
+    report = "\n".join(lines)
+    write("gpu_each_fast_path.md", report)
+    benchmark.extra_info.update(runs=runs, device=device_line())
+    benchmark.pedantic(lambda: None, rounds=1)
+    for name in order[1:-1]:  # each path, and all three
+        assert runs[name][0]["step_s"] < slower_baseline, report
 
 
 # ----------------------------------------------------------------------------------------------- window cost

@@ -5,7 +5,7 @@
 #   bash scripts/gpu_kit.sh prepare                 # here (CPU, package registries reachable): wheels -> .gpu_kit/
 #   bash scripts/gpu_kit.sh run [--out DIR]         # there (CUDA, Python 3.12, no network): install, test, summarize
 #   bash scripts/gpu_kit.sh run --dry-run           # anywhere: list what run would execute
-#   bash scripts/gpu_kit.sh run --part speed        # there: the fast paths' evidence (speed-1b: the 1B comparison)
+#   bash scripts/gpu_kit.sh run --part speed        # there: the fast paths' evidence (speed-1b: the 1B comparison; speed-each: each path alone)
 #
 # prepare downloads the cp312 manylinux wheels the GPU machine lacks (see ../shared/docs/PLATFORM.md, "The lent GPU
 # machine": it has torch, transformers, peft, tensorboard, rich, psutil, pytest, pandas, pyarrow; not omegaconf, nvtx,
@@ -23,7 +23,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 KIT="$ROOT/.gpu_kit"
 LIMIT_MIB=64
-RUN_BUDGET_S=${GPU_KIT_BUDGET_S:-}  # seconds for all steps; empty: the part's (kit 480, speed and speed-1b 540)
+RUN_BUDGET_S=${GPU_KIT_BUDGET_S:-}  # seconds for all steps; empty: the part's (kit 480, the speed parts 540)
 PY_VERSION=3.12
 PLATFORM=manylinux_2_17_x86_64
 WHEELS=(  # name==version as in .venv, so the GPU machine runs what the tests ran here
@@ -63,7 +63,7 @@ steps() {
 20|rlprof report on that run: kernel time per range|python3 -m rlprof.cli report "$WORK/run/logs" --format json > "$OUT/report.json" && python3 $SHOW report "$OUT/report.json"
 20|rlprof memory on a CUDA snapshot of the trainer (pytest's torch_memory run)|snap="$(find "$WORK/pytest" -path '*torch_memory/step2/*' -name '*.pickle' | head -1)" && cp "$snap" "$OUT/trainer_step2_snapshot.pickle" && python3 -m rlprof.cli memory "$snap" --format json > "$OUT/snapshot.json" && python3 -m rlprof.cli memory "$snap" | head -40 && cp "$(find "$WORK/pytest" -name 'oom_*.pickle' | head -1)" "$OUT/oom_snapshot.pickle"
 90|the GPU's checkpoint resumed on the GPU (torchrun --nproc_per_node 1, trainer.n_gpus_per_node=1) and on the CPU|python3 -m torch.distributed.run --standalone --nproc_per_node 1 -m $TRAIN trainer.n_gpus_per_node=1 trainer.total_training_steps=6 trainer.save_freq=6 data.max_response_length=16 'trainer.resume_allow_changes=[data.max_response_length]' && python3 -m $TRAIN trainer.device=cpu data.train_batch_size=4 actor_rollout_ref.actor.ppo_mini_batch_size=4 actor_rollout_ref.rollout.n=2 data.max_response_length=4 trainer.total_training_steps=7 trainer.save_freq=-1 'trainer.resume_allow_changes=[data.train_batch_size,actor_rollout_ref.actor.ppo_mini_batch_size,actor_rollout_ref.rollout.n,data.max_response_length]' && python3 $SHOW steps "$WORK/run/logs/metrics.jsonl" --last 6,7
-240|GPU benchmarks: against TRL's GRPOTrainer at equal work, a recorded window against the bare torch tool|python3 -m pytest -m gpu benchmarks -k "not fast_paths" -p no:cacheprovider -q -s -rs --basetemp="$WORK/bench"; cat outputs/benchmarks/gpu_*.md
+240|GPU benchmarks: against TRL's GRPOTrainer at equal work, a recorded window against the bare torch tool|python3 -m pytest -m gpu benchmarks -k "not fast_path" -p no:cacheprovider -q -s -rs --basetemp="$WORK/bench"; cat outputs/benchmarks/gpu_*.md
 EOF
 }
 
@@ -82,6 +82,13 @@ speed_1b_steps() {
 EOF
 }
 
+# --part speed-each: each fast path on its own over the eager baseline at 155M (what it gains and costs in memory).
+speed_each_steps() {
+  cat <<'EOF'
+500|each fast path on its own at 155M: step, rollout, update time and peak memory over the eager fp32 baseline|python3 -m pytest -m gpu benchmarks/test_gpu.py -k "each_fast_path" -p no:cacheprovider -q -s -rs --basetemp="$WORK/bench"; cat outputs/benchmarks/gpu_each_fast_path.md
+EOF
+}
+
 run() {
   local out="$ROOT/outputs/gpu_kit" dry=0 part=kit
   while (( $# )); do
@@ -89,7 +96,7 @@ run() {
       --out) out="$2"; shift 2 ;;
       --dry-run) dry=1; shift ;;
       --part) part="$2"; shift 2 ;;
-      *) die "run: unknown option $1 (allowed: --out DIR, --dry-run, --part kit|speed|speed-1b)" ;;
+      *) die "run: unknown option $1 (allowed: --out DIR, --dry-run, --part kit|speed|speed-1b|speed-each)" ;;
     esac
   done
   local list
@@ -97,7 +104,8 @@ run() {
     kit) list=steps; RUN_BUDGET_S=${RUN_BUDGET_S:-480} ;;
     speed) list=speed_steps; RUN_BUDGET_S=${RUN_BUDGET_S:-540} ;;
     speed-1b) list=speed_1b_steps; RUN_BUDGET_S=${RUN_BUDGET_S:-540} ;;
-    *) die "run: --part $part is not a part (allowed: kit, speed, speed-1b)" ;;
+    speed-each) list=speed_each_steps; RUN_BUDGET_S=${RUN_BUDGET_S:-540} ;;
+    *) die "run: --part $part is not a part (allowed: kit, speed, speed-1b, speed-each)" ;;
   esac
   export OUT="$out" WORK="${TMPDIR:-/tmp}/rlprof_gpu_kit" MODEL="$ROOT/outputs/models/llama-155m" PYTHONUNBUFFERED=1
   export SHOW="scripts/gpu_kit_show.py" TRAIN="rlprof_train.main_ppo --config-name demo trainer.device=cuda \
@@ -147,5 +155,5 @@ trainer.log_dir=$WORK/run/logs trainer.default_local_dir=$WORK/run/ckpt"
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) die "usage: bash scripts/gpu_kit.sh prepare | run [--out DIR] [--dry-run] [--part kit|speed|speed-1b]" ;;
+  *) die "usage: bash scripts/gpu_kit.sh prepare | run [--out DIR] [--dry-run] [--part kit|speed|speed-1b|speed-each]" ;;
 esac

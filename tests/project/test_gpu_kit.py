@@ -33,15 +33,22 @@ def test_dry_run_lists_the_gpu_tests_the_trainer_and_the_summaries():
                      "trainer.device=cpu", "pytest -m gpu benchmarks", "summary.txt"):  # fmt: skip
         assert fragment in result.stdout, fragment
     assert '-k "not static_decode and not compiled_rollout and not fast_paths"' in result.stdout  # --part speed's
-    assert '"fast_paths and' not in result.stdout
+    assert '"fast_paths and' not in result.stdout and "each_fast_path" not in result.stdout
 
 
-@pytest.mark.parametrize(("part", "shape"), [("speed", "155m"), ("speed-1b", "1b")])
-def test_each_speed_part_lists_its_comparison_with_trl(part, shape):
+@pytest.mark.parametrize(
+    ("part", "selects", "table"),
+    [
+        ("speed", "fast_paths and 155m", "gpu_fast_155m.md"),
+        ("speed-1b", "fast_paths and 1b", "gpu_fast_1b.md"),
+        ("speed-each", "each_fast_path", "gpu_each_fast_path.md"),
+    ],
+)
+def test_each_speed_part_lists_its_benchmark(part, selects, table):
     result = kit("run", "--dry-run", "--part", part)
     assert result.returncode == 0, result.stderr
     assert "with a 540 s budget" in result.stdout
-    assert f'-k "fast_paths and {shape}"' in result.stdout and f"gpu_fast_{shape}.md" in result.stdout
+    assert f'-k "{selects}"' in result.stdout and table in result.stdout
     if part == "speed":  # the fast paths on the device first
         assert '-k "static_decode or compiled_rollout or fast_paths"' in result.stdout
 
@@ -49,7 +56,7 @@ def test_each_speed_part_lists_its_comparison_with_trl(part, shape):
 def test_an_unknown_part_is_one_line_naming_the_parts():
     result = kit("run", "--dry-run", "--part", "fast")
     assert result.returncode == 2
-    assert result.stderr == "gpu_kit: run: --part fast is not a part (allowed: kit, speed, speed-1b)\n"
+    assert result.stderr == "gpu_kit: run: --part fast is not a part (allowed: kit, speed, speed-1b, speed-each)\n"
 
 
 @pytest.mark.slow
