@@ -8,10 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlprof_train.data import arithmetic_rows, left_pad
+from rlprof_train.data import Example, arithmetic_rows, left_pad
 from rlprof_train.models import load_causal_lm, load_tokenizer, response_log_probs
 from rlprof_train.tiny_model import create_tiny_model
+from rlprof_train.workers.rollout import SamplingParams
 from rlprof_train.workers.rollout.decode import Sampling, sample
+from rlprof_train.workers.rollout.hf import HFRollout
 from rlprof_train.workers.rollout.static_decode import StaticDecoder, bucket, prompt_bucket
 
 
@@ -126,3 +128,28 @@ def test_after_an_optimizer_step_it_samples_from_the_new_weights_as_the_eager_lo
     after = decoder.sample(model, ids, mask, greedy)[0]
     assert not torch.equal(after, before)
     assert torch.equal(after, sample(model, ids, mask, greedy)[0])
+
+
+@pytest.mark.slow  # builds its model (about 20 s)
+def test_a_model_the_loop_does_not_sample_is_sampled_by_generate_uncompiled(model_dir, tokenizer):
+    """A generation config asking for more (a repetition penalty) goes to ``generate``, eagerly: nothing to compile,
+    said once, and the same samples as the eager rollout's."""
+    model = load_causal_lm(model_dir).eval()
+    model.generation_config.repetition_penalty = 1.3
+    lines: list[str] = []
+    device = torch.device("cpu")
+    compiled = HFRollout(lambda: model, tokenizer, 1, None, device, compiled=True, log=lines.append)
+    eager = HFRollout(lambda: model, tokenizer, 1, None, device)
+    ids, mask = prompts(tokenizer, 6)
+    rows = zip(ids, mask, strict=True)
+    examples = [Example(i, tuple(row[m.bool()].tolist()), "x", "0") for i, (row, m) in enumerate(rows)]
+    sampling = SamplingParams(2, 1.0, 1.0, -1, 4)
+    assert not compiled.warm_up(examples, sampling)
+    assert lines == [
+        "rollout: enforce_eager=false compiles nothing: the model's generation config asks for more than the loop "
+        "does, so generate samples it, eagerly"
+    ]
+    torch.manual_seed(2)
+    got = compiled.generate(examples, sampling)
+    torch.manual_seed(2)
+    assert torch.equal(got.input_ids, eager.generate(examples, sampling).input_ids)

@@ -64,6 +64,12 @@ class HFRollout(ContinuingRollout):
         """With ``compiled``: compile the decode step for the shape of a call with these prompts (two steps)."""
         if self.static is None:
             return False
+        if not loop_applies(self.module()):
+            self.log(
+                "rollout: enforce_eager=false compiles nothing: the model's generation config asks for more than the "
+                "loop does, so generate samples it, eagerly"
+            )
+            return False
         budgets = [sampling.response_length] * len(prompts)
         self.complete([p.prompt_ids for p in prompts], sampling.n, budgets, sampling, steps=2)
         return True
