@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
-import threading
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +15,8 @@ import pytest
 
 import rlprof
 from rlprof.manifest import read_manifest
+
+from conftest import ROOT, subprocess_env
 
 DUMP = (
     'printf "%s|%s|%s|%s|%s\\n" "$VERL_PROFILE_SAVE_PATH" "$VERL_PROFILE_TOOL" "$VERL_PROFILE_RANK" '
@@ -103,23 +107,42 @@ def test_a_failing_command_is_a_warning_and_the_loop_goes_on(tmp_path):
     assert record["returncode"] == 3
 
 
+CHILD = """
+import json, sys
+import rlprof
+
+rlprof.init(json.loads(sys.argv[1]), rank=0, world_size=1)
+for step in (1, 2):
+    with rlprof.step(step), rlprof.profile_range("generate", role="rollout"):
+        pass
+print("finished", flush=True)
+"""
+"""A training loop whose step 1 is profiled, in a process of its own: the Ctrl-C goes to it, as a user's does."""
+
+
 def test_ctrl_c_while_it_runs_stops_the_command_too(tmp_path):
     pid_file = tmp_path / "pid"
-    rlprof.init(config(tmp_path, f'echo $$ > "{pid_file}"; exec sleep 60', steps=(1,)), rank=0, world_size=1)
-
-    def interrupt() -> None:
-        while not pid_file.exists() or not pid_file.read_text().strip():
-            time.sleep(0.05)
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-
-    threading.Thread(target=interrupt, daemon=True).start()
-    started = time.monotonic()
+    cfg = config(tmp_path, f'echo $$ > "{pid_file}"; exec sleep 60', steps=(1,))
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, json.dumps(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+        cwd=ROOT,
+    )
     try:
-        with pytest.raises(KeyboardInterrupt):
-            train(1)
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pid_file.exists(), "the hook never started"
+        started = time.monotonic()
+        os.kill(child.pid, signal.SIGINT)  # the training process only: rlprof must stop the command itself
+        out, err = child.communicate(timeout=30)
     finally:
-        rlprof.shutdown()
+        child.kill()
     assert time.monotonic() - started < 30
+    assert child.returncode != 0 and "KeyboardInterrupt" in err and "finished" not in out, (child.returncode, err)
     pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):  # killed and reaped: nothing left running
         os.kill(pid, 0)
