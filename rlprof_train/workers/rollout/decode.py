@@ -26,6 +26,8 @@ from typing import Any, Optional
 
 import torch
 
+from rlprof_train.models import position_ids
+
 # generation-config fields this loop applies or that do not change sampling; any other non-default field: generate
 _HANDLED = {
     "bos_token_id",
@@ -143,7 +145,7 @@ def sample(
     rows = prompt_ids.shape[0] * n
     processors = processors_for(sampling)
     cache = DynamicCache(config=model.config)
-    positions = (prompt_mask.long().cumsum(-1) - 1).masked_fill(prompt_mask == 0, 0)
+    positions = position_ids(prompt_mask.long())
     out = model(
         input_ids=prompt_ids,
         attention_mask=prompt_mask,

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import torch
 
-from rlprof_train.models import CompiledForward
+from rlprof_train.models import CompiledForward, position_ids
 from rlprof_train.workers.rollout.decode import Sampling, draw, processors_for
 
 MIN_BUCKET = 16
@@ -106,7 +106,7 @@ class StaticDecoder:
         cache, new_shape = self._cache(model, rows, positions)
         ids, mask = prompt_ids.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0)
         full_mask = torch.cat([mask, mask.new_ones((rows, positions - width))], dim=1)  # [rows, positions]
-        position = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        position = position_ids(mask.long())
         out = model(
             input_ids=ids,
             attention_mask=full_mask[:, :width],
