@@ -94,6 +94,15 @@ def _rollout_reads(run: Run, setting: str) -> bool:
     return isinstance(name, str) and name not in VERL_ROLLOUTS_WITHOUT_ENGINE
 
 
+def _compiled_decode_allowed(run: Run) -> bool:
+    """Whether ``rollout.enforce_eager=false`` (CUDA graphs in an engine, the compiled decode in rlprof_train's
+    ``hf``) is a setting the run could take: its rollout reads it, and it is not ``hf`` under ZeRO 3, which
+    rlprof_train refuses (the compiled decode replays on the weights' buffers; ZeRO 3 gathers them for every call)."""
+    if not _rollout_reads(run, "enforce_eager"):
+        return False
+    return not (run.setting(f"{ROLLOUT}.name") == "hf" and _int(run, f"{ACTOR}.zero_stage", 1) == 3)
+
+
 def _int(run: Run, key: str, default: int) -> int:
     value = run.setting(key, default)
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
@@ -314,7 +323,7 @@ def gpu_idle(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Op
     mini = _int(run, f"{ACTOR}.ppo_mini_batch_size", 32) * _int(run, f"{ROLLOUT}.n", 1)
     if not run.setting(f"{ACTOR}.use_dynamic_bsz", False) and micro < mini:
         overrides.append(f"{ACTOR}.ppo_micro_batch_size_per_gpu={min(2 * micro, mini)}")
-    if _rollout_reads(run, "enforce_eager") and run.setting(f"{ROLLOUT}.enforce_eager", True):
+    if _compiled_decode_allowed(run) and run.setting(f"{ROLLOUT}.enforce_eager", True):
         overrides.append(f"{ROLLOUT}.enforce_eager=false")
     message = (
         f"GPU idle: on {_where(trace)} the device is idle {_pct(idle)} of the {gpu.span_us / 1e3:.3g} ms it was traced"

@@ -82,6 +82,25 @@ def test_the_gpu_rules_name_the_knobs_of_the_run(tmp_path):
     assert "actor_rollout_ref.rollout.enforce_eager=false" not in again["gpu-idle"].overrides
 
 
+def test_the_compiled_decode_is_not_advised_where_the_trainer_refuses_it(tmp_path):
+    """rlprof_train's hf rollout reads enforce_eager (its compiled decode) but refuses it under ZeRO 3."""
+    config = {
+        "actor_rollout_ref": {
+            "actor": {"zero_stage": 3, "ppo_micro_batch_size_per_gpu": 8, "ppo_mini_batch_size": 8},
+            "rollout": {"name": "hf", "enforce_eager": True, "n": 1},
+        }
+    }
+    eager = "actor_rollout_ref.rollout.enforce_eager=false"
+    record = {"run_id": "hf", "rollout": {"name": "hf", "reads": ["enforce_eager", "temperature"]}}
+    zero3 = a_run(tmp_path / "zero3", "hta_negative_queue_rank0.json.gz", config)
+    (zero3 / "run.json").write_text(json.dumps(record))
+    assert eager not in findings(zero3)["gpu-idle"].overrides
+    config["actor_rollout_ref"]["actor"]["zero_stage"] = 2
+    zero2 = a_run(tmp_path / "zero2", "hta_negative_queue_rank0.json.gz", config)
+    (zero2 / "run.json").write_text(json.dumps(record))
+    assert eager in findings(zero2)["gpu-idle"].overrides
+
+
 def test_an_override_measured_slower_on_this_kind_of_machine_is_not_offered():
     speed = next(r for r in RULES if r.name == "training-bound")
     memory = next(r for r in RULES if r.name == "memory-bound")
