@@ -68,6 +68,18 @@ def validate(cfg: TrainerConfig, world_size: int = 1) -> None:
         raise ConfigError(one_message(problems))
 
 
+def strategy_conflicts(cfg: TrainerConfig) -> list[str]:
+    """What the DeepSpeed strategy and the rollout backend's preflight refuse in ``cfg``: checks of the config alone
+    (no files, no devices), which ``tune`` runs on a candidate before trying it."""
+    problems = []
+    for check in (_check_strategy, check_rollout):
+        try:
+            check(cfg)
+        except ValueError as exc:
+            problems.append(str(exc))
+    return problems
+
+
 def _import_user_code(cfg: TrainerConfig) -> None:
     """The custom reward file first: besides its reward function it may register what the other checks look up
     (an advantage estimator, a rollout backend, a tracking backend, a profiler tool)."""

@@ -2,7 +2,8 @@
 
 Every knob here is covered by an equivalence test (``tests/rlprof_train/test_knobs.py``: packed == padded, token-budget
 micro-batches == fixed ones, gradient and entropy checkpointing == plain, chunked entropy == whole; the loss is
-normalised by the mini-batch's global token counts, so any micro-batch split gives the same gradient), and the
+normalised by the mini-batch's global token counts, so any micro-batch split gives the same gradient; the compiled
+decode and the compiled training forward == eager in ``test_static_decode.py`` and ``test_fast_paths.py``), and the
 verification at the end of a search checks it again on the first steps of the real run. Keys that change the
 algorithm (batch sizes per optimizer step, learning rates, clipping, KL, ``n``, sampling) are not in the space, and
 asking for one is refused naming the allowed keys.
@@ -10,12 +11,13 @@ asking for one is refused naming the allowed keys.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from rlprof.typed_config import ConfigError
-from rlprof_train import algos
+from rlprof_train import algos, preflight
 from rlprof_train.config.schema import TrainerConfig
 from rlprof_train.workers.rollout import rollout_spec
 
@@ -28,7 +30,7 @@ class Knob:
     key: str
     """The dotted trainer key (or keys joined by ``+`` for a coupled pair: use_dynamic_bsz + its budget)."""
     group: str
-    """``micro_batching``, ``log_prob``, ``packing``, ``token_budget``, ``memory`` or ``rollout``."""
+    """``micro_batching``, ``log_prob``, ``packing``, ``token_budget``, ``memory``, ``rollout`` or ``compile``."""
     candidates: Callable[[TrainerConfig, int], list[dict[str, Any]]]
     """The overrides to try, given the base config and the number of processes (the base's value left out)."""
     applies: Applies
@@ -123,6 +125,21 @@ def _read_by_rollout(setting: str, device: Optional[str] = None) -> Callable[[Tr
     return applies
 
 
+def compiled(key: str, applies: Applies) -> Knob:
+    """A compile switch (``torch.compile``: fewer launches for a compile paid once), tried flipped where the trainer
+    accepts the flipped setting with the rest of the config (its preflight: not with ZeRO 3)."""
+
+    def accepted(cfg: TrainerConfig) -> bool:
+        if not applies(cfg):
+            return False
+        flipped = copy.deepcopy(cfg)
+        *parents, leaf = key.split(".")
+        setattr(_get(flipped, ".".join(parents)), leaf, not _get(cfg, key))
+        return not preflight.strategy_conflicts(flipped)
+
+    return Knob(key, "compile", _flipped(key), accepted)
+
+
 def _mini(cfg: TrainerConfig) -> int:
     return cfg.actor_rollout_ref.actor.ppo_mini_batch_size
 
@@ -161,13 +178,15 @@ KNOBS = (
         _read_by_rollout("gpu_memory_utilization", "cuda"),
     ),
     choices(f"{ARR}.rollout.kv_cache_space_gb", (1, 2, 4), _read_by_rollout("kv_cache_space_gb", "cpu")),
+    compiled(f"{ARR}.rollout.enforce_eager", _read_by_rollout("enforce_eager")),
+    compiled(f"{ARR}.model.torch_compile", _always),
 )
 TUNABLE = tuple(part for knob in KNOBS for part in knob.key.split("+"))
 """Every key a trial may change."""
 GROUP_ORDER = {
-    "rollout-bound": ("rollout", "log_prob", "micro_batching", "packing", "token_budget", "memory"),
-    "training-bound": ("micro_batching", "log_prob", "packing", "token_budget", "rollout", "memory"),
-    "memory-bound": ("memory", "token_budget", "packing", "micro_batching", "log_prob", "rollout"),
+    "rollout-bound": ("rollout", "log_prob", "micro_batching", "packing", "token_budget", "compile", "memory"),
+    "training-bound": ("micro_batching", "log_prob", "packing", "token_budget", "rollout", "compile", "memory"),
+    "memory-bound": ("memory", "token_budget", "packing", "micro_batching", "log_prob", "rollout", "compile"),
 }
 """Which knob groups are searched first, by what ``rlprof report`` diagnosed on the base trial."""
 DEFAULT_ORDER = GROUP_ORDER["training-bound"]

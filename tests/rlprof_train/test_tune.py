@@ -63,6 +63,22 @@ def test_every_tunable_key_is_a_trainer_key_and_only_applicable_knobs_are_search
     assert len(TUNABLE) == len(set(TUNABLE))
 
 
+@pytest.mark.slow  # loads configs: kept out of the quick loop
+def test_the_compile_switches_are_searched_where_the_trainer_takes_them():
+    eager, compiled = f"{ARR}.rollout.enforce_eager", f"{ARR}.model.torch_compile"
+
+    def searched(*overrides):
+        return {k.key for k in knobs_for(load_trainer_config(["--config-name=demo", *overrides]), None)}
+
+    assert {eager, compiled} <= searched()  # hf reads enforce_eager (its compiled decode)
+    (knob,) = [k for k in KNOBS if k.key == eager]
+    demo = load_trainer_config(["--config-name=demo"])
+    assert knob.group == "compile" and knob.candidates(demo, 1) == [{eager: False}]
+    assert not {eager, compiled} & searched(f"{ARR}.actor.zero_stage=3")  # the trainer refuses both under ZeRO 3
+    assert eager in searched(f"{ARR}.actor.zero_stage=3", f"{ARR}.rollout.name=vllm")  # vLLM's CUDA graphs
+    assert compiled not in searched(f"{ARR}.actor.zero_stage=3", f"{ARR}.rollout.name=vllm")
+
+
 def test_a_run_is_expected_to_take_the_quickest_start_up_plus_its_steps_and_the_verification_is_held_back(tmp_path):
     """The first run can spend 40 s building DeepSpeed's shm op: the estimate takes the quickest start-up so far, so
     that one slow first run does not use up the budget (CI: a 3-minute search measured only one candidate)."""
