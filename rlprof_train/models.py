@@ -153,6 +153,14 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
+RECOMPILE_LIMIT = 64
+"""Graphs ``torch.compile`` may build for a model's forward: dynamo's ``recompile_limit``, counted per code object, so
+every instance of the model class and every compiled use of it (the training passes' graphs, one per decode shape)
+share it. torch's default, 8, is used up by a run's decode shapes beside the training graphs, and past it a
+``fullgraph`` compile fails; compiling a forward here raises the limit to this at least
+(:data:`~rlprof_train.workers.rollout.static_decode.MAX_SHAPES` keeps the decode under it)."""
+
+
 class CompiledForward:
     """``module``'s forward compiled (``torch.compile``'s keywords in ``options``), called as the module is (keyword
     arguments; its output). The forward, not the call: hooks on the module itself (a DeepSpeed engine's timers) stay
@@ -163,6 +171,8 @@ class CompiledForward:
     def __init__(self, module: Any, **options: Any) -> None:
         self.module = module
         self.forward: Callable[..., Any] = torch.compile(module.forward, **{"dynamic": True, **options})
+        dynamo = torch._dynamo.config
+        dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
 
     def __call__(self, **inputs: Any) -> Any:
         return self.forward(**inputs)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlprof_train.data import Example, arithmetic_rows, left_pad
-from rlprof_train.models import load_causal_lm, load_tokenizer, response_log_probs
+from rlprof_train.models import CompiledForward, load_causal_lm, load_tokenizer, response_log_probs
 from rlprof_train.tiny_model import create_tiny_model
 from rlprof_train.workers.rollout import SamplingParams
 from rlprof_train.workers.rollout.decode import Sampling, sample
@@ -34,13 +34,13 @@ def model(model_dir):
 
 
 @pytest.fixture(scope="module")
-def compiled():
-    return []  # (rows, positions) of every compile
+def decoder():
+    return StaticDecoder(lambda line: None)
 
 
-@pytest.fixture(scope="module")
-def decoder(compiled):
-    return StaticDecoder(lambda rows, positions, _seconds: compiled.append((rows, positions)))
+def shapes(decoder):
+    """(rows, positions) of every shape ``decoder`` compiled, in order."""
+    return [(rows, positions) for rows, positions, _dtype in decoder.compiled]
 
 
 def prompts(tokenizer, count, seed=3, shorten_first=True):
@@ -81,18 +81,59 @@ def test_it_samples_the_eager_loops_tokens_and_log_probs_from_the_same_random_st
 
 
 @pytest.mark.slow
-def test_calls_within_a_bucket_reuse_the_compiled_step_and_a_new_bucket_compiles_once(
-    model, tokenizer, decoder, compiled
-):
+def test_calls_within_a_bucket_reuse_the_compiled_step_and_a_new_bucket_compiles_once(model, tokenizer, decoder):
     settings = Sampling(8, 6, 1.0, 1.0, -1, tokenizer.eos_token_id, tokenizer.pad_token_id)
     decoder.sample(model, *prompts(tokenizer, 12), settings)  # 16 prompts x 8 rows, bucket(7 + 6) positions
-    before = list(compiled)
+    before = shapes(decoder)
     for count, seed in ((12, 4), (9, 5), (16, 6)):  # other prompts, other counts and widths, the same buckets
         decoder.sample(model, *prompts(tokenizer, count, seed, shorten_first=False), settings)
-    assert compiled == before
+    assert shapes(decoder) == before
     decoder.sample(model, *prompts(tokenizer, 17), settings)  # 32 prompts: a new shape
     decoder.sample(model, *prompts(tokenizer, 20, seed=8), settings)
-    assert compiled == [*before, (32 * 8, 16)]
+    assert shapes(decoder) == [*before, (32 * 8, 16)]
+
+
+@pytest.mark.slow
+def test_more_shapes_than_torchs_recompile_limit_compile_beside_the_training_graphs(model_dir, tokenizer):
+    """torch's recompile limit (8) counts every graph of the model class's forward: the compiled training passes'
+    (with and without gradients) and each decode shape's. A run with validation and multi-turn contexts passes it, and
+    a ``fullgraph`` compile past it fails."""
+    model = load_causal_lm(model_dir)
+    training = CompiledForward(model)
+    ids = torch.randint(0, 50, (2, 8))
+    training(input_ids=ids).logits.sum().backward()
+    with torch.no_grad():
+        training(input_ids=ids)
+    model.eval()
+    lines: list[str] = []
+    decoder = StaticDecoder(lines.append)
+    for count in (1, 2, 4, 8):
+        for length in (4, 20):  # 16 and 32 positions
+            settings = Sampling(1, length, 1.0, 1.0, -1, tokenizer.eos_token_id, tokenizer.pad_token_id)
+            decoder.sample(model, *prompts(tokenizer, count), settings, steps=3)
+    assert shapes(decoder) == [(rows, positions) for rows in (1, 2, 4, 8) for positions in (16, 32)]
+    assert len(lines) == 8 and lines[-1].startswith("rollout: compiled the decode step for 8 rows x 32 positions in ")
+    assert torch._dynamo.config.recompile_limit == 64 and decoder.max_shapes == 32  # the documented figures
+
+
+@pytest.mark.slow
+def test_past_its_most_shapes_a_new_shape_decodes_eagerly_with_the_same_tokens_said_once(model, tokenizer):
+    lines: list[str] = []
+    decoder = StaticDecoder(lines.append, max_shapes=1)
+    settings = Sampling(4, 6, 1.0, 1.0, -1, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    decoder.sample(model, *prompts(tokenizer, 4), settings)
+    for count in (8, 16):  # new shapes: 8 and 16 prompts
+        ids, mask = prompts(tokenizer, count)
+        torch.manual_seed(5)
+        expected, _ = sample(model, ids, mask, settings)
+        torch.manual_seed(5)
+        got, _ = decoder.sample(model, ids, mask, settings)
+        assert torch.equal(got, expected)
+    assert shapes(decoder) == [(16, 16)]
+    assert lines[1:] == [
+        "rollout: 1 decode shapes are compiled (the most kept); 32 rows x 16 positions and any other new shape "
+        "decode eagerly"
+    ]
 
 
 @pytest.mark.slow
@@ -109,7 +150,7 @@ def test_calls_within_a_bucket_reuse_the_compiled_step_and_a_new_bucket_compiles
 def test_after_an_optimizer_step_it_samples_from_the_new_weights_as_the_eager_loop_does(model_dir, tokenizer, device):
     """On a GPU the compiled step is a CUDA graph: it must replay on the weights the optimizer updated in place."""
     model = load_causal_lm(model_dir, device=torch.device(device))
-    decoder = StaticDecoder(lambda rows, positions, _seconds: None)
+    decoder = StaticDecoder(lambda line: None)
     ids, mask = (t.to(device) for t in prompts(tokenizer, 12))
     greedy = Sampling(1, 6, 0.0, 1.0, -1, tokenizer.eos_token_id, tokenizer.pad_token_id)
     model.eval()

@@ -50,15 +50,12 @@ class HFRollout(ContinuingRollout):
     ) -> None:
         self.module = module
         self.log = log
-        self.static = StaticDecoder(self._compiled) if compiled else None
+        self.static = StaticDecoder(log) if compiled else None
         self.log_probs = log_probs
         self.tokenizer = tokenizer
         self.zero_stage = zero_stage
         self.micro_batch_size = micro_batch_size
         self.device = device
-
-    def _compiled(self, rows: int, positions: int, seconds: float) -> None:
-        self.log(f"rollout: compiled the decode step for {rows} rows x {positions} positions in {seconds:.1f} s")
 
     def warm_up(self, prompts: list[Example], sampling: SamplingParams) -> bool:
         """With ``compiled``: compile the decode step for the shape of a call with these prompts (two steps)."""

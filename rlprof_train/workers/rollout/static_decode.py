@@ -12,10 +12,11 @@ the eager loop (:mod:`.decode`), whose batch shrinks as rows finish, this loop k
 - a finished row goes on computing with pad as its input, its tokens pad.
 
 So a run compiles one decode step per (rows, positions) bucket: one for training, one for validation, a few more
-for multi-turn contexts that grow. Each cache is kept for the next call with its shape (a CUDA graph replays on the
-same buffers). Sampling is the eager loop's (:func:`.decode.draw`: the same processors and the same noise for the
-real rows): from the same random state and weights, the tokens are the eager loop's up to the compiled kernels'
-float rounding (greedy tokens equal on the CPU; tested). The prefill runs eagerly, its shape varies with the prompts.
+for multi-turn contexts that grow; past :data:`MAX_SHAPES` of them a new shape decodes eagerly (said once) instead of
+compiling again. Each cache is kept for the next call with its shape (a CUDA graph replays on the same buffers).
+Sampling is the eager loop's (:func:`.decode.draw`: the same processors and the same noise for the real rows): from
+the same random state and weights, the tokens are the eager loop's up to the compiled kernels' float rounding (greedy
+tokens equal on the CPU; tested). The prefill runs eagerly, its shape varies with the prompts.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ from typing import Any, Optional
 import torch
 
 from rlprof_train.models import CompiledForward, position_ids
-from rlprof_train.workers.rollout.decode import Sampling, draw, processors_for
+from rlprof_train.workers.rollout.decode import Sampling, draw, processors_for, sample
 
 MIN_BUCKET = 16
 KEPT_CACHES = 4
 """Static caches kept between calls, least recently used dropped first (each is rows x positions x layers x 2)."""
+MAX_SHAPES = 32
+"""Decode shapes compiled at most for one decoder: each costs a compile and, on a GPU, its CUDA graph's memory; a call
+of a new shape past them samples with the eager loop (:func:`.decode.sample`, the same tokens)."""
 
 
 def bucket(size: int) -> int:
@@ -48,37 +52,51 @@ def prompt_bucket(prompts: int) -> int:
 class StaticDecoder:
     """Compiled decode steps of one model, with the static caches of the shapes seen so far.
 
-    ``on_compile(rows, positions, seconds)`` is told the time of each shape's first decode step (where
-    ``torch.compile`` traces and compiles it)."""
+    ``log`` is told each shape's compile (the time of its first decode step, where ``torch.compile`` traces and
+    compiles it) and, once, that new shapes decode eagerly past ``max_shapes``; ``compiled`` holds the shapes
+    (rows, positions, dtype) compiled, in order, with their compile times."""
 
-    def __init__(self, on_compile: Callable[[int, int, float], None]) -> None:
-        self.on_compile = on_compile
-        self.caches: OrderedDict[tuple[int, int, Any], Any] = OrderedDict()
-        self._compiled: Optional[CompiledForward] = None
+    def __init__(self, log: Callable[[str], None], max_shapes: int = MAX_SHAPES) -> None:
+        self.log = log
+        self.max_shapes = max(1, max_shapes)
+        self.compiled: dict[tuple[int, int, torch.dtype], float] = {}
+        self.caches: OrderedDict[tuple[int, int, torch.dtype], Any] = OrderedDict()
+        self._forward: Optional[CompiledForward] = None
+        self._said_eager = False
 
-    def _cache(self, model: Any, rows: int, positions: int) -> tuple[Any, bool]:
-        """The static cache for this shape (reset), and whether the shape is new."""
+    def _cache(self, model: Any, shape: tuple[int, int, torch.dtype]) -> Any:
+        """The static cache for this shape, reset."""
         from transformers import StaticCache
 
-        key = (rows, positions, next(model.parameters()).dtype)
-        cache = self.caches.pop(key, None)
-        new = cache is None
+        cache = self.caches.pop(shape, None)
         if cache is None:
-            cache = StaticCache(config=model.config, max_cache_len=positions)
+            cache = StaticCache(config=model.config, max_cache_len=shape[1])
         else:
             cache.reset()
-        self.caches[key] = cache
+        self.caches[shape] = cache
         while len(self.caches) > KEPT_CACHES:
             self.caches.popitem(last=False)
-        return cache, new
+        return cache
+
+    def _past_most_shapes(self, shape: tuple[int, int, torch.dtype]) -> bool:
+        """Whether the new ``shape`` is past ``max_shapes`` (said once), so that it decodes eagerly."""
+        if len(self.compiled) < self.max_shapes:
+            return False
+        if not self._said_eager:
+            self.log(
+                f"rollout: {len(self.compiled)} decode shapes are compiled (the most kept); {shape[0]} rows x "
+                f"{shape[1]} positions and any other new shape decode eagerly"
+            )
+            self._said_eager = True
+        return True
 
     def compiled_forward(self, model: Any) -> Any:
         """``model``'s forward compiled as transformers documents for its static cache (whole graph, static shapes,
         CUDA graphs on a GPU), once per model."""
-        if self._compiled is None or self._compiled.module is not model:
+        if self._forward is None or self._forward.module is not model:
             mode = "reduce-overhead" if next(model.parameters()).device.type == "cuda" else "default"
-            self._compiled = CompiledForward(model, fullgraph=True, dynamic=False, mode=mode)
-        return self._compiled
+            self._forward = CompiledForward(model, fullgraph=True, dynamic=False, mode=mode)
+        return self._forward
 
     @torch.no_grad()
     def sample(
@@ -97,13 +115,17 @@ class StaticDecoder:
         n, device = sampling.n, prompt_ids.device
         prompts, width = prompt_ids.shape
         padded = prompt_bucket(prompts)
+        rows, real = padded * n, prompts * n
+        positions = bucket(width + sampling.max_new_tokens)
+        shape = (rows, positions, next(model.parameters()).dtype)
+        new_shape = shape not in self.compiled
+        if new_shape and self._past_most_shapes(shape):
+            return sample(model, prompt_ids, prompt_mask, sampling, step_times, with_log_probs)
         if padded > prompts:  # padding rows: the last prompt again
             extra = padded - prompts
             prompt_ids = torch.cat([prompt_ids, prompt_ids[-1:].expand(extra, -1)])
             prompt_mask = torch.cat([prompt_mask, prompt_mask[-1:].expand(extra, -1)])
-        rows, real = padded * n, prompts * n
-        positions = bucket(width + sampling.max_new_tokens)
-        cache, new_shape = self._cache(model, rows, positions)
+        cache = self._cache(model, shape)
         ids, mask = prompt_ids.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0)
         full_mask = torch.cat([mask, mask.new_ones((rows, positions - width))], dim=1)  # [rows, positions]
         position = position_ids(mask.long())
@@ -153,6 +175,10 @@ class StaticDecoder:
             )
             logits = out.logits[:, -1].float()
             if new_shape:
-                self.on_compile(rows, positions, time.perf_counter() - started)
+                self.compiled[shape] = time.perf_counter() - started
+                self.log(
+                    f"rollout: compiled the decode step for {rows} rows x {positions} positions in "
+                    f"{self.compiled[shape]:.1f} s"
+                )
                 new_shape = False
         return tokens, log_probs
