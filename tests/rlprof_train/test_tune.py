@@ -15,7 +15,7 @@ import pytest
 from rlprof_train.config.load import load_trainer_config
 from rlprof_train.tune.cli import main
 from rlprof_train.tune.search import Budget, Search, SearchSettings
-from rlprof_train.tune.space import KNOBS, TUNABLE, knobs_for
+from rlprof_train.tune.space import GROUP_ORDER, KNOBS, TUNABLE, knobs_for
 from rlprof_train.tune.trial import Launch, Measurement, Trial
 
 from conftest import ROOT, subprocess_env
@@ -74,6 +74,9 @@ def test_the_compile_switches_are_searched_where_the_trainer_takes_them():
     (knob,) = [k for k in KNOBS if k.key == eager]
     demo = load_trainer_config(["--config-name=demo"])
     assert knob.group == "compile" and knob.candidates(demo, 1) == [{eager: False}]
+    speed = ("micro_batching", "log_prob", "packing", "token_budget", "rollout")
+    for order in GROUP_ORDER.values():  # after the other speed knobs, whatever the diagnosis
+        assert all(order.index("compile") > order.index(group) for group in speed)
     assert not {eager, compiled} & searched(f"{ARR}.actor.zero_stage=3")  # the trainer refuses both under ZeRO 3
     assert eager in searched(f"{ARR}.actor.zero_stage=3", f"{ARR}.rollout.name=vllm")  # vLLM's CUDA graphs
     assert compiled not in searched(f"{ARR}.actor.zero_stage=3", f"{ARR}.rollout.name=vllm")
