@@ -99,10 +99,17 @@ def test_after_sync_vllm_greedy_equals_the_actors_greedy(model_dir, dist_env, ze
         max_prompt_length=cfg.data.max_prompt_length,
         seed=cfg.trainer.seed,
     )
-    # the engine core runs in this process, the model in one worker process; what it set for serving is undone
-    assert vllm_processes() == [*started, "VLLM::Worker"]
-    assert (torch.get_num_threads(), gc.get_freeze_count()) == (threads, 0)
-    check_sync(engine, actor, tokenizer)
+    try:
+        # the engine core runs in this process, the model in one worker process; what it set for serving is undone
+        assert vllm_processes() == [*started, "VLLM::Worker"]
+        assert (torch.get_num_threads(), gc.get_freeze_count()) == (threads, 0)
+        check_sync(engine, actor, tokenizer)
+    finally:
+        engine.close()
+    assert vllm_processes() == started  # closed: its worker is gone, nothing is left for the interpreter's exit
+    total = torch.ones(1)
+    torch.distributed.all_reduce(total)  # the trainer's group outlives the engine (vLLM's shutdown destroys "its" own)
+    assert total.item() == dist_env.world_size
 
 
 def all_vllm_processes() -> set[int]:

@@ -84,7 +84,7 @@ class Rollout(ABC):
         """Load the actor's latest weights (a no-op for backends that sample from the actor's own module)."""
 
     def close(self) -> None:
-        """Finish what the backend records (e.g. an engine-side profile)."""
+        """Finish what the backend records (e.g. an engine-side profile) and stop what it started (an engine)."""
 
 
 class ContinuingRollout(Rollout):

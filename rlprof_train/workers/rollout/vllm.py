@@ -172,6 +172,25 @@ def kept_for_the_trainer() -> Iterator[None]:
             gc.unfreeze()
 
 
+@contextlib.contextmanager
+def trainers_process_group_kept() -> Iterator[None]:
+    """Keep torch.distributed's default group through the engine core's shutdown in the block.
+
+    vLLM's shutdown ends with ``cleanup_dist_env_and_memory``, whose ``destroy_distributed_environment`` destroys the
+    default group: in an engine process of its own that group is the engine's, but here the engine core runs in the
+    trainer's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and the group is the trainer's, still needed after the
+    rollout closes (the final barrier, other engines). vLLM's own groups live in its worker processes, which its
+    executor's shutdown stops."""
+    from vllm.distributed import parallel_state
+
+    destroy = parallel_state.destroy_distributed_environment
+    parallel_state.destroy_distributed_environment = lambda: None
+    try:
+        yield
+    finally:
+        parallel_state.destroy_distributed_environment = destroy
+
+
 class VLLMRollout(ContinuingRollout, WindowListener):
     """Samples with a vLLM engine; ``sync_weights`` loads the actor's current weights into it."""
 
@@ -366,11 +385,15 @@ class VLLMRollout(ContinuingRollout, WindowListener):
                 session.record_output("vllm_torch", path, window, role="rollout", format=format, engine="vLLM")
 
     def close(self) -> None:
+        """Write the engine's open profile, then stop the engine and its worker processes (a second call does
+        nothing): nothing of vLLM's is left for the interpreter's exit to finalize."""
         if self.profiling is not None:
             self.window_stopped(self.profiling)
         session = rlprof.get_session()
         if session is not None:
             session.remove_window_listener(self)
+        with trainers_process_group_kept():
+            self.llm.llm_engine.engine_core.shutdown()
 
 
 def _installed(cfg: TrainerConfig) -> Optional[str]:
