@@ -4,6 +4,7 @@ resume without duplicated steps, and a failing backend that does not stop the ot
 from __future__ import annotations
 
 import io
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -15,6 +16,15 @@ from rich.console import Console
 from rlprof.tracking import Tracker, parse_backends
 from rlprof.tracking.base import mlflow_safe_key
 from rlprof.tracking.jsonl import read_jsonl
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _wandb_service_stopped():
+    """The wandb service that this module's trackers start (``wandb-core``, one per process, shared by its tests) is
+    stopped with the module, not left to the interpreter's exit."""
+    yield
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
 
 
 @pytest.fixture
