@@ -66,12 +66,10 @@ def test_sixty_steps_with_the_fast_paths_learn_as_the_eager_paths_do_within_the_
         assert low <= fast_means[seed] <= high, (seed, fast_means[seed], (low, high))
         rewards = [r["critic/score/mean"] for r in records]
         assert statistics.fmean(rewards[-20:]) >= statistics.fmean(rewards[:5]) + 0.1, rewards  # it learned
-        # the compile is timed once, on its own, before step 1: not in any step's time
+        # the compile is timed once, on its own (Trainer.warm_up, before step 1's window), logged with step 1
         compiled = [r["step"] for r in records if "timing_s/rollout_compile" in r]
         assert compiled == [1], compiled
-        first = records[0]
-        assert first["timing_s/rollout_compile"] > first["timing_s/gen"], first
-        assert "rollout: compiled the decode step for 256 rows x 16 positions" in records[0]["_log"]
+        assert records[0]["_log"].count("rollout: compiled the decode step for 256 rows x 16 positions") == 1
     for records in eager.values():
         assert not any("timing_s/rollout_compile" in r for r in records)
 

@@ -19,14 +19,7 @@ from rlprof_train.tune.space import GROUP_ORDER, KNOBS, TUNABLE, knobs_for
 from rlprof_train.tune.trial import Launch, Measurement, Trial
 
 from conftest import ROOT, subprocess_env
-
-ARR = "actor_rollout_ref"
-POOR_BASE = (
-    "--config-name=demo",
-    f"{ARR}.actor.ppo_micro_batch_size_per_gpu=2",
-    f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=2",
-    f"{ARR}.ref.log_prob_micro_batch_size_per_gpu=2",
-)
+from tune_runs import ARR, POOR_BASE, POOR_BASE_SEARCH
 
 
 def test_an_algorithm_key_is_refused_naming_the_allowed_keys(capsys):
@@ -122,23 +115,13 @@ def tune(tmp_path, *args, timeout=1200):
 
 @pytest.mark.slow
 def test_from_a_poor_base_tune_returns_a_verified_faster_configuration_with_the_same_math(tmp_path):
-    """The search over the micro-batch knobs the base sets badly (the whole space is searched the same way; the
-    interrupted-tune test below starts on it), its first 4 candidates (the actor's micro-batch of 1, 4, 8 and 16:
-    measured 0.66x, 1.82x, 1.82x and 2.07x the base; all 15 that a 3.5-minute budget reached took 3.6 minutes and
-    the best was 4.5x), then the side-by-side verification of 3 steps a run (the first 3 are compared). The budget
-    is the slow machine's: at 2.3 s a step four verification runs of 4 steps hold back about 75 s."""
-    micro_batches = [key.split("=")[0] for key in POOR_BASE[1:]]
-    result, results = tune(
-        tmp_path,
-        *POOR_BASE,
-        f"tune.space=[{','.join(micro_batches)}]",
-        "tune.budget_minutes=3.5",
-        "tune.max_trials=4",
-        "tune.verify_steps=3",
-    )
+    """What tune computes from a poor base (tune_runs.POOR_BASE_SEARCH): a best configuration of the searched knobs,
+    faster than the base beyond noise side by side (the 95% interval of the speed-up above 1, whatever its size:
+    the speed target, 1.5x, is benchmarks/test_tune.py's) and with the base's math."""
+    result, results = tune(tmp_path, *POOR_BASE_SEARCH)
     print(result.stdout)
     verification = results["verification"]
-    assert verification["speedup"]["value"] >= 1.5, verification  # side by side, interleaved
+    assert verification["speedup"]["low"] > 1.0, verification  # side by side, interleaved
     assert verification["same_math"] and verification["compared"] >= 12 and verification["mismatches"] == []
     assert results["findings"][0] == "training-bound"
     best = results["best_overrides"]
