@@ -144,13 +144,13 @@ def run_rlprof(geometry: Geometry, seed: int, folder: Path) -> dict:
 def step_prompts(geometry: Geometry, seed: int, model: Path) -> list[list[dict]]:
     """The prompts rlprof_train trains on at each step, as text with their token ids."""
     from rlprof_train.config.load import load_trainer_config
-    from rlprof_train.data import StepBatches, load_datasets
+    from rlprof_train.data import PromptBatches, load_datasets
     from rlprof_train.models import load_tokenizer
 
     cfg = load_trainer_config(trainer_overrides(geometry, seed, Path("unused")))
     tokenizer = load_tokenizer(model)
     train, _, _ = load_datasets(cfg.data, tokenizer, seed)
-    batches = StepBatches(train, cfg.data.train_batch_size, seed, cfg.data.shuffle)
+    batches = PromptBatches(train, cfg.data.train_batch_size, seed, cfg.data.shuffle)
     return [
         [
             {

@@ -10,6 +10,11 @@ import torch
 
 Tensor = torch.Tensor
 
+GENERATION_EXTRAS = frozenset({"engine_requests", "engine_occupancy", "engine_kv_cache_usage", "multi_turn"})
+"""``extras`` that describe a generation call (the engine's requests and occupancy, the multi-turn records), not a
+row: kept whole by :meth:`RolloutBatch.select`, merged by :func:`merge_generation_extras`. Every other extra is per
+row: a tensor or list of ``B`` rows, or a dict of such lists (the reward's numbers per response)."""
+
 
 @dataclass
 class RolloutBatch:
@@ -100,16 +105,21 @@ class RolloutBatch:
         return replace(self, prompt_length=self.prompt_length - cut_left, **trimmed)  # type: ignore[arg-type]
 
     def select(self, rows: list[int]) -> RolloutBatch:
-        """The rows ``rows`` of every per-response field."""
+        """The rows ``rows`` of every per-response field and per-row extra (generation extras are kept whole)."""
         index = torch.tensor(rows, dtype=torch.long, device=self.input_ids.device)
-        picked: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
+
+        def pick(value: Any) -> Any:
             if isinstance(value, Tensor):
-                picked[f.name] = value[index]
-            elif isinstance(value, list):
-                picked[f.name] = [value[i] for i in rows]
-        return replace(self, **picked)
+                return value[index]
+            if isinstance(value, list):
+                return [value[i] for i in rows]
+            if isinstance(value, dict):
+                return {key: pick(v) for key, v in value.items()}
+            return value
+
+        picked: dict[str, Any] = {f.name: pick(getattr(self, f.name)) for f in fields(self) if f.name != "extras"}
+        extras = {k: v if k in GENERATION_EXTRAS else pick(v) for k, v in self.extras.items()}
+        return replace(self, **picked, extras=extras)
 
     def to(self, device: torch.device) -> RolloutBatch:
         """The batch with every tensor (fields and ``extras``) on ``device``: where the step's data crosses to the
@@ -119,6 +129,61 @@ class RolloutBatch:
         }
         extras = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in self.extras.items()}
         return replace(self, **moved, extras=extras)
+
+
+def concat_batches(batches: list[RolloutBatch]) -> RolloutBatch:
+    """The rows of ``batches`` in order as one batch: prompts left-padded and responses right-padded to the widest
+    (pad token 0, masks 0 there). Generation extras are merged (:func:`merge_generation_extras`); the batches carry
+    the same fields and per-row extras."""
+    first = batches[0]
+    if len(batches) == 1:
+        return first
+    prompt = max(b.prompt_length for b in batches)
+    response = max(b.response_length for b in batches)
+
+    def widen(b: RolloutBatch, value: Tensor) -> Tensor:
+        """``value`` of ``b`` at the common width: [B, P+R] sequences, or [B, R] per response token."""
+        if value.dim() != 2:
+            return value
+        if value.shape[1] == b.prompt_length + b.response_length:
+            left, right = prompt - b.prompt_length, response - b.response_length
+        else:
+            left, right = 0, response - b.response_length
+        return torch.nn.functional.pad(value, (left, right))
+
+    def join(values: list[Any], owners: list[RolloutBatch]) -> Any:
+        if values[0] is None:
+            return None
+        if isinstance(values[0], Tensor):
+            return torch.cat([widen(b, v) for b, v in zip(owners, values, strict=True)])
+        if isinstance(values[0], list):
+            return [item for v in values for item in v]
+        if isinstance(values[0], dict):
+            return {key: join([v[key] for v in values], owners) for key in values[0]}
+        return values[0]
+
+    joined = {f.name: join([getattr(b, f.name) for b in batches], batches) for f in fields(first)}
+    per_row = {k: join([b.extras[k] for b in batches], batches) for k in first.extras if k not in GENERATION_EXTRAS}
+    generation = merge_generation_extras([b.extras for b in batches])
+    return replace(first, **{**joined, "prompt_length": prompt, "extras": {**per_row, **generation}})
+
+
+def merge_generation_extras(extras: list[dict[str, Any]]) -> dict[str, Any]:
+    """The :data:`GENERATION_EXTRAS` of several generation calls as one: requests, cache readings and multi-turn
+    records in order, occupancies summed."""
+    merged: dict[str, Any] = {}
+    for extra in extras:
+        for key in GENERATION_EXTRAS & extra.keys():
+            value, held = extra[key], merged.get(key)
+            if held is None:
+                merged[key] = value
+            elif key == "engine_occupancy":
+                merged[key] = (held[0] + value[0], held[1] + value[1])
+            elif key == "multi_turn":
+                merged[key] = {name: held[name] + value[name] for name in held}
+            else:
+                merged[key] = held + value
+    return merged
 
 
 def fixed_micro_batches(count: int, size: int) -> list[list[int]]:

@@ -300,18 +300,22 @@ def load_datasets(
     return train, val, notes
 
 
-class StepBatches:
-    """The prompts of every training step, fixed by (seed, epoch): step ``s`` (from 1) always gets the same
-    prompts, so a run resumed at step s continues the same order. Incomplete last batches of an epoch are dropped."""
+class PromptBatches:
+    """The prompt stream, a batch at a time: batch ``k`` (from 1) is fixed by (seed, epoch), so a run that resumes at
+    batch k continues the same order. Batches are ``data.gen_batch_size`` prompts (a generation round; by default the
+    step's ``train_batch_size``); an epoch's incomplete last batch is dropped (verl's ``drop_last``)."""
 
-    def __init__(self, examples: list[Example], batch_size: int, seed: int, shuffle: bool) -> None:
+    def __init__(
+        self, examples: list[Example], batch_size: int, seed: int, shuffle: bool, setting: str = "data.train_batch_size"
+    ) -> None:
+        """``setting``: the key that sets ``batch_size``, for the error when there are fewer prompts."""
         if len(examples) < batch_size:
-            raise ValueError(f"data.train_batch_size={batch_size} is larger than the {len(examples)} training prompts")
+            raise ValueError(f"{setting}={batch_size} is larger than the {len(examples)} training prompts")
         self.examples = examples
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
-        self.steps_per_epoch = len(examples) // batch_size
+        self.batches_per_epoch = len(examples) // batch_size
         self._order: Optional[tuple[int, list[int]]] = None  # the last epoch's order
 
     def order(self, epoch: int) -> list[int]:
@@ -322,12 +326,13 @@ class StepBatches:
             self._order = (epoch, indices)
         return self._order[1]
 
-    def epoch_of(self, step: int) -> int:
-        return (step - 1) // self.steps_per_epoch
+    def epoch_of(self, k: int) -> int:
+        """The epoch (from 0) of batch ``k``."""
+        return (k - 1) // self.batches_per_epoch
 
-    def batch(self, step: int) -> list[Example]:
-        """The prompts of training step ``step`` (1-based)."""
-        epoch, position = divmod(step - 1, self.steps_per_epoch)
+    def batch(self, k: int) -> list[Example]:
+        """The prompts of batch ``k`` (1-based)."""
+        epoch, position = divmod(k - 1, self.batches_per_epoch)
         order = self.order(epoch)
         chosen = order[position * self.batch_size : (position + 1) * self.batch_size]
         return [self.examples[i] for i in chosen]

@@ -121,14 +121,15 @@ def train(
     held_at_start: Optional[int] = None,
 ) -> int:
     """Build the trainer and train (``fit``); the exit code. Errors found while preparing are config errors (one
-    line, 2); a full disk is one line (1); the device out of memory keeps its traceback, then one line saying where,
-    what was asked, what the device held before the run (``held_at_start``), the OOM snapshot and an override from
-    the run's ``config`` (3,
-    :mod:`rlprof_train.out_of_memory`); any other error keeps its traceback, then one line naming the rank (and, for
-    a collective that timed out, who stopped answering and where)."""
+    line, 2); a full disk and DAPO's generation limit are one line (1); the device out of memory keeps its
+    traceback, then one line saying where, what was asked, what the device held before the run (``held_at_start``),
+    the OOM snapshot and an override from the run's ``config`` (3, :mod:`rlprof_train.out_of_memory`); any other
+    error keeps its traceback, then one line naming the rank (and, for a collective that timed out, who stopped
+    answering and where)."""
     import torch
 
     from rlprof_train.checkpoint import DiskFull
+    from rlprof_train.dynamic_sampling import GenerationLimit
     from rlprof_train.out_of_memory import EXIT_CODE, out_of_memory_line
 
     try:
@@ -136,7 +137,7 @@ def train(
     except ConfigError as exc:  # found while preparing (a folder in use, nodes without a shared folder)
         print(f"config error: {exc}", file=sys.stderr, flush=True)
         return 2
-    except DiskFull as exc:  # the cause and what to change, not torch's "unexpected pos"
+    except (DiskFull, GenerationLimit) as exc:  # the cause and what to change (not torch's "unexpected pos")
         print(f"error on rank {rank}: {exc}", file=sys.stderr, flush=True)
         return 1
     except torch.OutOfMemoryError as exc:

@@ -27,19 +27,43 @@ def load_tokenizer(path: str | Path) -> Any:
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def overridden_config(path: str | Path, overrides: dict[str, Any]) -> tuple[Any, list[str]]:
+    """The model's Hugging Face config with ``overrides`` set (``model.override_config``), as verl's
+    ``update_model_config`` sets them (a dict value into the sub-config of that name), and the overridden keys the
+    config did not have (set all the same, as verl does: no model code reads them)."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    def apply(target: Any, values: dict[str, Any], prefix: str) -> list[str]:
+        unknown = []
+        for key, value in values.items():
+            if isinstance(value, dict) and isinstance(getattr(target, key, None), PretrainedConfig):
+                unknown += apply(getattr(target, key), value, f"{prefix}{key}.")
+                continue
+            if not hasattr(target, key):
+                unknown.append(prefix + key)
+            setattr(target, key, value)
+        return unknown
+
+    config = AutoConfig.from_pretrained(str(path))
+    return config, apply(config, overrides, "")
+
+
 def load_causal_lm(
     path: str | Path,
     dtype: str = "float32",
     gradient_checkpointing: bool = False,
     lora: Any = None,
     device: Optional[torch.device] = None,
+    overrides: Optional[dict[str, Any]] = None,
 ) -> Any:
     """A local causal LM in training mode, loaded onto ``device`` (None: the host, for a DeepSpeed engine to place as
-    its ZeRO stage and offload say); with ``lora`` (a :class:`~rlprof_train.config.schema.ModelConfig` whose
-    ``lora_rank > 0``) wrapped in PEFT LoRA adapters, only they trainable (:func:`with_lora`)."""
+    its ZeRO stage and offload say), its config with ``overrides`` (:func:`overridden_config`); with ``lora`` (a
+    :class:`~rlprof_train.config.schema.ModelConfig` whose ``lora_rank > 0``) wrapped in PEFT LoRA adapters, only
+    they trainable (:func:`with_lora`)."""
     from transformers import AutoModelForCausalLM
 
-    model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=TORCH_DTYPES[dtype])
+    config = overridden_config(path, overrides)[0] if overrides else None
+    model: Any = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=TORCH_DTYPES[dtype])
     if device is not None:
         model = model.to(device)
     model.train()  # from_pretrained returns eval mode, where transformers skips gradient checkpointing

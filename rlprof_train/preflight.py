@@ -50,6 +50,7 @@ def validate(cfg: TrainerConfig, world_size: int = 1) -> None:
         lambda: _check_batches(cfg, world_size),
         lambda: _check_algorithm(cfg),
         lambda: _check_rollout_correction(cfg, world_size),
+        lambda: _check_dapo(cfg, world_size),
         lambda: _check_names_and_paths(cfg),
         lambda: _check_inputs(cfg),
         lambda: _check_reward_model(cfg),
@@ -243,6 +244,46 @@ def _check_rollout_correction(cfg: TrainerConfig, world_size: int) -> None:
             "algorithm.rollout_correction.rollout_is_batch_normalize=True: in bypass mode each micro-batch "
             "normalises over all ranks, and with actor_rollout_ref.actor.use_dynamic_bsz=True ranks may cut "
             "different numbers of micro-batches; turn one of them off"
+        )
+    if problems:
+        raise _Problems(problems)
+
+
+def _check_dapo(cfg: TrainerConfig, world_size: int) -> None:
+    """DAPO's overlong buffer and dynamic sampling, and the generation rounds (all problems at once)."""
+    problems = []
+    buffer, manager = cfg.reward_model.overlong_buffer, cfg.reward_model.reward_manager
+    if buffer.enable:
+        if manager != "dapo":
+            problems.append(
+                f"reward_model.overlong_buffer.enable=True: the overlong penalty is the DAPO reward manager's; set "
+                f"reward_model.reward_manager=dapo (it is {manager!r})"
+            )
+        end = buffer.max_resp_len or cfg.data.max_response_length
+        if buffer.len <= 0:
+            problems.append(f"reward_model.overlong_buffer.len={buffer.len}: must be > 0 when the buffer is enabled")
+        elif end < buffer.len:
+            problems.append(
+                f"reward_model.overlong_buffer.len={buffer.len}: must not exceed max_resp_len={end} (the buffer ends "
+                "there)"
+            )
+    filtering, algorithm = cfg.algorithm.filter_groups, cfg.algorithm
+    if filtering.enable and not filtering.metric:
+        problems.append(
+            "algorithm.filter_groups.metric=None: dynamic sampling needs the per-response number whose variance "
+            "decides (acc, score, seq_reward, seq_final_reward)"
+        )
+    if filtering.enable and filtering.metric == "seq_final_reward" and algorithm.use_kl_in_reward:
+        problems.append(
+            "algorithm.filter_groups.metric='seq_final_reward' with algorithm.use_kl_in_reward=True: the KL-shaped "
+            "reward is computed after the groups are chosen here; use seq_reward, or the KL as a loss "
+            "(actor_rollout_ref.actor.use_kl_loss)"
+        )
+    gen_batch_size = cfg.data.gen_batch_size
+    if gen_batch_size is not None and gen_batch_size % world_size:
+        problems.append(
+            f"data.gen_batch_size={gen_batch_size}: must be a multiple of the number of ranks ({world_size}); each "
+            "takes its share of every generation round"
         )
     if problems:
         raise _Problems(problems)

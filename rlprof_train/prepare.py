@@ -24,7 +24,7 @@ from rlprof_train.agent import Tool
 from rlprof_train.agent.tool_config import load_tools, task_tools
 from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.guards import NonFiniteGuard
-from rlprof_train.models import trainable_parameters
+from rlprof_train.models import overridden_config, trainable_parameters
 from rlprof_train.reward_functions import RewardFunction
 from rlprof_train.run_dir import RunLock, stale_note, write_run_record
 from rlprof_train.tiny_model import embedded_model_name, ensure_tiny_model
@@ -131,6 +131,18 @@ def prepare_model(cfg: TrainerConfig, env: DistEnv, log: Log) -> str:
             "model: enable_activation_offload keeps activations on the host, where they already are without CUDA: "
             "nothing to do"
         )
+    overrides = cfg.actor_rollout_ref.model.override_config
+    if overrides and env.is_main:
+        config, unknown = overridden_config(path, overrides)
+        log(
+            f"model: {type(config).__name__} with {', '.join(f'{k}={v!r}' for k, v in overrides.items())} "
+            "(actor_rollout_ref.model.override_config)"
+        )
+        if unknown:
+            log(
+                f"model: {type(config).__name__} has no setting {', '.join(unknown)}: set as verl sets it, read by no "
+                "model code (check the spelling)"
+            )
     digests = env.gather(model_digest(Path(path)))
     if len(set(digests)) > 1:
         raise ConfigError(
@@ -219,7 +231,8 @@ def make_actor(
 
 
 def make_reward(cfg: TrainerConfig, env: DistEnv, tokenizer: Any, log: Log) -> RewardWorker:
-    """The reward: the custom function or the built-in rule, or the reward model (verl's precedence, said once)."""
+    """The reward: the custom function or the built-in rule, or the reward model (verl's precedence, said once);
+    with ``reward_manager=dapo`` DAPO's overlong penalty on top (``overlong_buffer``)."""
     custom = cfg.custom_reward_function
     reward = RewardFunction(custom.path, custom.name, custom.timeout_s)
     if cfg.reward_model.enable:
@@ -230,7 +243,11 @@ def make_reward(cfg: TrainerConfig, env: DistEnv, tokenizer: Any, log: Log) -> R
             else f"reward: the reward model at {cfg.reward_model.model.path} scores responses (the rule reward is not "
             "computed, as verl)"
         )
-    return RewardWorker(reward, tokenizer, reward_model(cfg.reward_model, env.device))
+    dapo = None
+    if cfg.reward_model.reward_manager == "dapo":
+        buffer = cfg.reward_model.overlong_buffer
+        dapo = (buffer, buffer.max_resp_len or cfg.data.max_response_length)
+    return RewardWorker(reward, tokenizer, reward_model(cfg.reward_model, env.device), dapo)
 
 
 def make_ref(cfg: TrainerConfig, env: DistEnv, model_path: str, actor: ActorWorker) -> Optional[RefWorker]:

@@ -307,7 +307,8 @@ class RewardFunction:
     def __call__(
         self, data_source: str, solution_str: str, ground_truth: str, extra_info: Optional[dict[str, Any]] = None
     ) -> tuple[float, dict[str, float]]:
-        """(score, extra metrics) of one response; ``extra_info`` is passed on when given (verl's keyword)."""
+        """(score, the numbers of a dict it returned, ``score`` included, true/false as 1/0: verl's
+        ``reward_extra_info``) of one response; ``extra_info`` is passed on when given (verl's keyword)."""
         sample = f"data_source={data_source!r}, response={solution_str[:200]!r}, ground_truth={ground_truth!r}"
         arguments: dict[str, Any] = {} if extra_info is None else {"extra_info": extra_info}
         try:
@@ -328,11 +329,7 @@ class RewardFunction:
                     f"the {self.description} returned a dict without 'score' ({sorted(value)}) on the "
                     f"sample {sample}; return a number or {{'score': number, ...}}"
                 )
-            extra = {
-                k: float(v)
-                for k, v in value.items()
-                if k != "score" and isinstance(v, (int, float)) and not isinstance(v, bool)
-            }
+            extra = {k: float(v) for k, v in value.items() if isinstance(v, (int, float))}  # score too, as verl
             value = value["score"]
         if isinstance(value, bool) or (not isinstance(value, (int, float)) and not hasattr(value, "__float__")):
             raise RuntimeError(

@@ -118,7 +118,8 @@ def parse(settings: Any) -> tuple[Correction, list[str]]:
     upper, lower = 2.0, None
     spec = settings.rollout_is_threshold
     try:
-        upper, lower = _bounds(spec)
+        if spec is not None or level is not None:  # null: no weights, so no threshold (verl's scripts pass it so)
+            upper, lower = _bounds(spec)
     except ValueError:
         problems.append(
             f"{key}rollout_is_threshold={spec!r}: a positive number u (weights truncated at u) or 'l_u' with "

@@ -93,7 +93,7 @@ def step_metrics(
         multi_turn_metrics(
             [t for m in turns for t in m["trajectories"]],
             [c for m in turns for c in m["calls"]],
-            [m["split"] for m in turns],
+            [split for m in turns for split in m["splits"]],
         )
     )
     metrics.update(compute_timing_metrics(timing, prompt_tokens, response_tokens))

@@ -1,9 +1,11 @@
 """The PPO loop, one step at a time:
 
-    gen (-> gen_max) -> reward -> old_log_prob -> ref -> values -> adv -> update_critic -> update_actor
-    (-> update_weights)
+    gen (-> gen_max) -> reward (-> gen_refill -> reward ...) -> old_log_prob -> ref -> values -> adv
+    -> update_critic -> update_actor (-> update_weights)
 
-(``gen_max``: ReMax's greedy baseline response per prompt; ``update_actor`` waits for ``trainer.critic_warmup``.)
+(``gen_max``: ReMax's greedy baseline response per prompt; ``gen_refill``: the generation rounds after the first,
+while DAPO's dynamic sampling or ``data.gen_batch_size`` leaves the step short of prompt groups
+(:mod:`rlprof_train.dynamic_sampling`); ``update_actor`` waits for ``trainer.critic_warmup``.)
 
 Every phase runs under ``marked_timer`` (its time into ``timing_s/*`` and an rlprof range of its role), each step
 under ``rlprof.step``. Ranks are data-parallel: each takes its share of the step's prompts; DeepSpeed averages the
@@ -14,6 +16,10 @@ prepares before its first step is in :mod:`rlprof_train.prepare`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
+import math
+import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -26,7 +32,10 @@ from rlprof.watchdog import Watchdog
 from rlprof_train import algos, checkpoint, prepare, rollout_correction
 from rlprof_train.batch import MicroBatching, RolloutBatch
 from rlprof_train.config import TrainerConfig, as_dict
-from rlprof_train.data import Example, StepBatches, load_datasets, shard
+from rlprof_train.config.schema import ValKwargs
+from rlprof_train.data import Example, PromptBatches, load_datasets, shard
+from rlprof_train.dynamic_sampling import GenerationLimit, Rounds, assemble
+from rlprof_train.lr_schedule import LRSchedule
 from rlprof_train.models import load_tokenizer
 from rlprof_train.progress import Progress
 from rlprof_train.step_reduction import StepFacts, step_metrics
@@ -54,9 +63,16 @@ class PPOTrainer:
         train, self.val_examples, notes = load_datasets(
             cfg.data, self.tokenizer, trainer.seed, [tool.tool_schema for tool in tools] or None
         )
-        self.batches = StepBatches(train, cfg.data.train_batch_size, trainer.seed, cfg.data.shuffle)
-        epoch_steps = trainer.total_epochs * self.batches.steps_per_epoch
+        round_size = cfg.data.gen_batch_size or cfg.data.train_batch_size
+        setting = "data.gen_batch_size" if cfg.data.gen_batch_size else "data.train_batch_size"
+        self.prompts = PromptBatches(train, round_size, trainer.seed, cfg.data.shuffle, setting)
+        self.rounds_used = 0
+        """Batches of the prompt stream generated so far (a step takes one or more: generation rounds)."""
+        self.rounds_total = trainer.total_epochs * self.prompts.batches_per_epoch
+        epoch_steps = self.rounds_total // math.ceil(cfg.data.train_batch_size / round_size)  # at most, filtering
         self.total_steps = min(trainer.total_training_steps or epoch_steps, epoch_steps)
+        self.actor_lr = LRSchedule(arr.actor.optim, self.total_steps)
+        self.critic_lr = LRSchedule(cfg.critic.optim, self.total_steps)
         self.sampling = SamplingParams(
             arr.rollout.n, arr.rollout.temperature, arr.rollout.top_p, arr.rollout.top_k, arr.rollout.response_length
         )
@@ -111,11 +127,18 @@ class PPOTrainer:
         try:
             compile_metrics = self.warm_up()
             if trainer.val_before_train and self.start_step == 1:
-                self._log({**self.validate(), "training/global_step": 0.0}, step=0)
+                self._log({**self.validate(0), "training/global_step": 0.0}, step=0)
             for step in range(self.start_step, self.total_steps + 1):
                 torch.manual_seed(trainer.seed * 100_003 + step * self.env.world_size + self.env.rank)
                 with rlprof.step(step):
                     metrics = self.train_step(step)
+                if metrics is None:
+                    self.log(
+                        f"the prompts of trainer.total_epochs={trainer.total_epochs} are used up: step {step} could "
+                        f"not fill its batch ({self.rounds_used} generation rounds in all); the run ends at step "
+                        f"{step - 1}"
+                    )
+                    break
                 metrics.update(compile_metrics)
                 compile_metrics = {}
                 if step in self.watchdog.stalled_steps:
@@ -123,7 +146,7 @@ class PPOTrainer:
                 last = step == self.total_steps
                 if trainer.test_freq > 0 and (step % trainer.test_freq == 0 or last):
                     self.progress.at(step, "validate")
-                    metrics.update(self.validate())
+                    metrics.update(self.validate(step))
                 self.progress.at(step, "log")
                 self._log(metrics, step)
                 self.guard.check(metrics, step)
@@ -142,21 +165,17 @@ class PPOTrainer:
         with self.watchdog.phase(self.step, name), rlprof.marked_timer(name, timing, role=role):
             yield
 
-    def train_step(self, step: int) -> dict[str, float]:
-        """One PPO step on this rank's share of the step's prompts; returns the step's metrics (all ranks agree)."""
+    def train_step(self, step: int) -> Optional[dict[str, float]]:
+        """One PPO step on this rank's share of the step's prompts; returns the step's metrics (all ranks agree), or
+        None when the prompt stream ran out before the step's batch was full (nothing trained)."""
         self.step = step
         timing: dict[str, float] = {}
         workers = MetricAggregator()
         with self._phase("step", timing, role="trainer"):
-            prompts = shard(self.batches.batch(step), self.env.rank, self.env.world_size)
-            with self._phase("gen", timing, role="rollout"):
-                batch = self.generate(prompts, self.sampling)
-            if self.estimator.needs_baseline:
-                with self._phase("gen_max", timing, role="rollout"):
-                    batch.extras["reward_baselines"] = self.greedy_baselines(prompts)
-            with self._phase("reward", timing, role="reward"):
-                batch.token_level_scores, reward_metrics = self.reward.score(batch)
-                workers.merge(reward_metrics)
+            sampled = self.sample(timing, workers)
+            if sampled is None:
+                return None
+            batch = sampled
             if self.correction.bypass:  # verl's bypass mode: the rollout's log-probs are the old ones
                 batch.old_log_probs = batch.extras["rollout_log_probs"]
             elif not self.reuse_log_probs:  # else the update's own forward gives them (on-policy)
@@ -182,13 +201,70 @@ class PPOTrainer:
                 workers.merge(self.compute_advantages(batch))
             if self.critic is not None:
                 with self._phase("update_critic", timing, role="critic"):
-                    workers.merge(self.critic.update(batch))
+                    workers.merge(self.critic.update(batch, self.critic_lr.lr(step)))
             if step >= self.cfg.trainer.critic_warmup:  # before it, only the critic trains (verl's critic_warmup)
                 with self._phase("update_actor", timing, role="actor"):
-                    workers.merge(self.actor.update(batch))
+                    actor_update = step - max(self.cfg.trainer.critic_warmup, 1) + 1
+                    workers.merge(self.actor.update(batch, self.actor_lr.lr(actor_update)))
                 with self._phase("update_weights", timing, role="rollout"):
                     self.rollout.sync_weights()
         return step_metrics(self.env, self._facts(step), batch, timing, workers)
+
+    def sample(self, timing: dict[str, float], workers: MetricAggregator) -> Optional[RolloutBatch]:
+        """This rank's share of the step's ``train_batch_size`` prompt groups, generated and scored: one round of
+        the prompt stream, or several (``gen_refill``) while DAPO's dynamic sampling drops groups without variance
+        or ``data.gen_batch_size`` is smaller than the step (:mod:`rlprof_train.dynamic_sampling`). None when the
+        stream runs out first."""
+        data, filtering = self.cfg.data, self.cfg.algorithm.filter_groups
+        rounds = Rounds()
+        while rounds.groups < data.train_batch_size:
+            if self.rounds_used == self.rounds_total:
+                return None
+            limit = filtering.max_num_gen_batches
+            if filtering.enable and 0 < limit <= len(rounds.kept):
+                raise GenerationLimit(
+                    f"algorithm.filter_groups.max_num_gen_batches={limit}: {limit} generation rounds kept "
+                    f"{rounds.groups} of the {data.train_batch_size} prompt groups the step needs ({rounds.dropped} "
+                    f"had no variance in {filtering.metric}); allow more rounds (0: no limit) or use data whose "
+                    "prompts the policy neither always solves nor always fails"
+                )
+            self.rounds_used += 1
+            prompts = shard(self.prompts.batch(self.rounds_used), self.env.rank, self.env.world_size)
+            if rounds.kept:  # a later round's prompt may be an earlier round's (a new epoch): its own groups
+                offset = len(rounds.kept) * len(self.prompts.examples)
+                prompts = [dataclasses.replace(p, index=p.index + offset) for p in prompts]
+            with self._phase("gen_refill" if rounds.kept else "gen", timing, role="rollout"):
+                batch = self.generate(prompts, self.sampling)
+            if self.estimator.needs_baseline:
+                with self._phase("gen_max", timing, role="rollout"):
+                    batch.extras["reward_baselines"] = self.greedy_baselines(prompts)
+            with self._phase("reward", timing, role="reward"):
+                scores = self.reward.score(batch)
+                batch.token_level_scores = scores.token_level
+                workers.merge(scores.metrics)
+                rounds.keep(batch, filtering, scores.per_response, self.env.gather)
+        if len(rounds.kept) == 1 and not filtering.enable:
+            return rounds.kept[0].batch  # the usual step: one round, all of it
+        batch, surplus = assemble(rounds, data.train_batch_size, self.env.rank, self.env.world_size, self.env.gather)
+        workers.add("train/num_gen_batches", float(len(rounds.kept)), Reduce.LAST)
+        if filtering.enable:
+            workers.add("training/filter_groups/evicted_samples", float(rounds.dropped), Reduce.LAST)
+            for value, count in sorted(rounds.dropped_by_value.items()):
+                workers.add(f"training/filter_groups/filtered_reward_counts/{value:g}", float(count), Reduce.LAST)
+        workers.add("training/filter_groups/discarded_surplus_samples", float(surplus), Reduce.LAST)
+        generated = rounds.groups + rounds.dropped
+        dropped = (
+            f"; {rounds.dropped} of {generated} had no variance in {filtering.metric} ("
+            + ", ".join(f"all {value:g}: {count}" for value, count in sorted(rounds.dropped_by_value.items()))
+            + ")"
+            if filtering.enable
+            else ""
+        )
+        self.log(
+            f"step {self.step}: {len(rounds.kept)} generation rounds for {data.train_batch_size} prompt groups"
+            f"{dropped}; {surplus} kept beyond them dropped"
+        )
+        return batch
 
     def compute_advantages(self, batch: RolloutBatch) -> MetricAggregator:
         """Token rewards (scores, minus the KL penalty when ``use_kl_in_reward``), the rollout correction (decoupled
@@ -238,7 +314,7 @@ class PPOTrainer:
     def warm_up(self) -> dict[str, float]:
         """The rollout's compile for the first step's prompts, timed on its own (``timing_s/rollout_compile``, logged
         with that step) so that no step's time includes it; empty when the rollout compiles nothing."""
-        prompts = shard(self.batches.batch(self.start_step), self.env.rank, self.env.world_size)
+        prompts = shard(self.prompts.batch(self.rounds_used + 1), self.env.rank, self.env.world_size)
         timing: dict[str, float] = {}
         with rlprof.marked_timer("rollout_compile", timing, role="rollout"):
             compiled = self.rollout.warm_up(prompts, self.sampling)
@@ -253,34 +329,63 @@ class PPOTrainer:
         """ReMax's baseline: the score of one greedy response per prompt, for each of its n rows ``[P * n]``."""
         greedy = SamplingParams(1, 0.0, 1.0, -1, self.sampling.response_length)
         baseline = self.generate(prompts, greedy)
-        scores = self.reward.score(baseline)[0].sum(-1)
+        scores = self.reward.score(baseline).token_level.sum(-1)
         return scores.repeat_interleave(self.sampling.n)
 
-    def validate(self) -> dict[str, float]:
-        """Mean reward per data source on the validation prompts (``val_kwargs`` sampling)."""
+    def validate(self, step: int) -> dict[str, float]:
+        """Mean reward per data source on the validation prompts, sampled as ``val_kwargs`` says (greedy unless
+        ``do_sample``, as verl); ``trainer.log_val_generations`` of the samples to ``val_generations.jsonl``."""
         if not self.val_examples:
             return {}
         val_kwargs = self.cfg.actor_rollout_ref.rollout.val_kwargs
-        sampling = SamplingParams(val_kwargs.n, val_kwargs.temperature, 1.0, -1, self.sampling.response_length)
+        sampling = validation_sampling(val_kwargs, self.sampling.response_length)
         prompts = self.val_examples[self.env.rank :: self.env.world_size]
         per_call = max(1, (self.cfg.data.val_batch_size or len(self.val_examples)) // self.env.world_size)
-        pairs = []
+        samples = []
+        logged = self.cfg.trainer.log_val_generations
         for start in range(0, len(prompts), per_call):
             batch = self.generate(prompts[start : start + per_call], sampling)
-            scores = self.reward.score(batch)[0].sum(-1).tolist()
-            pairs += list(zip(batch.data_source, scores, strict=False))
-        results = [pair for r in self.env.gather(pairs) for pair in r]
+            scores = self.reward.score(batch).token_level.sum(-1).tolist()
+            texts = self.decode_samples(batch) if logged else [("", "")] * batch.size
+            samples += [(s, score, *text) for s, score, text in zip(batch.data_source, scores, texts, strict=True)]
+        results = [sample for r in self.env.gather(samples) for sample in r]
         per_source: dict[str, list[float]] = {}
-        for source, score in results:
+        for source, score, _, _ in results:
             per_source.setdefault(source, []).append(score)
+        if logged and self.env.is_main:
+            self.log_val_generations([(prompt, response, score) for _, score, prompt, response in results], step)
         return {f"val-core/{source}/reward/mean@{val_kwargs.n}": sum(v) / len(v) for source, v in per_source.items()}
+
+    def decode_samples(self, batch: RolloutBatch) -> list[tuple[str, str]]:
+        """(prompt, response) texts of each row, special tokens dropped."""
+        prompts = self.tokenizer.batch_decode(
+            batch.input_ids[:, : batch.prompt_length].tolist(), skip_special_tokens=True
+        )
+        return list(zip(prompts, self.reward.decode(batch), strict=True))
+
+    def log_val_generations(self, samples: list[tuple[str, str, float]], step: int) -> None:
+        """``trainer.log_val_generations`` of the validation's (prompt, response, score) samples, chosen as verl
+        chooses them (sorted by prompt, shuffled with seed 42, the first N), as one line of
+        ``{trainer.log_dir}/val_generations.jsonl``."""
+        chosen = sorted(samples, key=lambda sample: sample[0])
+        random.Random(42).shuffle(chosen)
+        line = {
+            "step": step,
+            "samples": [
+                {"input": p, "output": r, "score": score}
+                for p, r, score in chosen[: self.cfg.trainer.log_val_generations]
+            ],
+        }
+        path = Path(self.cfg.trainer.log_dir) / "val_generations.jsonl"
+        with path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(line) + "\n")
 
     # ----------------------------------------------------------------------------------------- glue
 
     def _facts(self, step: int) -> StepFacts:
         return StepFacts(
             step,
-            self.batches.epoch_of(step) + 1,
+            self.prompts.epoch_of(self.rounds_used) + 1,
             self.sampling.response_length,
             self.cfg.data.max_prompt_length,
             self.actor.module.config,
@@ -307,6 +412,8 @@ class PPOTrainer:
                     group.update(lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas))
         self.rollout.sync_weights()
         next_step = int(state["global_step"]) + 1
+        rounds_per_step = math.ceil(self.cfg.data.train_batch_size / self.prompts.batch_size)
+        self.rounds_used = int(state.get("prompt_batches", (next_step - 1) * rounds_per_step))
         self.log(f"checkpoint: resumed from {path} (next step {next_step})")
         return next_step
 
@@ -315,7 +422,7 @@ class PPOTrainer:
             Path(self.cfg.trainer.default_local_dir),
             step,
             self._engines(),
-            {"kl_coef": self.kl_ctrl.coef},
+            {"kl_coef": self.kl_ctrl.coef, "prompt_batches": self.rounds_used},
             self.env.is_main,
             self.env.barrier,
             self.cfg.trainer.max_actor_ckpt_to_keep,
@@ -329,3 +436,11 @@ class PPOTrainer:
             self.tracker.close()
             self.tracker = None
         self.run_directory.release()
+
+
+def validation_sampling(val_kwargs: ValKwargs, response_length: int) -> SamplingParams:
+    """Validation's sampling as verl's rollout sets it: ``val_kwargs.n`` responses per prompt, greedy unless
+    ``do_sample`` (then its temperature, top-p and top-k)."""
+    if not val_kwargs.do_sample:
+        return SamplingParams(val_kwargs.n, 0.0, 1.0, -1, response_length)
+    return SamplingParams(val_kwargs.n, val_kwargs.temperature, val_kwargs.top_p, val_kwargs.top_k, response_length)

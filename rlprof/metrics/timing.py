@@ -54,7 +54,7 @@ def compute_throughput_metrics(
 
 
 PHASE_GROUPS: dict[str, frozenset[str]] = {
-    "rollout": frozenset({"gen", "gen_max", "update_weights"}),
+    "rollout": frozenset({"gen", "gen_max", "gen_refill", "update_weights"}),
     "training": frozenset({"old_log_prob", "ref", "values", "update_critic", "update_actor"}),
 }
 """Which timed phases are generation and which are training; any other phase (reward, adv, ...) is ``other``."""

@@ -144,8 +144,8 @@ def load(argv: Sequence[str] = (), world_size: int = 1, defaults: Path = DEFAULT
             pairs.append(_parsed(override))
         except ConfigError as exc:
             problems.append(str(exc))
-    free = [k for k in known if k.startswith("global_profiler.") and OmegaConf.select(base, k) == {}]
-    known |= {key for key, _ in pairs if any(key.startswith(f"{mapping}.") for mapping in free)}  # e.g. kw_args.*
+    free = [k for k in known if OmegaConf.select(base, k) == {}]  # mappings of any keys: kw_args, override_config
+    known |= {key for key, _ in pairs if any(key.startswith(f"{mapping}.") for mapping in free)}
     translation = verl_compat.translate(pairs, known, world_size)
     problems += translation.problems
     for key, value in translation.pairs:

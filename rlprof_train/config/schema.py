@@ -59,6 +59,10 @@ class DataConfig:
     """Drop prompts longer than ``max_prompt_length`` when the data is loaded, before ``truncation`` applies (verl)."""
     train_batch_size: int = field(default=1024, metadata=bounds(ge=1))
     """Prompts per training step over all ranks; each yields ``rollout.n`` responses."""
+    gen_batch_size: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """Prompts per generation round over all ranks (null: ``train_batch_size``). A step generates rounds from the
+    prompt stream until it holds ``train_batch_size`` prompt groups (those ``algorithm.filter_groups`` keeps); the
+    last round's surplus groups are dropped (verl's DAPO trainer)."""
     val_batch_size: Optional[int] = field(default=None, metadata=bounds(ge=1))
     """Validation prompts per generation call over all ranks; null: the whole validation set at once (verl)."""
     shuffle: bool = True
@@ -100,14 +104,31 @@ class ModelConfig:
     """Modules left without adapters (names or a regex)."""
     lora_adapter_path: Optional[str] = None
     """Start from this saved PEFT adapter (a folder with ``adapter_config.json``) instead of new adapters."""
+    override_config: dict[str, Any] = field(default_factory=dict)
+    """Settings of the model's Hugging Face config replaced when it is loaded (actor, reference, and vLLM's
+    ``hf_overrides``), e.g. ``max_position_embeddings``; a key the config does not have is set as verl sets it and
+    named in the log (it has no effect)."""
 
 
 @dataclass
 class OptimConfig:
-    """AdamW settings."""
+    """AdamW settings and the learning-rate schedule over training steps (verl's FSDP optimizer config)."""
 
     lr: float = field(default=1e-6, metadata=bounds(gt=0))
-    """Learning rate."""
+    """Peak learning rate."""
+    lr_warmup_steps: int = -1
+    """Steps of linear warm-up from 0 to ``lr``; <= 0: ``lr_warmup_steps_ratio`` of the run's steps."""
+    lr_warmup_steps_ratio: float = field(default=0.0, metadata=bounds(ge=0, le=1))
+    """Warm-up as a share of ``trainer.total_training_steps`` (rounded down), when ``lr_warmup_steps`` <= 0."""
+    lr_scheduler_type: Literal["constant", "cosine"] = "constant"
+    """After the warm-up: ``constant`` (``lr``), or ``cosine`` (a cosine from ``lr`` down to ``min_lr_ratio``·lr at
+    the last step); verl's deprecated ``warmup_style`` is the same setting."""
+    min_lr_ratio: float = field(default=0.0, metadata=bounds(ge=0, le=1))
+    """cosine: the floor, as a share of ``lr``."""
+    num_cycles: float = field(default=0.5, metadata=bounds(gt=0))
+    """cosine: waves over the decay (0.5: one half-wave from ``lr`` to the floor)."""
+    zero_indexed_step: bool = True
+    """cosine: count the schedule's steps from 0 (verl's default; false: from 1, as torchtitan)."""
     weight_decay: float = field(default=0.01, metadata=bounds(ge=0))
     """Weight decay."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -224,10 +245,16 @@ class RefConfig:
 
 @dataclass
 class ValKwargs:
-    """Sampling for validation."""
+    """Sampling for validation (verl's ``val_kwargs``)."""
 
+    do_sample: bool = False
+    """Sample with the settings below; false: greedy, whatever they say (verl)."""
     temperature: float = field(default=0.0, metadata=bounds(ge=0))
-    """Sampling temperature; 0 = greedy."""
+    """Sampling temperature when ``do_sample`` (0: greedy)."""
+    top_p: float = field(default=1.0, metadata=bounds(gt=0, le=1))
+    """Nucleus sampling when ``do_sample``."""
+    top_k: int = field(default=-1, metadata=bounds(ge=-1))
+    """Top-k sampling when ``do_sample``; -1 = off."""
     n: int = field(default=1, metadata=bounds(ge=1))
     """Responses per validation prompt."""
 
@@ -393,6 +420,24 @@ class RewardModelModelConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    """DAPO's overlong reward shaping: a response longer than ``max_resp_len - len`` tokens loses
+    ``penalty_factor · (length - (max_resp_len - len)) / len`` of reward, up to ``penalty_factor`` at
+    ``max_resp_len`` (verl's ``overlong_buffer_cfg``)."""
+
+    enable: bool = False
+    """Penalise over-long responses (``reward_manager=dapo``)."""
+    len: int = field(default=0, metadata=bounds(ge=0))
+    """Tokens of the buffer before ``max_resp_len`` over which the penalty grows (> 0 when enabled)."""
+    penalty_factor: float = field(default=1.0, metadata=bounds(ge=0))
+    """The penalty at ``max_resp_len``."""
+    max_resp_len: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """The response length the buffer ends at (null: ``data.max_response_length``; at least ``len``)."""
+    log: bool = False
+    """Log ``reward_extra/overlong_reward`` and ``reward_extra/overlong`` (the share penalised) each step."""
+
+
+@dataclass
 class RewardModelConfig:
     enable: bool = False
     """Score responses with ``reward_model.model`` (as verl: that score replaces the rule reward; a
@@ -403,8 +448,11 @@ class RewardModelConfig:
     """Responses per reward-model forward on one rank (null: all of the rank's batch in one)."""
     max_length: Optional[int] = field(default=None, metadata=bounds(ge=1))
     """Truncate the reward model's input to this many tokens, from the left (null: no limit)."""
-    reward_manager: Literal["naive"] = "naive"
-    """naive: one score per response (the rule reward chosen by data_source, or the reward model's)."""
+    reward_manager: Literal["naive", "dapo"] = "naive"
+    """naive: one score per response (the rule reward chosen by data_source, or the reward model's); dapo: the same
+    scores, plus ``overlong_buffer``'s penalty when it is enabled (verl's DAPO reward manager)."""
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    """DAPO's overlong reward shaping (``reward_manager=dapo``)."""
     profiler: ProfilerBlock = field(default_factory=_role_profiler)
     """rlprof role ``reward``."""
 
@@ -441,8 +489,9 @@ class RolloutCorrectionConfig:
 
     rollout_is: Optional[str] = None
     """Importance weights per ``token`` or per ``sequence`` (null: none)."""
-    rollout_is_threshold: Union[float, str] = 2.0
-    """u: weights truncated at u (TIS); ``"l_u"``: weights outside [l, u] zeroed (IcePop)."""
+    rollout_is_threshold: Optional[Union[float, str]] = 2.0
+    """u: weights truncated at u (TIS); ``"l_u"``: weights outside [l, u] zeroed (IcePop); null only without
+    ``rollout_is``."""
     rollout_rs: Optional[str] = None
     """Rejection, comma-separated options that must all pass: token_k1|k2|k3, seq_sum_k1|k2|k3, seq_mean_k1|k2|k3,
     seq_max_k2|k3 (null: none)."""
@@ -457,6 +506,22 @@ class RolloutCorrectionConfig:
     (-w·A·log π with the importance weights w)."""
     rollout_is_batch_normalize: bool = False
     """Divide the weights by their mean over the batch (tokens, or responses for ``sequence``)."""
+
+
+@dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling: prompt groups whose ``metric`` is the same for every response teach nothing (GRPO's
+    advantages are 0) and are dropped; generation goes on with the next prompts until the step is full."""
+
+    enable: bool = False
+    """Drop groups without variance in ``metric`` and generate more rounds (``data.gen_batch_size`` prompts each)."""
+    metric: Optional[str] = None
+    """A reward's per-response number: ``acc`` or ``score`` (verl's DAPO reward gives both; other keys of a reward
+    function's dict), ``seq_reward`` (the response's score) or ``seq_final_reward`` (its reward after the in-reward
+    KL)."""
+    max_num_gen_batches: int = 0
+    """Generation rounds a step may take; the step stops the run at the limit, saying how many groups it kept.
+    <= 0: no limit."""
 
 
 @dataclass
@@ -477,6 +542,8 @@ class AlgorithmConfig:
     """beta's controller."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """Importance weights and rejection between the rollout's policy and the trained one (verl's)."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO's dynamic sampling."""
 
 
 # ----------------------------------------------------------------------------------------------------- trainer
@@ -505,6 +572,9 @@ class TrainerSection:
     updates once ``critic_warmup <= step``)."""
     val_before_train: bool = True
     """Validate once before the first step."""
+    log_val_generations: int = field(default=0, metadata=bounds(ge=0))
+    """After each validation, this many of its (prompt, response, score) samples, chosen as verl chooses them (sorted
+    by prompt, shuffled with seed 42, the first N), as one line of ``{trainer.log_dir}/val_generations.jsonl``."""
     default_local_dir: str = "outputs/checkpoints/rlprof/ppo-demo"
     """Checkpoints (must be shared by all nodes of a multi-node run)."""
     log_dir: str = "outputs/logs/rlprof/ppo-demo"

@@ -48,6 +48,8 @@ class Alias:
     """``(value, world_size) -> value here``; raises ValueError with the reason."""
     implies: tuple[tuple[str, Any], ...] = ()
     """Settings here that verl's meaning of a true value carries, applied unless the user set them."""
+    null_is_unset: bool = False
+    """verl reads null as "not set" (a deprecated spelling): nothing to apply."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ class NoOp:
 @dataclass(frozen=True)
 class Refused:
     equivalent: str
+    accepted: tuple[Any, ...] = ()
+    """Values that ask for nothing refused (what ``equivalent`` says to leave), besides verl's defaults."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,13 @@ RULES: list[tuple[str, Rule]] = [
     ("reward.custom_reward_function.path", Alias("custom_reward_function.path")),
     ("reward.custom_reward_function.name", Alias("custom_reward_function.name")),
     ("reward.reward_manager.name", Alias("reward_model.reward_manager")),
+    *(
+        (f"reward.reward_kwargs.overlong_buffer_cfg.{key}", Alias(f"reward_model.overlong_buffer.{key}"))
+        for key in ("enable", "len", "penalty_factor", "log")
+    ),
+    ("reward.reward_kwargs.max_resp_len", Alias("reward_model.overlong_buffer.max_resp_len")),
+    (f"{ARR}.actor.optim.warmup_style", Alias(f"{ARR}.actor.optim.lr_scheduler_type", null_is_unset=True)),
+    ("critic.optim.warmup_style", Alias("critic.optim.lr_scheduler_type", null_is_unset=True)),
     ("reward.reward_model.enable", Alias("reward_model.enable")),
     ("reward.reward_model.model_path", Alias("reward_model.model.path")),
     # mirrors: verl repeats these per worker; here they are one setting
@@ -150,18 +161,27 @@ RULES: list[tuple[str, Rule]] = [
     ("critic.rollout_n", Mirror(f"{ARR}.rollout.n")),
     (f"{ARR}.rollout.prompt_length", Mirror("data.max_prompt_length")),
     (f"{ARR}.ref.strategy", Mirror(f"{ARR}.actor.strategy")),
-    ("critic.strategy", Mirror(f"{ARR}.actor.strategy")),
     ("critic.model.tokenizer_path", Mirror("critic.model.path")),
     # the launcher's world
     ("trainer.nnodes", Launcher("nodes")),
     ("trainer.n_gpus_per_node", Launcher("processes per node")),
     # refused, with what to use
     ("*.megatron.*", Refused("Megatron is not an engine here; use actor_rollout_ref.actor.zero_stage=0|1|2|3")),
-    (f"{ARR}.actor.ulysses_sequence_parallel_size", Refused("sequence parallelism is not implemented; leave it 1")),
-    (f"{ARR}.ref.ulysses_sequence_parallel_size", Refused("sequence parallelism is not implemented; leave it 1")),
-    ("critic.ulysses_sequence_parallel_size", Refused("sequence parallelism is not implemented; leave it 1")),
+    *(
+        (key, Refused("sequence parallelism is not implemented; leave it 1", accepted=(1,)))
+        for key in (
+            f"{ARR}.actor.ulysses_sequence_parallel_size",
+            f"{ARR}.ref.ulysses_sequence_parallel_size",
+            "critic.ulysses_sequence_parallel_size",
+        )
+    ),
     # no-ops: engine, placement and I/O details
     ("*._target_", NoOp("verl's dataclass path")),
+    (
+        "critic.strategy",
+        NoOp("verl's engine for the critic (as the actor's fsdp_config.strategy); the critic runs on DeepSpeed here"),
+    ),
+    ("*.optim.total_training_steps", NoOp("verl fills it in with the run's steps; the schedule here counts them too")),
     (f"{ARR}.ref.fsdp_config.param_offload", NoOp("the reference policy is frozen here, with no optimizer state")),
     ("*.fsdp_config.*", NoOp(FSDP)),
     (f"{ARR}.actor.fsdp_config", NoOp(FSDP)),
@@ -180,6 +200,11 @@ RULES: list[tuple[str, Rule]] = [
     (f"{ARR}.rollout.load_format", NoOp("the engine loads the model directory, then the actor's weights")),
     (f"{ARR}.rollout.layered_summon", NoOp("weights are synced in buckets here")),
     (f"{ARR}.rollout.free_cache_engine", NoOp("the engine's cache is kept between steps")),
+    (f"{ARR}.rollout.enable_sleep_mode", NoOp("the engine's weights and cache stay where they are between steps")),
+    (
+        f"{ARR}.rollout.engine_kwargs.*",
+        Refused("engine arguments are not passed on here; the vllm rollout takes the rollout keys it documents"),
+    ),
     (f"{ARR}.rollout.multi_stage_wake_up", NoOp("an SGLang memory detail")),
     (f"{ARR}.rollout.over_sample_rate", NoOp("verl declares it but does not read it (verl/workers/config/rollout.py)")),
     (f"{ARR}.rollout.multi_turn.tokenization_sanity_check_mode", NoOp("replies are tokenised once, as appended")),
@@ -362,23 +387,16 @@ def translate(pairs: list[tuple[str, Any]], ours: set[str], world_size: int) -> 
             ignored.append(f"{key} (an interpolation)")
             continue
         rule = rule_for(key)
-        if isinstance(rule, Alias):
-            try:
-                converted = rule.convert(value, world_size) if rule.convert else value
-            except ValueError as exc:
-                out.problems.append(f"{key}={value!r} {exc}")
-                continue
-            out.pairs.append((rule.target, converted))
-            implied = [(k, v) for k, v in rule.implies if converted is True and k not in last]
-            out.pairs += implied
-            also = "".join(f" with {k}={v!r}" for k, v in implied)
-            out.notes.append(f"{key}={value!r} is {rule.target}={converted!r}{also} here")
+        if isinstance(rule, Alias) and rule.null_is_unset and value is None:
+            ignored.append(f"{key} (null: verl reads it as not set)")
+        elif isinstance(rule, Alias):
+            _apply_alias(key, value, rule, set(last), world_size, out)
         elif isinstance(rule, Mirror):
             out.mirrors.append((key, value, rule))
         elif isinstance(rule, NoOp):
             ignored.append(f"{key} ({rule.reason})")
         elif isinstance(rule, Refused):
-            if _is_default(value, verl.get(key, ())):
+            if _is_default(value, (*verl.get(key, ()), *rule.accepted)):
                 ignored.append(f"{key} (verl's default; nothing to change)")
             else:
                 out.problems.append(f"{key}={value!r}: {rule.equivalent}")
@@ -401,6 +419,20 @@ def translate(pairs: list[tuple[str, Any]], ours: set[str], world_size: int) -> 
     if ignored:
         out.notes.append("verl settings with no effect here: " + "; ".join(ignored))
     return out
+
+
+def _apply_alias(key: str, value: Any, rule: Alias, given: set[str], world_size: int, out: Translation) -> None:
+    """The alias's setting here (its value converted, what a true value implies unless ``given``), and its note."""
+    try:
+        converted = rule.convert(value, world_size) if rule.convert else value
+    except ValueError as exc:
+        out.problems.append(f"{key}={value!r} {exc}")
+        return
+    out.pairs.append((rule.target, converted))
+    implied = [(k, v) for k, v in rule.implies if converted is True and k not in given]
+    out.pairs += implied
+    also = "".join(f" with {k}={v!r}" for k, v in implied)
+    out.notes.append(f"{key}={value!r} is {rule.target}={converted!r}{also} here")
 
 
 def mirror_problems(mirrors: list[tuple[str, Any, Mirror]], setting: Callable[[str], Any]) -> list[str]:

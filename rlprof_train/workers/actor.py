@@ -20,6 +20,7 @@ from rlprof_train.workers.engine import (
     make_engine,
     mini_batches,
     optimizer_step,
+    set_learning_rate,
 )
 from rlprof_train.workers.log_prob import log_prob_pass
 
@@ -43,7 +44,9 @@ class ActorWorker:
         self.correction = correction or Correction()
         self.model_cfg = model
         self.env = env
-        module = load_causal_lm(model_path, model.dtype, model.enable_gradient_checkpointing, lora=model)
+        module = load_causal_lm(
+            model_path, model.dtype, model.enable_gradient_checkpointing, lora=model, overrides=model.override_config
+        )
         offload = cfg.fsdp_config.offload_policy
         self.engine = make_engine(
             module,
@@ -83,10 +86,13 @@ class ActorWorker:
         )
         return log_probs, metrics
 
-    def update(self, batch: RolloutBatch) -> MetricAggregator:
-        """PPO epochs over ``batch``: one optimizer step per mini-batch of ``ppo_mini_batch_size`` prompts."""
+    def update(self, batch: RolloutBatch, lr: Optional[float] = None) -> MetricAggregator:
+        """PPO epochs over ``batch``: one optimizer step per mini-batch of ``ppo_mini_batch_size`` prompts, at the
+        learning rate ``lr`` (the step's, :class:`~rlprof_train.lr_schedule.LRSchedule`; None: the optimizer's)."""
         cfg = self.cfg
         metrics = MetricAggregator()
+        if lr is not None:
+            set_learning_rate(self.engine, lr)
         mini_size = cfg.ppo_mini_batch_size * batch.n // self.env.world_size
         for i, rows in enumerate(mini_batches(batch.size, mini_size, cfg.ppo_epochs, cfg.shuffle, seed=batch.uid[0])):
             with rlprof.mini_batch(i, role="actor"):  # a torch schedule over mini-batches walks these (verl)

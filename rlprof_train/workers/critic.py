@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 import rlprof
@@ -17,6 +19,7 @@ from rlprof_train.workers.engine import (
     make_engine,
     mini_batches,
     optimizer_step,
+    set_learning_rate,
 )
 
 
@@ -67,9 +70,12 @@ class CriticWorker:
         ]
         return gather_rows(parts, batch.size, batch.response_length) * batch.response_mask
 
-    def update(self, batch: RolloutBatch) -> MetricAggregator:
-        """Value epochs over ``batch``: one optimizer step per mini-batch of ``ppo_mini_batch_size`` prompts."""
+    def update(self, batch: RolloutBatch, lr: Optional[float] = None) -> MetricAggregator:
+        """Value epochs over ``batch``: one optimizer step per mini-batch of ``ppo_mini_batch_size`` prompts, at the
+        learning rate ``lr`` (the step's; None: the optimizer's)."""
         metrics = MetricAggregator()
+        if lr is not None:
+            set_learning_rate(self.engine, lr)
         mini_size = self.cfg.ppo_mini_batch_size * batch.n // self.env.world_size
         batches = mini_batches(batch.size, mini_size, self.cfg.ppo_epochs, shuffle=True, seed=batch.uid[0])
         for i, rows in enumerate(batches):

@@ -294,6 +294,13 @@ def loss_counts(response_mask: torch.Tensor, world_size: int) -> dict[str, float
     )
 
 
+def set_learning_rate(engine: Any, lr: float) -> None:
+    """The learning rate of every parameter group of ``engine``'s optimizer (DeepSpeed's ZeRO and bf16 optimizers
+    share their wrapped optimizer's groups)."""
+    for group in engine.optimizer.param_groups:
+        group["lr"] = lr
+
+
 def optimizer_step(engine: Any, role: str, agg: Any) -> None:
     """``engine.step()``, then ``{role}/grad_norm`` (when DeepSpeed reports it) and ``{role}/lr`` into ``agg``."""
     from rlprof.metrics import Reduce

@@ -36,7 +36,9 @@ class RefWorker:
         self.model = (
             lora_policy
             if lora_policy is not None
-            else load_causal_lm(model_path, model.dtype, device=device).eval().requires_grad_(False)
+            else load_causal_lm(model_path, model.dtype, device=device, overrides=model.override_config)
+            .eval()
+            .requires_grad_(False)
         )
         module = lora_policy.module if lora_policy is not None else self.model
         self.forward_model = CompiledForward(module) if model.torch_compile else self.model

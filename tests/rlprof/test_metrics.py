@@ -22,6 +22,7 @@ from rlprof.metrics import (
     estimate_flops,
     mfu_metrics,
     peak_flops,
+    timing_shares,
     timing_spread,
 )
 from rlprof.metrics.flops import cpu_peak_flops, model_shape
@@ -440,3 +441,19 @@ def test_memory_metrics_read_cuda_peaks_without_resetting_them_unless_asked(monk
     assert resets == []
     compute_memory_metrics(reset_peaks=True)
     assert resets == [1]
+
+
+def test_each_phase_counts_in_its_groups_share_of_the_step():
+    """rollout = gen, gen_max (ReMax's baseline), gen_refill (DAPO's later rounds), update_weights; training = the
+    log-prob, value and update passes; other = the rest; unaccounted = the step minus every phase."""
+    timing = {"step": 10.0, "gen": 2.0, "gen_max": 0.5, "gen_refill": 1.5, "update_weights": 1.0, "reward": 0.5}
+    timing |= {"old_log_prob": 1.0, "ref": 0.5, "values": 0.5, "update_critic": 0.5, "update_actor": 1.5}
+    shares = timing_shares(timing)
+    assert shares == pytest.approx(
+        {
+            "timing_share/rollout": 0.5,
+            "timing_share/training": 0.4,
+            "timing_share/other": 0.05,
+            "timing_share/unaccounted": 0.05,
+        }
+    )

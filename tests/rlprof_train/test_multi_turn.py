@@ -176,9 +176,9 @@ def test_a_known_conversation_keeps_the_replies_attended_and_out_of_the_policys_
     (info,) = batch.extras["reward_extra_info"]
     assert info == {"num_turns": 4, "tool_rewards": [0.0], "rollout_reward_scores": {"calculator": 0.0}}
     # the reward function reads the whole conversation; the score sits on the last token the policy sampled
-    scores, metrics = RewardWorker(RewardFunction(), tokenizer).score(batch)
-    assert scores[0, real - 1] == 1.0 and scores.sum() == 1.0
-    assert metrics.compute()["reward_extra/correct_call"] == 1.0
+    scored = RewardWorker(RewardFunction(), tokenizer).score(batch)
+    assert scored.token_level[0, real - 1] == 1.0 and scored.token_level.sum() == 1.0
+    assert scored.metrics.compute()["reward_extra/correct_call"] == 1.0 and scored.per_response["correct_call"] == [1.0]
 
 
 def test_malformed_unknown_failing_and_hanging_calls_are_answered_counted_and_survived(tokenizer):
@@ -211,7 +211,7 @@ def test_malformed_unknown_failing_and_hanging_calls_are_answered_counted_and_su
     assert "took longer than multi_turn.tool_timeout_s=0.5 s" in text and "RuntimeError: the sandbox is down" in text
     assert "there is no tool 'nope'; the tools are: boom, hang" in text and "not JSON" in text
     records = batch.extras["multi_turn"]
-    metrics = multi_turn_metrics(records["trajectories"], records["calls"], [records["split"]])
+    metrics = multi_turn_metrics(records["trajectories"], records["calls"], records["splits"])
     assert metrics["tools/hang/failures"] == 1 and metrics["tools/boom/failures"] == 1
     assert metrics["tools/malformed_calls"] == 2 and metrics["tool_call_counts/max"] == 4
     assert metrics["tools/hang/latency_ms_p50"] == pytest.approx(500)

@@ -68,10 +68,10 @@ def test_verl_dict_returns_give_the_score_and_extra_metrics(tmp_path):
         tmp_path,
         """
         def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-            return {"score": 0.5, "acc": 1.0, "pred": "42"}
+            return {"score": 0.5, "acc": True, "pred": "42"}
     """,
     )
-    assert RewardFunction(str(path))("x", "42", "42") == (0.5, {"acc": 1.0})
+    assert RewardFunction(str(path))("x", "42", "42") == (0.5, {"score": 0.5, "acc": 1.0})  # verl's extra info
 
 
 def test_a_hanging_reward_stops_at_the_timeout(tmp_path):

@@ -91,7 +91,7 @@ def test_every_problem_of_a_command_line_is_in_one_line(capsys):
     argv = [
         "trainer.nnodes=2",  # this launch has one node
         f"{ARR}.actor.megatron.tensor_model_parallel_size=2",  # an engine that is not here
-        "algorithm.filter_groups.enable=True",  # verl's, not supported, not at its default
+        "algorithm.use_pf_ppo=True",  # verl's, not supported, not at its default
         "trainer.totl_epochs=3",  # a misspelling
         "data.max_prompt_length=abc",  # a wrong type
     ]
@@ -101,7 +101,7 @@ def test_every_problem_of_a_command_line_is_in_one_line(capsys):
     for fragment in (
         "trainer.nnodes=2: this launch has 1 nodes (1 processes in all); start the trainer with torchrun --nnodes 2",
         "megatron.tensor_model_parallel_size=2: Megatron is not an engine here",
-        "algorithm.filter_groups.enable=True: not supported here (verl's default False is what runs)",
+        "algorithm.use_pf_ppo=True: not supported here (verl's default False is what runs)",
         "unknown config key 'trainer.totl_epochs'; did you mean 'trainer.total_epochs'?",
         "data.max_prompt_length: expected an integer, got 'abc'",
     ):

@@ -285,7 +285,7 @@ class MultiTurnRollout(Rollout):
                 for t in trajectories
             ],
             "calls": calls,
-            "split": split,
+            "splits": [split],
         }
         return batch
 

