@@ -25,6 +25,7 @@ EXIT_CODE = 3
 _SIZE = r"([\d.]+) ([KMGTP]?i?B)"
 _REQUESTED = re.compile(r"Tried to allocate " + _SIZE)
 _FREE = re.compile(r"of which " + _SIZE + r" is free")
+_TOTAL = re.compile(r"total capacity of " + _SIZE)
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
 
 
@@ -39,7 +40,7 @@ def _snapshot(save_path: Path, rank: int) -> Optional[Path]:
     return found[-1] if found else None
 
 
-def _moment(snapshot: Optional[Path], requested: int, free: int, tag: str) -> OomMoment:
+def _moment(snapshot: Optional[Path], requested: int, free: int, total: Optional[int], tag: str) -> OomMoment:
     """What the snapshot says was alive at the failure; without one, the failure alone (so that the remedies are
     the failing role's, in the seed's order)."""
     if snapshot is not None:
@@ -50,7 +51,7 @@ def _moment(snapshot: Optional[Path], requested: int, free: int, tag: str) -> Oo
                     return moment
         except SourceError:
             pass  # a snapshot cut short by the failure: the failure alone
-    failure = OutOfMemory(requested, free, None, None, 0, None, tag, "", 1)
+    failure = OutOfMemory(requested, free, total, None, 0, None, tag, "", 1)
     return OomMoment(failure, 0, None, {}, {}, [], [])
 
 
@@ -65,15 +66,14 @@ def out_of_memory_line(
 ) -> str:
     """The one line for ``error``, a device OOM in ``phase`` of ``role`` at ``step`` (see the module doc)."""
     message = str(error)
-    requested, free = _bytes(_REQUESTED, message), _bytes(_FREE, message)
+    requested, free, total = _bytes(_REQUESTED, message), _bytes(_FREE, message), _bytes(_TOTAL, message)
     profiler = config.get("global_profiler") or {}
     tool = profiler.get("tool")
     recording = isinstance(tool, str) and tool in tool_names() and tool_spec(tool).oom_snapshot
     snapshots = next(spec.name for spec in tool_specs() if spec.oom_snapshot)  # the tool that writes one
     snapshot = _snapshot(Path(profiler.get("save_path") or "outputs/profile"), rank) if recording else None
-    fixes = remedies(
-        _moment(snapshot, requested or 0, free or 0, f"{role}/{phase}"), lambda key: setting_of(config, key)
-    )
+    moment = _moment(snapshot, requested or 0, free or 0, total, f"{role}/{phase}")
+    fixes = remedies(moment, lambda key: setting_of(config, key))
     facts = ((requested, "requested"), (free, "free"), (held_at_start, "held on the device before the run started"))
     amounts = ", ".join(f"{human_bytes(value)} {what}" for value, what in facts if value is not None)
 
@@ -85,5 +85,13 @@ def out_of_memory_line(
         + ("on but wrote no OOM snapshot" if recording else "off")
         + f" (record one: global_profiler.tool={snapshots} 'global_profiler.steps=[{step}]')"
     )
+    larger = (
+        f"; the request alone is more than the device's {human_bytes(moment.failure.device_total or 0)}: no memory "
+        "freed makes room for it, only a smaller request does"
+        if moment.failure.exceeds_device
+        else ""
+    )
     advice = f"; try {fixes[0].override}, then resume: the last checkpoint is intact" if fixes else ""
-    return f"out of memory on the device {where}" + (f" ({amounts})" if amounts else "") + f"; {recorded}{advice}"
+    return (
+        f"out of memory on the device {where}" + (f" ({amounts})" if amounts else "") + f"{larger}; {recorded}{advice}"
+    )

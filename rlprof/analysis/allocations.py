@@ -66,6 +66,12 @@ class OutOfMemory:
     count: int = 1
     """OOM events in the history (the first is this one)."""
 
+    @property
+    def exceeds_device(self) -> bool:
+        """The request alone is more than the device's whole memory (where the file records it): no memory freed
+        makes room for it, only a smaller request does."""
+        return self.device_total is not None and self.requested > self.device_total
+
 
 @dataclass
 class AllocationHistory:

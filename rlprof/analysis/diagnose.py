@@ -193,8 +193,14 @@ def memory_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -
     if failure is not None and failure.oom is not None:
         moment = failure.oom
         holder = next(iter(moment.by_tag), "")
+        larger = (
+            f" (more than the device's {moment.failure.device_total / 2**30:.2f} GiB: no memory freed makes room for "
+            "it, only a smaller request does)"
+            if moment.failure.exceeds_device and moment.failure.device_total
+            else ""
+        )
         message = (
-            f"out of memory: {failure.device} could not allocate {moment.failure.requested / 2**30:.2f} GiB in "
+            f"out of memory: {failure.device} could not allocate {moment.failure.requested / 2**30:.2f} GiB{larger} in "
             f"{moment.failure.tag or 'no rlprof range'} with {moment.failure.device_free / 2**30:.2f} GiB free; "
             f"{moment.live_bytes / 2**30:.2f} GiB were alive"
             + (f", most in {holder} ({moment.by_tag[holder] / 2**30:.2f} GiB)" if holder else "")
@@ -204,7 +210,10 @@ def memory_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -
             "device_free_gb": moment.failure.device_free / 2**30,
             "live_gb": moment.live_bytes / 2**30,
         }
-        return rule.finding(message, evidence, [fix.override for fix in memory.remedies] or overrides)
+        fixes = [fix.override for fix in memory.remedies]
+        if not fixes and not moment.failure.exceeds_device:  # the seed's memory settings, where freeing can help
+            fixes = overrides
+        return rule.finding(message, evidence, fixes)
     limit = options.memory_limit_gb or memory.capacity_gb
     peak_gb = memory.peak_from_metrics_gb or 0.0
     if memory.host_rss is not None:
@@ -287,22 +296,35 @@ def overhead_bound(rule: Rule, report: Report, run: Run, options: ReportOptions)
 
 
 def _gpu_windows(report: Report, rule: Rule) -> list[tuple[WindowTrace, GpuSummary]]:
-    """The traces whose device ran long enough to judge (span at least ``min_span_ms``)."""
+    """The traces whose device ran long enough to judge: a judged span (:func:`_judged_span_us`) of at least
+    ``min_span_ms``."""
     return [
-        (t, t.gpu) for t in report.traces if t.gpu is not None and t.gpu.span_us >= 1e3 * rule.thresholds["min_span_ms"]
+        (t, t.gpu)
+        for t in report.traces
+        if t.gpu is not None and _judged_span_us(t, t.gpu) >= 1e3 * rule.thresholds["min_span_ms"]
     ]
 
 
+def _captured_us(trace: WindowTrace) -> float:
+    """The device's idle time inside the trace's stream captures (a graph being recorded: nothing to run yet)."""
+    return sum(c.device_idle_us for c in trace.captures)
+
+
+def _judged_span_us(trace: WindowTrace, gpu: GpuSummary) -> float:
+    """The device's traced span less its idle time inside stream captures: the time it could have been kept busy."""
+    return gpu.span_us - _captured_us(trace)
+
+
 def _where(trace: WindowTrace) -> str:
-    return f"rank {trace.rank}" + (f", {trace.window}" if trace.window else "")
+    """``rank 0 (step3)``, ``rank 0 (whole trace)``: the trace a finding is about."""
+    return f"rank {trace.rank}" + (f" ({trace.window})" if trace.window else "")
 
 
 def _idle_share(trace: WindowTrace, gpu: GpuSummary) -> float:
-    """The device's idle share of its traced span, leaving out stream captures (the device idles while a graph is
-    recorded: nothing to run yet, not a starved device)."""
-    captured = sum(c.device_idle_us for c in trace.captures)
-    span = gpu.span_us - captured
-    return (gpu.idle_us - captured) / span if span > 0 else 0.0
+    """The device's idle share of its judged span (:func:`_judged_span_us`: stream captures left out, the device
+    idles while a graph is recorded: nothing to run yet, not a starved device)."""
+    span = _judged_span_us(trace, gpu)
+    return (gpu.idle_us - _captured_us(trace)) / span if span > 0 else 0.0
 
 
 def gpu_idle(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
@@ -313,7 +335,10 @@ def gpu_idle(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Op
         return None
     trace, gpu = max(windows, key=lambda w: _idle_share(*w))
     idle = _idle_share(trace, gpu)
-    evidence = {"gpu_idle_share": idle, "gpu_span_ms": gpu.span_us / 1e3, "traces_idle": float(len(windows))}
+    span_ms, captured_ms = _judged_span_us(trace, gpu) / 1e3, _captured_us(trace) / 1e3
+    evidence = {"gpu_idle_share": idle, "gpu_span_ms": span_ms, "traces_idle": float(len(windows))}
+    if captured_ms:
+        evidence["capture_idle_ms_left_out"] = captured_ms
     if gpu.launch_delay_us is not None:
         evidence["launch_delay_p50_us"] = gpu.launch_delay_us.p50
     if gpu.operations:
@@ -325,8 +350,9 @@ def gpu_idle(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Op
         overrides.append(f"{ACTOR}.ppo_micro_batch_size_per_gpu={min(2 * micro, mini)}")
     if _compiled_decode_allowed(run) and run.setting(f"{ROLLOUT}.enforce_eager", True):
         overrides.append(f"{ROLLOUT}.enforce_eager=false")
+    outside = f" outside its {captured_ms:.3g} ms of CUDA-graph capture" if captured_ms else ""
     message = (
-        f"GPU idle: on {_where(trace)} the device is idle {_pct(idle)} of the {gpu.span_us / 1e3:.3g} ms it was traced"
+        f"GPU idle: on {_where(trace)} the device is idle {_pct(idle)} of the {span_ms:.3g} ms it was traced{outside}"
         f" ({len(windows)} of {len(report.traces)} traces at least {_pct(rule.thresholds['idle'])}); the host does not"
         " keep it fed: the launches (many small kernels: larger micro-batches, CUDA graphs) or the data loading and"
         " Python work between them (see the top operators by self time)"

@@ -10,6 +10,10 @@ The live bytes at the failure (:class:`~rlprof.analysis.allocations.OomMoment`) 
 - **held from before**: everything else (parameters, gradients, optimizer state, other passes' leftovers): parameter
   and optimizer offload act on them.
 
+A request larger than the device's whole memory is met by no memory freed: then only the settings that make the
+request itself smaller are offered (smaller micro-batches or token budgets for the pass; entropy chunking where the
+request is the entropy's), acting on the request's bytes.
+
 A setting already on (from the run's saved config, where there is one) is not offered; a micro-batch size is
 halved from the run's own (without a run, only the settings that need no number are offered); an offload comes with
 the ZeRO stage it needs where the run's is lower. A failing range that
@@ -104,11 +108,18 @@ def remedies(moment: OomMoment, setting: Optional[Setting] = None) -> list[Remed
     held = moment.live_bytes - own
     amounts = {"pass": own, "entropy": entropy, "held": held}
     knobs, what = _knobs(failed, setting)
-    words = {
-        "pass": f"what {what} allocates (activations, logits, its backward's)",
-        "entropy": "its entropy's softmax over the vocabulary",
-        "held": "parameters, gradients and optimizer state held on the device",
-    }
+    if moment.failure.exceeds_device:  # freeing makes no room: only a smaller request helps
+        entropy_request = any(k in moment.failure.site for k in ENTROPY_SITES)
+        knobs = [k for k in knobs if k.half or (k.kind == "entropy" and entropy_request)]
+        amounts = dict.fromkeys(amounts, moment.failure.requested)
+        request = "the request itself"
+        words = {"pass": f"{request} (fewer rows or tokens a micro-batch)", "entropy": f"{request} (in chunks)"}
+    else:
+        words = {
+            "pass": f"what {what} allocates (activations, logits, its backward's)",
+            "entropy": "its entropy's softmax over the vocabulary",
+            "held": "parameters, gradients and optimizer state held on the device",
+        }
     found = []
     for knob in knobs:
         override = _override(knob, setting)

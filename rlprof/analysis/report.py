@@ -32,6 +32,7 @@ from rlprof.analysis.report_model import (
 from rlprof.analysis.report_sections import built_parts
 from rlprof.analysis.run import Run
 from rlprof.analysis.sources import InputFile, SourceError, source
+from rlprof.analysis.sources.base import window_name
 from rlprof.analysis.sources.host_memory import read_host_rss
 from rlprof.analysis.stalls import listed_stalls, read_stalls
 from rlprof.analysis.step_series import STEP_KEY, growth, quantile, series, training_records, warmup_steps
@@ -285,7 +286,7 @@ def _window(file: InputFile, scan: TraceScan, top: int) -> WindowTrace:
     return WindowTrace(
         path=scan.path,
         source=scan.source,
-        window=file.window_name if file.steps else _window_of(scan),
+        window=file.window_name if file.steps else window_name(sorted(scan.steps)),
         rank=rank,
         host=file.host,
         device=scan.device,
@@ -309,11 +310,6 @@ def _window(file: InputFile, scan: TraceScan, top: int) -> WindowTrace:
             else []
         ),
     )
-
-
-def _window_of(scan: TraceScan) -> str:
-    steps = sorted(scan.steps)
-    return f"step{steps[0]}" if len(steps) == 1 else f"step{steps[0]}-{steps[-1]}" if steps else "?"
 
 
 def _ranges(scan: TraceScan, kind: str, top: int) -> list[RangeStat]:

@@ -14,6 +14,7 @@ import lzma
 import pickle
 
 import pytest
+import yaml
 from torch.cuda import _memory_viz
 
 from rlprof.analysis.allocations import summarize
@@ -140,6 +141,24 @@ def test_a_ranges_backward_belongs_to_the_range(tmp_path, capsys, annotated):
     report = json.loads(capsys.readouterr().out)
     (timeline,) = report["memory"]["timelines"]
     assert timeline["by_role"]["actor"] == owned
+
+
+def test_a_ranges_backward_belongs_to_it_when_the_annotations_hold_only_torchs_own_ranges(tmp_path):
+    """The allocations carry rlprof's range, the annotations only what torch writes itself (the optimizer's
+    ``Optimizer.step#AdamW.step``, after the backward): the backward's stackless allocations, between two of the
+    range's, are the range's, as in a snapshot without annotations; the optimizer's ranges own nothing."""
+    record, expected = an_update_with_its_backward()
+    snapshot = record.snapshot()
+    snapshot["external_annotations"] = [  # torch's own range only, around the optimizer's allocation
+        {**mark, "name": "Optimizer.step#AdamW.step"} for mark in snapshot["external_annotations"]
+    ]
+    path = tmp_path / "rank0_pid1.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    (summary,) = [summarize(h) for h in read_histories(path)]
+    backward = [s for s in summary.top_sites if s.site == NO_PYTHON_STACK]
+    assert backward == [type(backward[0])(NO_PYTHON_STACK, "actor/update_actor", expected["backward_at_peak"], 3)]
+    assert summary.by_tag["actor/update_actor"] == expected["update_at_peak"]
+    assert "Optimizer.step#AdamW.step" not in summary.by_tag
 
 
 def an_oom_in_the_backward(devices: int = 1, failing: int = 0) -> Recorder:
@@ -293,3 +312,40 @@ def test_the_trainers_oom_line_names_the_snapshot_and_its_analysis_override(tmp_
     assert f"its OOM snapshot: {snapshot} (rlprof memory {snapshot} says what held the memory)" in line
     assert "(8.000 GiB requested, 1.000 GiB free, 5.000 GiB held on the device before the run started)" in line
     assert "try actor_rollout_ref.model.enable_activation_offload=true" in line  # checkpointing is on already
+
+
+def test_a_request_larger_than_the_device_is_said_first_with_only_what_makes_it_smaller(tmp_path, capsys):
+    """A 1 PiB request on a 141 GiB device: no memory freed makes room for it. The memory page, the report's finding
+    and the trainer's line say so first; what to try is only what asks for less (the pass's micro-batch), not
+    offloading or ZeRO 3, which free held bytes."""
+    record = an_oom_in_the_backward()
+    record.traces[0][-1]["size"] = 1 << 50
+    snapshot = record.snapshot()
+    snapshot["rlprof"] = {"devices": {0: {"name": "NVIDIA H200", "total_memory": 141 << 30}}}
+    folder = tmp_path / "run"
+    folder.mkdir()
+    path = folder / "oom_rank0_pid7_step3.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    (folder / "config.yaml").write_text(
+        yaml.safe_dump({"actor_rollout_ref": {"actor": {"ppo_micro_batch_size_per_gpu": 8, "zero_stage": 1}}})
+    )
+    (folder / "run.json").write_text(json.dumps({"run_id": "crafted"}))
+    assert main(["memory", str(path), "--format", "md"]) == 0
+    text = capsys.readouterr().out
+    head = text[: text.index("Live at the failure per role")]
+    assert "the request alone is larger than the device (1.000 PiB of 141.000 GiB): no memory freed makes room" in head
+    assert "What to try: a smaller request" in text and "offload" not in text and "zero_stage" not in text
+    assert main(["report", str(folder), "--format", "json"]) == 0
+    (finding,) = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["rule"] == "memory-bound"]
+    assert "1048576.00 GiB (more than the device's 141.00 GiB: no memory freed makes room for it" in finding["message"]
+    assert finding["overrides"] == ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"], finding["overrides"]
+
+    from rlprof_train.out_of_memory import out_of_memory_line
+
+    error = RuntimeError("CUDA out of memory. Tried to allocate 1024.00 TiB. GPU 0 has a total capacity of 139.72 GiB "
+                         "of which 120.00 GiB is free.")  # fmt: skip
+    config = {"actor_rollout_ref": {"actor": {"ppo_micro_batch_size_per_gpu": 8}}}
+    line = out_of_memory_line(error, config, 0, 3, "actor", "update_actor")
+    assert "; the request alone is more than the device's 139.720 GiB: no memory freed makes room for it" in line, line
+    micro_batch = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"
+    assert line.endswith(f"try {micro_batch}, then resume: the last checkpoint is intact"), line

@@ -342,7 +342,10 @@ def test_each_published_trace_agrees_with_holistic_trace_analysis(trace, tmp_pat
             chosen = [e for e in reference.device if correlation_of(e) in counted]
             ours = sum(float(e.get("dur", 0)) for e in chosen if label in reference.labels_of(e))
         check("annotation device time", ours, device_us)
-    if peer["temporal"] and kept:
+    # HTA takes every event with a stream argument for device work; inductor writes one on its Triton launches, CPU
+    # operators (TraceLens' vLLM decode trace): HTA's temporal breakdown then counts their host time as compute
+    host_on_streams = set(peer["device_names"]) - {e["name"] for e in reference.device}
+    if peer["temporal"] and kept and not host_on_streams:
         ops, names = reference.device_ops(kept)
         gpu = scan.gpu if all_launched and scan.gpu is not None else summarize_device(ops, names)
         temporal = peer["temporal"]
@@ -373,6 +376,7 @@ def test_each_published_trace_agrees_with_holistic_trace_analysis(trace, tmp_pat
         "device operations": scan.gpu.operations if scan.gpu else 0,
         "kept by HTA": len(kept),
         "misnested in HTA's call graph": len(peer["misnested_correlations"]),
+        "host operations HTA counts as device work (not compared)": sorted(host_on_streams),
         "worst": worst,
     }
     out = ROOT / "outputs" / "corpus"

@@ -169,3 +169,32 @@ def test_kernel_names_are_shortened_in_tables_and_kept_whole_in_json():
     cut = short_name("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4>(cutlass_80::Params)")
     assert cut == "cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_n…" and len(cut) == 60
     assert short_name("aten::mm") == "aten::mm" and short_name("x" * 60) == "x" * 60
+
+
+CAPTURE = TRACES / "tracelens_vllm_decode_graph_capture_rank0.pt.trace.json.gz"
+"""TraceLens' vLLM decode trace: 55 of its 58 ms of device span are a CUDA-graph capture; no step markers."""
+
+
+def test_a_span_that_is_mostly_graph_capture_is_judged_without_it(monkeypatch):
+    """The device idles while a graph is captured (nothing to run yet): the rule judges the span left, 2.8 ms, too
+    short to judge; made to judge it, its message quotes that span and the capture left out, not the raw 58 ms."""
+    assert "gpu-idle" not in findings(CAPTURE)
+    (rule,) = [r for r in RULES if r.name == "gpu-idle"]
+    monkeypatch.setitem(rule.thresholds, "min_span_ms", 1.0)
+    idle = findings(CAPTURE)["gpu-idle"]
+    assert idle.evidence["gpu_span_ms"] == pytest.approx(2.8, abs=0.1)
+    assert idle.evidence["capture_idle_ms_left_out"] == pytest.approx(55.0, abs=0.1)
+    assert (
+        "on rank 0 (whole trace) the device is idle 99% of the 2.81 ms it was traced outside its 55 ms of CUDA-graph "
+        "capture" in idle.message
+    ), idle.message
+
+
+def test_a_trace_without_a_step_window_is_named_as_the_whole_trace(capsys):
+    assert main(["report", str(CAPTURE), "--format", "md"]) == 0
+    text = capsys.readouterr().out
+    assert "whole trace, rank 0 (chrome_trace): no step markers" in text
+    assert "User annotations (the trace has no rlprof ranges), whole trace, rank 0" in text
+    assert "?" not in "".join(line for line in text.splitlines() if "rank 0" in line), text
+    assert main(["report", str(CAPTURE), "--format", "json"]) == 0
+    assert [t["window"] for t in json.loads(capsys.readouterr().out)["traces"]] == ["whole trace"]

@@ -95,6 +95,15 @@ def oom_section(summary: MemorySummary, moment: OomMoment, fixes: Sequence[Remed
         f"{summary.device} ran out of memory{others}: {human_bytes(failure.requested)} requested {where}, with "
         f"{human_bytes(failure.device_free)} free{total} on the device (after event {failure.at_event} of "
         f"{summary.events}, {_when(summary, failure.time_us)})",
+        *(
+            [
+                f"the request alone is larger than the device ({human_bytes(failure.requested)} of "
+                f"{human_bytes(failure.device_total or 0)}): no memory freed makes room for it; only a smaller "
+                f"request does (what asked for it, below, {where})"
+            ]
+            if failure.exceeds_device
+            else []
+        ),
         f"requested at: {failure.site}",
         f"alive then: {human_bytes(moment.live_bytes)} allocated"
         + (
@@ -118,7 +127,7 @@ def oom_section(summary: MemorySummary, moment: OomMoment, fixes: Sequence[Remed
         Table(
             ["override to try", "lowers", "live bytes it acts on"],
             [[fix.override, fix.acts_on, human_bytes(fix.bytes)] for fix in fixes],
-            "What to try, the most bytes first",
+            "What to try: a smaller request" if failure.exceeds_device else "What to try, the most bytes first",
         )
     )
     return section

@@ -133,9 +133,11 @@ def _traces(report: Report) -> Section:
     for window in report.traces:
         steps = ", ".join(f"#{s} {ms(step_ms)} ms" for s, step_ms in window.step_ms.items())
         what = window.source + (f", {window.device}" if window.device else "")
+        host = f" on {window.host}" if window.host else ""
         section.lines.append(
-            f"{window.window} rank {window.rank}{f' on {window.host}' if window.host else ''} ({what}): "
-            f"steps {steps or 'none'} ({window.path})"
+            f"{window.window} rank {window.rank}{host} ({what}): steps {steps} ({window.path})"
+            if steps
+            else f"{window.window}, rank {window.rank}{host} ({what}): no step markers ({window.path})"
         )
         section.lines += [f"    {p}" for p in window.problems]
         if window.captures:

@@ -22,6 +22,18 @@ HEAD_BYTES = 1 << 16
 """How much of a file (decompressed) the sources see to recognise it."""
 
 
+WHOLE_TRACE = "whole trace"
+"""The window name of a recording that marks no step (no ``ProfilerStep#N``, no manifest line with steps): it is
+judged and named as the whole recording."""
+
+
+def window_name(steps: tuple[int, ...] | list[int]) -> str:
+    """``step3``, ``step2-4`` (the first and last of sorted ``steps``), or :data:`WHOLE_TRACE` without steps."""
+    if not steps:
+        return WHOLE_TRACE
+    return f"step{steps[0]}" if len(steps) == 1 else f"step{steps[0]}-{steps[-1]}"
+
+
 class SourceError(ValueError):
     """A file a source cannot read; the message says why in one line."""
 
@@ -47,8 +59,7 @@ class InputFile:
 
     @property
     def window_name(self) -> str:
-        steps = self.steps
-        return f"step{steps[0]}" if len(steps) == 1 else f"step{steps[0]}-{steps[-1]}" if steps else "?"
+        return window_name(self.steps)
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ autograd's engine when its frames are there. A block alive when recording starte
 thread carries none: autograd runs the backward on its own thread, with no Python stack either. Such an allocation
 belongs to the range open at its time on the thread that waits for it: the innermost range of the snapshot's
 ``external_annotations`` (rlprof's torch_memory tool writes its ranges there; torch writes ``record_function``
-ranges there) open at that time. Without annotations (snapshots older than that), a stackless allocation between
-two allocations of the same range belongs to it.
+ranges there) open at that time; when the allocations carry ranges, only those count (torch's own ranges, such as
+``Optimizer.step#AdamW.step``, own nothing). Without such annotations (snapshots older than that, or annotations of
+torch's own ranges only), a stackless allocation between two allocations of the same range belongs to it.
 
 **Out of memory.** An ``oom`` action (torch records the request, the device's free bytes, the stack and the range)
 is the history's failure, whatever the file is called; with several, the first, and how many.
@@ -218,9 +219,9 @@ def _blocks(segments: list[dict[str, Any]]) -> Iterator[tuple[int, dict[str, Any
 
 class RangeClock:
     """Which range was open when: the innermost of the snapshot's ``external_annotations`` (START/END pairs) at a
-    time."""
+    time, of those named ``names`` (None: every one)."""
 
-    def __init__(self, annotations: Any, device: int) -> None:
+    def __init__(self, annotations: Any, device: int, names: Optional[set[str]] = None) -> None:
         changes: list[tuple[float, str]] = []  # (time, innermost open range from then on)
         open_ranges: list[str] = []
         marks = [a for a in annotations if isinstance(a, dict)] if isinstance(annotations, list) else []
@@ -228,6 +229,8 @@ class RangeClock:
             if mark.get("device", device) != device or not isinstance(mark.get("time_us"), (int, float)):
                 continue
             name = str(mark.get("name", ""))
+            if names is not None and name not in names:
+                continue
             if mark.get("stage") == "START":
                 open_ranges.append(name)
             elif mark.get("stage") == "END" and name in open_ranges:
@@ -271,7 +274,7 @@ def cuda_history(snapshot: dict[str, Any], source: str, device: int = 0) -> Allo
             site = sites.site(frames) if frames else BEFORE_RECORDING
             alive[address] = Allocation(int(block.get("size", 0)), site, "")
     timed = all(isinstance(entry.get("time_us"), (int, float)) for entry in raw)
-    owner = _owner(raw, RangeClock(snapshot.get("external_annotations"), device), timed)
+    owner = _owner(raw, _range_clock(snapshot, raw, device), timed)
     events: list[AllocEvent] = []
     allocated: dict[int, Allocation] = {}
     failures: list[tuple[int, dict[str, Any]]] = []
@@ -317,6 +320,14 @@ def cuda_history(snapshot: dict[str, Any], source: str, device: int = 0) -> Allo
         timed=timed,
         oom=oom,
     )
+
+
+def _range_clock(snapshot: dict[str, Any], raw: list[dict[str, Any]], device: int) -> RangeClock:
+    """The annotations' clock of ranges: of the ranges the allocations carry when they carry some (torch writes its
+    own ranges beside them, ``Optimizer.step#AdamW.step``: no owner of another thread's allocation), else of every
+    annotation (a program's own ``record_function`` ranges)."""
+    tags = {str(entry.get("user_metadata")) for entry in raw if entry.get("user_metadata")}
+    return RangeClock(snapshot.get("external_annotations"), device, tags or None)
 
 
 def _owner(raw: list[dict[str, Any]], clock: RangeClock, timed: bool) -> Any:
