@@ -12,6 +12,16 @@ import yaml
 from conftest import ROOT
 
 DOCS = ROOT / "docs"
+DAPO_LONG = (
+    *(
+        f"fully_async_policy/shell/dapo_{name}.sh"
+        for name in ("30b_a3b_base_math_fsdp", *(f"7b_math_fsdp2_{size}" for size in ("4_12", "8_8", "16_16", "32_32")))
+    ),
+    "fully_async_policy/shell/dapo_7b_math_fsdp2_64_64.sh",
+    "fully_async_policy/shell/dapo_7b_math_fsdp2_64_64_mis.sh",
+    *(f"one_step_off_policy/shell/dapo_7b_math_fsdp2_{kind}.sh" for kind in ("64_64", "64_64_ris", "colocate")),
+)
+"""verl's DAPO scripts trained 2 steps with -m long (docs/trainer.md: twelve train, two in the test command)."""
 REFERENCE = re.compile(r"`((?:tests|benchmarks)/[\w/]+\.py)::(\w+)`")
 
 
@@ -62,7 +72,7 @@ def test_every_page_is_in_the_site_navigation():
 def test_the_test_command_runs_every_benchmark_but_the_long_ones():
     """docs/setup.md: ``scripts/test.sh`` runs the tests and benchmarks but those marked ``long``, which are the
     comparisons with TRL, the knob table, LoRA's costs and learning run, the host allocation timeline's cost, the vLLM
-    tune and the 5000-window soak (collected here, not run)."""
+    tune, tune's speed target, verl's DAPO scripts but two and the 5000-window soak (collected here, not run)."""
     import subprocess
     import sys
 
@@ -99,6 +109,7 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
         "benchmarks/test_knobs.py",
         "benchmarks/test_lora.py",
         "benchmarks/test_host_alloc_overhead.py",
+        "benchmarks/test_tune.py",
     }, long
     assert {test for test in long if test.startswith("benchmarks/test_soak.py")} == {f"{soak}[5000 windows]"}, long
     rest = collected("not long")
@@ -112,4 +123,9 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
             for kind in ("reinforce_plus_plus", "remax", "rloo")
         ),
         f"{checked}[examples/rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh]",
+        *(
+            f"tests/rlprof_train/test_verl_dapo_scripts.py::test_the_synchronous_form_of_every_other_dapo_script_trains_"
+            f"two_steps[{name}]"
+            for name in DAPO_LONG
+        ),
     }
