@@ -87,6 +87,8 @@ class AllocationHistory:
     """False when the file gives no times: ``time_us`` is then each event's position in the history."""
     oom: Optional[OutOfMemory] = None
     """The first allocation that failed, when the history has one."""
+    notes: list[str] = field(default_factory=list)
+    """What the reader wants said beside the summary (how to see the file with its own tool, what it lacks)."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,11 @@ class MemorySummary:
     """False when the file gives no times: the timeline's times are event positions."""
     oom: Optional[OomMoment] = None
     """The moment an allocation failed, when the history has one."""
+    alive_at_end: list[SiteBytes] = field(default_factory=list)
+    """Allocations made during the history and alive at its end, per site and range, largest first: what a window
+    kept (a growing list, a cache; a leak when it comes back window after window)."""
+    notes: list[str] = field(default_factory=list)
+    """The reader's notes (:attr:`AllocationHistory.notes`)."""
 
 
 # --------------------------------------------------------------------------------------------- the summary
@@ -164,7 +171,7 @@ def summarize(history: AllocationHistory, top: int = 10, points: int = 600, arou
             peak, peak_index, peak_time = live, index, event.time_us
     samples = _sample_indices(curve, points, peak_index)
     oom_index = history.oom.at_event - 1 if history.oom is not None else None
-    at_peak, tag_samples, at_oom = _replay(history, peak_index, samples, oom_index)
+    at_peak, tag_samples, at_oom, at_end = _replay(history, peak_index, samples, oom_index)
     by_tag = _by_tag(at_peak)
     sites = _sites(at_peak)
     low, high = max(0, peak_index - around), min(len(history.events), peak_index + around + 1)
@@ -198,6 +205,8 @@ def summarize(history: AllocationHistory, top: int = 10, points: int = 600, arou
         dropped=history.dropped,
         timed=history.timed,
         oom=None if history.oom is None else _oom_moment(history.oom, at_oom, top),
+        alive_at_end=_sites({a: alloc for a, alloc in at_end.items() if a not in history.alive_at_start})[:top],
+        notes=list(history.notes),
     )
 
 
@@ -247,9 +256,9 @@ def _oom_moment(failure: OutOfMemory, alive: dict[int, Allocation], top: int) ->
 
 def _replay(
     history: AllocationHistory, peak_index: int, samples: list[int], oom_index: Optional[int] = None
-) -> tuple[dict[int, Allocation], list[dict[str, int]], dict[int, Allocation]]:
-    """Replay the events: what was alive at the peak, live bytes per tag at each sampled event, and what was alive
-    after event ``oom_index`` (-1: at the start)."""
+) -> tuple[dict[int, Allocation], list[dict[str, int]], dict[int, Allocation], dict[int, Allocation]]:
+    """Replay the events: what was alive at the peak, live bytes per tag at each sampled event, what was alive
+    after event ``oom_index`` (-1: at the start), and what was alive at the end."""
     alive = dict(history.alive_at_start)
     by_tag_now: dict[str, int] = defaultdict(int)
     for allocation in alive.values():
@@ -270,7 +279,7 @@ def _replay(
             at_oom = dict(alive)
         if len(tag_samples) < len(samples) and index == samples[len(tag_samples)]:
             tag_samples.append(dict(by_tag_now))
-    return at_peak, tag_samples, at_oom
+    return at_peak, tag_samples, at_oom, alive
 
 
 def _sample_indices(curve: list[tuple[float, int]], points: int, keep: int) -> list[int]:
@@ -286,6 +295,42 @@ def _sample_indices(curve: list[tuple[float, int]], points: int, keep: int) -> l
     if 0 <= keep < len(curve):
         chosen.add(keep)
     return sorted(chosen)
+
+
+# --------------------------------------------------------------------------------------------- growth
+
+
+@dataclass(frozen=True)
+class MemoryGrowth:
+    """An allocation site that ends window after window with more bytes alive: memory that grows with the steps."""
+
+    site: str
+    tag: str
+    bytes_per_step: float
+    """The least over the windows of (bytes it made and kept alive to the window's end) / (the window's steps): what
+    every step of every window added at least."""
+    windows: list[tuple[str, int]]
+    """(window, bytes alive at its end) for each window of the rank."""
+
+
+def memory_growth(windows: list[tuple[tuple[int, ...], MemorySummary]], least_per_step: float) -> list[MemoryGrowth]:
+    """Sites alive at the end of every one of a rank's ``windows`` (at least two: ``(steps, summary)`` each, in
+    step order), at least ``least_per_step`` bytes a step in each: what a step adds and never frees (a list the loop
+    appends to, a cache without a bound). What one window makes once (a lazy setup) is alive at the end of that
+    window only."""
+    if len(windows) < 2:
+        return []
+    kept: dict[tuple[str, str], list[tuple[str, int, int]]] = defaultdict(list)
+    for steps, summary in windows:
+        name = f"step{steps[0]}" if len(steps) == 1 else f"step{steps[0]}-{steps[-1]}"
+        for alive in summary.alive_at_end:
+            kept[(alive.site, alive.tag)].append((name, alive.bytes, len(steps) or 1))
+    found = []
+    for (site, tag), seen in kept.items():
+        per_step = [size / steps for _, size, steps in seen]
+        if len(seen) == len(windows) and min(per_step) >= least_per_step:
+            found.append(MemoryGrowth(site, tag, min(per_step), [(name, size) for name, size, _ in seen]))
+    return sorted(found, key=lambda g: -g.bytes_per_step)
 
 
 # --------------------------------------------------------------------------------------------- RSS per range

@@ -295,6 +295,25 @@ def overhead_bound(rule: Rule, report: Report, run: Run, options: ReportOptions)
     )
 
 
+def memory_growth(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
+    """A site that ends every memray window of a rank with what it made and kept, at least ``kib_per_step`` KiB a
+    step: memory that grows with the steps (host memory: a list or cache the loop keeps adding to)."""
+    memory = report.memory
+    grown = [g for g in memory.growth if g.bytes_per_step >= 1024 * rule.thresholds["kib_per_step"]] if memory else []
+    if not grown:
+        return None
+    top = grown[0]
+    where = top.tag or "outside every rlprof range"
+    names = ", ".join(name for name, _ in top.windows)
+    message = (
+        f"memory grows: {top.site} ({where}) ends each of {len(top.windows)} windows ({names}) with "
+        f"{top.bytes_per_step / 2**20:.2f} MiB a step it made and never freed: a list or cache the loop keeps "
+        "adding to?" + (f" ({len(grown) - 1} more sites grow, listed under Memory)" if len(grown) > 1 else "")
+    )
+    evidence = {"bytes_per_step": top.bytes_per_step, "windows": float(len(top.windows))}
+    return rule.finding(message, evidence, [])
+
+
 def _gpu_windows(report: Report, rule: Rule) -> list[tuple[WindowTrace, GpuSummary]]:
     """The traces whose device ran long enough to judge: a judged span (:func:`_judged_span_us`) of at least
     ``min_span_ms``."""
@@ -491,6 +510,7 @@ RULES: list[Rule] = [
     Rule("rollout-bound", "Generation dominates the step", {"share": 0.6, "over": 1.75}, rollout_bound),
     Rule("training-bound", "Training passes dominate the step", {"share": 0.6, "over": 1.75}, training_bound),
     Rule("memory-bound", "Memory is near its limit (or ran out)", {"fraction": 0.9}, memory_bound, "memory"),
+    Rule("memory-growth", "Memory grows step after step", {"kib_per_step": 64.0}, memory_growth, "memory"),
     Rule("straggler-bound", "One rank holds the others back", {"ratio": 1.25, "share": 0.05}, straggler_bound),
     Rule("overhead-bound", "Time outside the training work", {"idle": 0.25, "unaccounted": 0.2}, overhead_bound),
     Rule("gpu-idle", "The GPU waits for the host", {"idle": 0.5, "min_span_ms": 10.0}, gpu_idle),

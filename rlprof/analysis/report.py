@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import replace
 from typing import Any, Optional
 
-from rlprof.analysis.allocations import MemorySummary, role_of, summarize
+from rlprof.analysis.allocations import MemorySummary, memory_growth, role_of, summarize
 from rlprof.analysis.diagnose import diagnose
 from rlprof.analysis.memory_remedies import remedies
 from rlprof.analysis.report_model import (
@@ -41,6 +41,9 @@ from rlprof.metrics.timing import phase_group
 
 GROWTH_FLAG = 0.2
 """A phase whose last-quarter median exceeds its first-quarter median by this much is flagged as growing."""
+GROWTH_FLOOR = 64 * 1024.0
+"""Bytes a step below which a site kept alive window after window is not listed as growing memory (what a step
+leaves for the next one to free is alive at a window's end too: a few kilobytes)."""
 
 
 def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
@@ -371,6 +374,7 @@ def _memory(
     rss = read_host_rss([f.path for f in rss_files]) if rss_files else None
     timelines: list[MemorySummary] = []
     oom: list[MemorySummary] = []
+    windows: dict[Optional[int], list[tuple[tuple[int, ...], MemorySummary]]] = defaultdict(list)
     for file in run.of_category("memory"):
         reader = source(file.format)
         if reader is None or not reader.histories:
@@ -382,6 +386,9 @@ def _memory(
             continue
         for summary in summaries:  # a snapshot with an OOM in its history is one, whatever its name
             (oom if summary.oom is not None else timelines).append(summary)
+        if reader.windows_compose and file.steps:
+            windows[file.rank] += [(file.steps, summary) for summary in summaries]
+    grown = [g for rank in windows.values() for g in memory_growth(sorted(rank, key=lambda w: w[0]), GROWTH_FLOOR)]
     cuda = any(k == "perf/max_memory_reserved_gb" for r in records for k in r)
     key = "perf/max_memory_reserved_gb" if cuda else "perf/process_rss_gb"
     first_recorded = min((step for file in run.of("host_alloc") for step in file.steps), default=None)
@@ -412,4 +419,5 @@ def _memory(
         max(capacities) if capacities else None,
         "cuda" if cuda or run.of("cuda_snapshot") else "cpu",
         dict(sorted(traced.items(), key=lambda item: -item[1])),
+        sorted(grown, key=lambda g: -g.bytes_per_step),
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from rlprof.analysis.allocations import HostRss, MemorySummary
+from rlprof.analysis.allocations import HostRss, MemoryGrowth, MemorySummary
 from rlprof.analysis.gpu import GpuSummary
 from rlprof.analysis.memory_remedies import Remedy
 from rlprof.analysis.trace_model import CaptureWindow
@@ -149,6 +149,9 @@ class MemoryReport:
     """cuda or cpu."""
     traced_by_role: dict[str, int]
     """Highest total allocated memory inside each role's ranges, from the torch traces' ``[memory]`` events."""
+    growth: list[MemoryGrowth] = field(default_factory=list)
+    """Sites that end every memray window of a rank with bytes they made and kept (:func:`~rlprof.analysis.
+    allocations.memory_growth`), the largest a step first."""
 
 
 @dataclass(frozen=True)

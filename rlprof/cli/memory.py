@@ -1,5 +1,5 @@
-"""``rlprof memory FILE``: a CUDA snapshot, an OOM snapshot, a host allocation timeline or an RSS-per-range file,
-read offline."""
+"""``rlprof memory FILE``: a CUDA snapshot, an OOM snapshot, a host allocation timeline, a memray capture or an
+RSS-per-range file, read offline."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rich.console import Console
 
 from rlprof.cli.common import UsageError, add_output_options, emit
 
-HELP = "read a memory file offline (CUDA/OOM snapshot, host timeline, RSS per range)"
+HELP = "read a memory file offline (CUDA/OOM snapshot, host timeline, memray capture, RSS per range)"
 EXAMPLE = "rlprof memory outputs/profile/torch_memory/step3/rank0_pid123.pickle --html memory.html"
 
 
@@ -32,7 +32,7 @@ def command(args: argparse.Namespace, console: Console) -> int:
     if found is None or found.category != "memory":
         raise UsageError(
             f"{path}: not a memory file rlprof reads (a CUDA snapshot .pickle, an OOM snapshot, a "
-            "*.host_alloc.json.gz or a *.host_memory.jsonl)"
+            "*.host_alloc.json.gz, a memray capture .bin or a *.host_memory.jsonl)"
         )
     try:
         read = found.read(InputFile(found.format, path), ReadOptions())

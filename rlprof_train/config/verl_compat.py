@@ -236,6 +236,13 @@ RULES: list[tuple[str, Rule]] = [
             "global_profiler.global_tool_config.torch_memory.* instead"
         ),
     ),
+    (
+        "*.profiler.tool_config.memray.*",
+        Refused(
+            "per role, memray settings are not applied here (one capture per process); set "
+            "global_profiler.global_tool_config.memray.* instead"
+        ),
+    ),
     ("*.profiler.tool_config.torch.schedule.*", Kept()),
     ("*.profiler.tool_config.torch.discrete", Kept()),
     ("*.profiler.tool_config.torch.profile_token_start", Kept()),

@@ -63,6 +63,7 @@ def summary_sections(summary: MemorySummary, fixes: Sequence[Remedy], device: st
     sections = [oom_section(summary, summary.oom, fixes, suffix)] if summary.oom is not None else []
     head = Section(f"Memory{suffix}", [timeline_line(summary)])
     head.lines.append(f"peak reached at event {summary.peak_event} ({_when(summary, summary.peak_time_us)})")
+    head.lines += summary.notes
     head.tables.append(bytes_table("role", "live at peak", summary.by_role, "Live bytes at the peak per role"))
     head.tables.append(bytes_table("rlprof range", "live at peak", summary.by_tag, "Live bytes at the peak per range"))
     head.tables.append(
@@ -72,6 +73,14 @@ def summary_sections(summary: MemorySummary, fixes: Sequence[Remedy], device: st
             "Top allocation sites alive at the peak",
         )
     )
+    if summary.alive_at_end:
+        head.tables.append(
+            Table(
+                ["allocation site (innermost first)", "range", "alive at the end", "allocations"],
+                [[s.site, s.tag or "-", human_bytes(s.bytes), str(s.count)] for s in summary.alive_at_end],
+                "Made during the recording and still alive at its end",
+            )
+        )
     head.tables.append(
         Table(
             ["t µs" if summary.timed else "event", "live after", "action", "size", "range"],

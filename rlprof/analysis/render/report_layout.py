@@ -309,6 +309,22 @@ def _memory(report: Report) -> Section:
                 "Ranges that grow memory most",
             )
         )
+    if memory.growth:
+        section.tables.append(
+            Table(
+                ["allocation site", "range", "kept a step", "alive at each window's end"],
+                [
+                    [
+                        g.site,
+                        g.tag or "-",
+                        human_bytes(int(g.bytes_per_step)),
+                        ", ".join(f"{name}: {human_bytes(size)}" for name, size in g.windows),
+                    ]
+                    for g in memory.growth[:10]
+                ],
+                "Kept window after window (memray): what each step adds and never frees",
+            )
+        )
     for summary in memory.timelines + memory.oom:
         section.lines.append(timeline_line(summary))
         name = summary.source.rsplit("/", 1)[-1]

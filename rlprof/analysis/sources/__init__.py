@@ -11,7 +11,8 @@
         def read(self, file, options): ...
 
 Built in: ``chrome_trace`` (torch/kineto traces), ``nsys_report`` (Nsight Systems), ``cuda_snapshot`` (torch's
-memory snapshots), ``host_alloc`` and ``host_rss`` (torch_memory without CUDA) and ``metrics`` (metrics.jsonl).
+memory snapshots), ``host_alloc`` and ``host_rss`` (torch_memory without CUDA), ``memray`` (memray captures) and
+``metrics`` (metrics.jsonl).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from rlprof.analysis.sources.base import HEAD_BYTES, InputFile, ReadOptions, Sou
 from rlprof.analysis.sources.chrome_trace import ChromeTraceSource, read_head
 from rlprof.analysis.sources.cuda_snapshot import CudaSnapshotSource
 from rlprof.analysis.sources.host_memory import HostAllocationSource, HostRssSource, MemoryFileError
+from rlprof.analysis.sources.memray_capture import MemraySource
 from rlprof.analysis.sources.metrics_jsonl import MetricsSource
 from rlprof.analysis.sources.nsys_report import NsysReportSource
 
@@ -94,6 +96,7 @@ for _builtin in (
     CudaSnapshotSource,
     HostAllocationSource,
     HostRssSource,
+    MemraySource,
     MetricsSource,
 ):
     register_source(_builtin)

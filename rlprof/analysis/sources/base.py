@@ -83,6 +83,10 @@ class Source(ABC):
     ``rlprof memory`` summarises); False for one that reads a process's RSS per range."""
     timeline: ClassVar[bool] = False
     """Its files are Chrome trace events that ``rlprof view`` merges onto one clock."""
+    windows_compose: ClassVar[bool] = False
+    """A history source whose captures of one rank's successive windows each start empty, so that what each window
+    leaves alive at its end compares across them (``memory-growth``); False where a capture holds what came before
+    it (a CUDA snapshot holds every live block)."""
 
     @abstractmethod
     def claims(self, path: Path, head: bytes) -> bool:

@@ -32,6 +32,7 @@ import bisect
 import io
 import pickle
 import posixpath
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -60,6 +61,8 @@ AUTOGRAD_ENGINE = "(no Python stack: autograd's backward)"
 NO_PYTHON_STACK = "(no Python stack: autograd's backward or another thread)"
 BEFORE_RECORDING = "(allocated before recording started: no stack)"
 LIBRARY_FOLDERS = ("site-packages/", "dist-packages/")
+STANDARD_LIBRARY = re.compile(r"/lib/python3\.\d+/")
+"""The standard library's folder in a path (shown from ``python3.X/``)."""
 """A library's frames are shown from its package (``einops/einops.py``), not from where it is installed."""
 AUTOGRAD_FRAMES = ("torch::autograd::Engine", "autograd::Engine::thread_main", "evaluate_function")
 """Native frames that say the allocation ran in autograd's engine (stacks recorded with ``stacks="all"``)."""
@@ -84,9 +87,12 @@ def is_user_frame(frame: Any) -> bool:
 
 
 class Sites:
-    """Allocation sites of one snapshot's stacks, each stack read once (by identity: pickle shares them)."""
+    """Allocation sites of one snapshot's stacks, each stack read once (by identity: pickle shares them).
+    ``standard_library``: the interpreter's own modules are a library too (shown from ``python3.X/``, left out of
+    the folder the user's frames share): the stacks of a whole process (memray) pass through them."""
 
-    def __init__(self, stacks: Iterable[Any]) -> None:
+    def __init__(self, stacks: Iterable[Any], standard_library: bool = False) -> None:
+        self.standard_library = standard_library
         folders = set()
         seen: set[int] = set()
         for frames in stacks:
@@ -96,7 +102,7 @@ class Sites:
             for frame in frames:
                 path = _path(frame)
                 absolute = path.startswith("/") or path[1:3] == ":/"
-                if absolute and is_user_frame(frame) and not _library(path):
+                if absolute and is_user_frame(frame) and not _library(path, standard_library):
                     folders.add(posixpath.dirname(path))
         self.root = _common_folder(folders)
         self._sites: dict[int, str] = {}
@@ -123,7 +129,7 @@ class Sites:
         return AUTOGRAD_ENGINE if any(marker in name for name in names for marker in AUTOGRAD_FRAMES) else NO_USER_FRAME
 
     def _relative(self, path: str) -> str:
-        library = _library(path)
+        library = _library(path, self.standard_library)
         if library:
             return library
         if self.root and path.startswith(self.root + "/"):
@@ -131,14 +137,16 @@ class Sites:
         return path
 
 
-def _library(path: str) -> str:
-    """``.../site-packages/einops/einops.py`` -> ``einops/einops.py``; "" outside installed packages."""
+def _library(path: str, standard_library: bool = False) -> str:
+    """``.../site-packages/einops/einops.py`` -> ``einops/einops.py``; with ``standard_library`` also
+    ``.../lib/python3.11/inspect.py`` -> ``python3.11/inspect.py``; "" outside them."""
     lowered = path.lower()
     for folder in LIBRARY_FOLDERS:
         at = lowered.rfind(folder)
         if at >= 0:
             return path[at + len(folder) :]
-    return ""
+    standard = STANDARD_LIBRARY.search(path) if standard_library else None
+    return path[standard.start() + len("/lib/") :] if standard else ""
 
 
 def _common_folder(folders: set[str]) -> str:
