@@ -160,6 +160,13 @@ class Search:
         base = Trial("base", {})
         self.trials.append(base)
         if not self.measure(base) and base.status != OVER_MEMORY:
+            if self.budget.left <= 0:  # its first run may take the whole budget, and took it
+                steps = self.settings.warmup_steps + self.settings.trial_steps
+                raise RuntimeError(
+                    f"the budget ran out before the base configuration finished its first run ({steps} steps, "
+                    f"stopped after {self.budget.elapsed:.0f} s): give a larger tune.budget_minutes "
+                    f"(now {self.budget.seconds / 60:g}; see {self.launch.root}/trials)"
+                )
             raise RuntimeError(f"the base configuration does not run: {base.reason} (see {self.launch.root}/trials)")
         timeout = self.settings.trial_timeout_s or max(120.0, 5 * base.runs[0].wall_s)
         self.launch = dataclasses.replace(self.launch, timeout_s=timeout)

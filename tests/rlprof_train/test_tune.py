@@ -139,7 +139,7 @@ def test_from_a_poor_base_tune_returns_a_verified_faster_configuration_with_the_
 @pytest.mark.slow
 def test_a_memory_limit_nothing_fits_under_is_reported_with_the_closest_trial(tmp_path):
     result, results = tune(
-        tmp_path, "--config-name=demo", "tune.memory_limit_gb=0.2", "tune.budget_minutes=1.5", "tune.max_trials=2"
+        tmp_path, "--config-name=demo", "tune.memory_limit_gb=0.2", "tune.budget_minutes=30", "tune.max_trials=2"
     )
     trials = [t for t in results["trials"] if t["runs"]]
     assert len(trials) <= 3 and all(t["status"] == "over memory limit" for t in trials)
@@ -172,7 +172,7 @@ def test_a_crashing_trial_is_recorded_and_the_search_goes_on_with_two_processes_
         f"custom_reward_function.path={reward}",
         "tune.nproc_per_node=2",
         f"tune.space={space}",
-        "tune.budget_minutes=4",
+        "tune.budget_minutes=30",  # the two configurations of the space bound the search, whatever the machine's speed
         "tune.verify_repeats=1",
     )
     by_change = {tuple(t["changes"]): t for t in results["trials"]}
@@ -193,8 +193,8 @@ def test_vllms_knobs_are_searched_with_the_vllm_rollout(tmp_path):
         "--config-name=demo",
         f"{ARR}.rollout.name=vllm",
         f"tune.space=[{ARR}.rollout.max_num_batched_tokens]",
-        "tune.budget_minutes=6",  # 4 measured only the base once on a slow machine (each trial starts an engine)
-        "tune.max_trials=1",  # one candidate is enough to show the knob reaches vLLM; the budget is the slow case's
+        "tune.budget_minutes=30",  # max_trials bounds the search, whatever the machine's speed
+        "tune.max_trials=1",  # one candidate is enough to show the knob reaches vLLM
         "tune.trial_steps=2",
         "tune.verify_steps=2",
         "tune.verify_repeats=1",
@@ -217,7 +217,7 @@ def test_an_interrupted_tune_stops_its_trial_and_writes_what_it_found(tmp_path, 
     import psutil
 
     folder = tmp_path / "tune"
-    command = [sys.executable, "-m", "rlprof_train.tune", *POOR_BASE, "tune.budget_minutes=5", f"tune.dir={folder}"]
+    command = [sys.executable, "-m", "rlprof_train.tune", *POOR_BASE, "tune.budget_minutes=60", f"tune.dir={folder}"]
     process = subprocess.Popen(
         command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT, env=subprocess_env()
     )
@@ -240,9 +240,31 @@ def test_an_interrupted_tune_stops_its_trial_and_writes_what_it_found(tmp_path, 
 
 @pytest.mark.slow
 def test_a_budget_that_only_measures_the_base_says_so_and_what_budget_a_search_needs(tmp_path):
-    result, results = tune(tmp_path, "--config-name=demo", "tune.budget_minutes=0.3")
+    """The base's first run is given the time it takes (tune.trial_timeout_s), the budget is spent by then on any
+    machine: nothing else is tried, and the results say what budget a search needs."""
+    result, results = tune(tmp_path, "--config-name=demo", "tune.budget_minutes=0.1", "tune.trial_timeout_s=1200")
     assert [t["name"] for t in results["trials"] if t["runs"]] == ["base"]
     assert "**Nothing but the base was measured** (the budget ran out): no other configuration was tried" in (
         result.stdout
     )
     assert "tune.budget_minutes=" in result.stdout and "The base is the fastest" not in result.stdout
+
+
+@pytest.mark.slow
+def test_a_budget_that_ends_before_the_base_has_run_once_says_so(tmp_path):
+    """0.01 minutes: no trainer starts that fast. The base stopped by the budget is not 'a configuration that does
+    not run' (what tune said of it before)."""
+    command = [sys.executable, "-m", "rlprof_train.tune", "--config-name=demo", "tune.budget_minutes=0.01"]
+    result = subprocess.run(
+        [*command, f"tune.dir={tmp_path / 'tune'}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=subprocess_env(),
+    )
+    assert result.returncode == 1
+    assert "tune: the budget ran out before the base configuration finished its first run (4 steps, stopped after" in (
+        result.stderr
+    )
+    assert "give a larger tune.budget_minutes (now 0.01;" in result.stderr and "does not run" not in result.stderr
