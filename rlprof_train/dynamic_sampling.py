@@ -91,16 +91,21 @@ class Rounds:
         filtering: FilterGroupsConfig,
         per_response: dict[str, list[float]],
         gather: Callable[[Any], list[Any]],
+        round_groups: int,
     ) -> None:
-        """Add a scored round, its groups without variance dropped when ``filtering.enable`` (one ``gather`` of
-        the counts: every rank calls it once per round)."""
-        shared: list[float] = []  # the value each dropped group's responses share
-        if filtering.enable:
-            assert filtering.metric is not None, "the config check requires the metric"
-            values = response_values(batch, per_response, filtering.metric)
-            kept = set(groups_with_variance(batch.uid, values))
-            shared = list({uid: values[i] for i, uid in enumerate(batch.uid) if uid not in kept}.values())
-            batch = batch.select([i for i, uid in enumerate(batch.uid) if uid in kept])
+        """Add a scored round of ``round_groups`` prompt groups (over all ranks). Without ``filtering.enable`` all
+        are kept and nothing is exchanged; with it, the groups without variance are dropped and the counts of every
+        rank gathered (one ``gather``: every rank calls it once per round, a point where ranks wait for each other:
+        the caller keeps it out of any phase's time, so that a slow rank's phase stays its own)."""
+        if not filtering.enable:
+            self.kept.append(Round(batch, batch.size // batch.n))
+            self.groups += round_groups
+            return
+        assert filtering.metric is not None, "the config check requires the metric"
+        values = response_values(batch, per_response, filtering.metric)
+        kept = set(groups_with_variance(batch.uid, values))
+        shared = list({uid: values[i] for i, uid in enumerate(batch.uid) if uid not in kept}.values())
+        batch = batch.select([i for i, uid in enumerate(batch.uid) if uid in kept])
         self.kept.append(Round(batch, batch.size // batch.n))
         for groups, dropped in gather((batch.size // batch.n, shared)):
             self.groups += groups

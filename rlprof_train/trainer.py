@@ -229,7 +229,8 @@ class PPOTrainer:
                     "prompts the policy neither always solves nor always fails"
                 )
             self.rounds_used += 1
-            prompts = shard(self.prompts.batch(self.rounds_used), self.env.rank, self.env.world_size)
+            round_prompts = self.prompts.batch(self.rounds_used)
+            prompts = shard(round_prompts, self.env.rank, self.env.world_size)
             if rounds.kept:  # a later round's prompt may be an earlier round's (a new epoch): its own groups
                 offset = len(rounds.kept) * len(self.prompts.examples)
                 prompts = [dataclasses.replace(p, index=p.index + offset) for p in prompts]
@@ -242,7 +243,7 @@ class PPOTrainer:
                 scores = self.reward.score(batch)
                 batch.token_level_scores = scores.token_level
                 workers.merge(scores.metrics)
-                rounds.keep(batch, filtering, scores.per_response, self.env.gather)
+            rounds.keep(batch, filtering, scores.per_response, self.env.gather, len(round_prompts))
         if len(rounds.kept) == 1 and not filtering.enable:
             return rounds.kept[0].batch  # the usual step: one round, all of it
         batch, surplus = assemble(rounds, data.train_batch_size, self.env.rank, self.env.world_size, self.env.gather)

@@ -338,11 +338,24 @@ def test_a_rounds_groups_without_variance_are_dropped_and_counted_by_their_share
     batch = fake_batch([1, 2, 3], 2, 3, 0.0)
     rounds = Rounds()
     per_response = {"acc": [1.0, 1.0, 0.0, 1.0, 0.0, 0.0]}
-    rounds.keep(batch, FilterGroupsConfig(enable=True, metric="acc"), per_response, lambda value: [value])
+    rounds.keep(batch, FilterGroupsConfig(enable=True, metric="acc"), per_response, lambda value: [value], 3)
     assert rounds.groups == 1 and rounds.dropped == 2 and rounds.dropped_by_value == {1.0: 1, 0.0: 1}
     assert rounds.kept[0].batch.uid == [2, 2]
     with pytest.raises(ValueError, match=r"metric='score': the reward did not give 'score' for every response"):
-        rounds.keep(batch, FilterGroupsConfig(enable=True, metric="score"), per_response, lambda value: [value])
+        rounds.keep(batch, FilterGroupsConfig(enable=True, metric="score"), per_response, lambda value: [value], 3)
+
+
+def test_without_the_filter_a_round_is_kept_whole_with_no_exchange_between_ranks():
+    """The usual step: no collective here (one inside the reward's phase made every rank wait for the slowest there,
+    and hid a slow rank's reward from the straggler rule: tests/rlprof/test_report_rules.py)."""
+
+    def no_exchange(value):
+        raise AssertionError("nothing is gathered without the filter")
+
+    batch = fake_batch([1, 2, 3], 2, 3, 0.0)
+    rounds = Rounds()
+    rounds.keep(batch, FilterGroupsConfig(enable=False), {}, no_exchange, 6)  # 3 here, 3 on the other rank
+    assert rounds.groups == 6 and rounds.dropped == 0 and rounds.kept[0].batch is batch
 
 
 # ----------------------------------------------------------------------------------------- the learning rate
