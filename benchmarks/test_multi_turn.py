@@ -60,7 +60,7 @@ def test_an_extra_turn_costs_at_most_one_and_a_half_single_turn_rollouts():
         singles.append(seconds)
         seconds, batch = timed(multi)
         multis.append(seconds)
-        records, split = batch.extras["multi_turn"]["trajectories"], batch.extras["multi_turn"]["split"]
+        records, (split,) = batch.extras["multi_turn"]["trajectories"], batch.extras["multi_turn"]["splits"]
         generating.append(split.generating_s / split.total_s)
         turns.append(statistics.mean((r.turns - 1 + 1) // 2 for r in records))  # generation turns per trajectory
     multi.close()
