@@ -4,6 +4,7 @@ non-finite guard and the tracker. The loop itself is in :mod:`rlprof_train.train
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -17,7 +18,7 @@ from typing import Any, Optional
 import torch
 
 from rlprof.tracking import Tracker, parse_backends
-from rlprof.tracking.base import event_dirs
+from rlprof.tracking.base import backend_factory, event_dirs
 from rlprof.typed_config import ConfigError
 from rlprof_train import algos, checkpoint, rollout_correction
 from rlprof_train.agent import Tool
@@ -368,12 +369,19 @@ def resume_changes_problem(path: Path, cfg: TrainerConfig, log: Log) -> Optional
     )
 
 
-def make_tracker(cfg: TrainerConfig, total_steps: int, resume_step: Optional[int]) -> Tracker:
+def make_tracker(cfg: TrainerConfig, env: DistEnv, total_steps: int, resume_step: Optional[int]) -> Optional[Tracker]:
+    """Rank 0's tracker logs to every backend of ``trainer.logger``; another rank's to those every rank runs (its
+    own endpoint: ``prometheus``), or None when there are none."""
     trainer = cfg.trainer
+    names = parse_backends(trainer.logger)
+    if not env.is_main:
+        names = [name for name in names if getattr(backend_factory(name), "per_rank", False)]
+        if not names:
+            return None
     return Tracker(
         trainer.project_name,
         trainer.experiment_name,
-        trainer.logger,
+        names,
         log_dir=trainer.log_dir,
         config=as_dict(cfg),
         total_steps=total_steps,
@@ -381,4 +389,7 @@ def make_tracker(cfg: TrainerConfig, total_steps: int, resume_step: Optional[int
         resume_step=resume_step,
         table_every=trainer.table_every,
         start_timeout_s=trainer.tracker_start_timeout_s,
+        rank=env.rank,
+        local_rank=env.local_rank,
+        options={"prometheus": dataclasses.asdict(trainer.prometheus)},
     )

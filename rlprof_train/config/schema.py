@@ -550,6 +550,17 @@ class AlgorithmConfig:
 
 
 @dataclass
+class PrometheusConfig:
+    """Where each rank serves its metrics when ``trainer.logger`` holds ``prometheus`` (or verl's ``rl_insight``)."""
+
+    host: str = "127.0.0.1"
+    """Address to serve on: the loopback (a server on the same node scrapes it), or ``0.0.0.0`` for every interface
+    (a server elsewhere; the targets file then names this node's host name)."""
+    port: int = field(default=9490, metadata=bounds(ge=1, le=65535))
+    """Base port: each rank serves on this + its local rank (``http://{host}:{port + LOCAL_RANK}/metrics``)."""
+
+
+@dataclass
 class TrainerSection:
     """Run length, logging, checkpoints and guards."""
 
@@ -558,7 +569,8 @@ class TrainerSection:
     experiment_name: str = "ppo-demo"
     """Tracker experiment / run name (a plain name: no path separators)."""
     logger: Union[list[str], str] = field(default_factory=lambda: ["console", "file"])
-    """Tracking backends: console, tensorboard, file, wandb, mlflow (a list, or a string holding one)."""
+    """Tracking backends: console, tensorboard, file, wandb, mlflow, prometheus (or verl's rl_insight: the same, with
+    RL-Insight's names) (a list, or a string holding one)."""
     total_epochs: int = field(default=30, metadata=bounds(ge=1))
     """Passes over the training prompts (unless ``total_training_steps`` stops the run first)."""
     total_training_steps: Optional[int] = field(default=None, metadata=bounds(ge=1))
@@ -604,6 +616,9 @@ class TrainerSection:
     overflowed, and the next batch like it overflows again; a float32 step's update reaches the weights)."""
     tracker_start_timeout_s: float = field(default=60.0, metadata=bounds(gt=0))
     """A tracking backend that does not start within this time (unreachable server) is turned off."""
+    prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
+    """The ``prometheus`` logger's endpoints: every rank serves its own (its timings and memory; rank 0's the run's
+    metrics too), listed in ``{trainer.log_dir}/prometheus_targets/`` for a server's ``file_sd_configs``."""
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     """The stall watchdog: a phase of a step running far longer than it usually does makes every rank write its
     threads' stacks to ``{trainer.log_dir}/stalls/step{N}/rank{R}.txt``; rank 0 logs one line naming the rank furthest
