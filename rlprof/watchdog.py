@@ -43,6 +43,7 @@ from typing import Any, Optional
 
 from rlprof.session import get_session
 from rlprof.stall_files import EVENT_FILE, stall_folder
+from rlprof.tracking.base import LiveSample
 from rlprof.typed_config import bounds, build
 
 POLL_S = 1.0
@@ -213,6 +214,22 @@ class Watchdog:
             except Exception:  # noqa: BLE001
                 continue
         return found or mine
+
+    def live_samples(self) -> list[LiveSample]:
+        """This rank's innermost open phase, for a live backend (``Tracker.add_live``): ``watchdog/phase_seconds``
+        (how long it has run) and ``watchdog/phase_limit_seconds`` (when it counts as stalled, once known), both
+        labelled ``phase`` and ``step``; none between steps. The limit is the thread's own: the phase runs past it
+        exactly when the watchdog calls it stalled."""
+        here = _innermost(list(self.open))
+        if here is None:
+            return []
+        step, name, start = here
+        labels = {"phase": name, "step": str(step)}
+        samples = [LiveSample("watchdog/phase_seconds", labels, time.monotonic() - start)]
+        limit, _ = self.threshold(step, name)
+        if limit is not None and self.config.enable:
+            samples.append(LiveSample("watchdog/phase_limit_seconds", labels, limit))
+        return samples
 
     # ------------------------------------------------------------------------------------------ the thread
 

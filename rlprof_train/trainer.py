@@ -120,6 +120,8 @@ class PPOTrainer:
             positions=self.progress.positions,
             setting="trainer.watchdog",
         )
+        if self.tracker is not None:
+            self.tracker.add_live(self.watchdog.live_samples)  # each rank's phase, read at each scrape
         try:
             compile_metrics = self.warm_up()
             if trainer.val_before_train and self.start_step == 1:

@@ -10,6 +10,7 @@
     rlprof nsys REPORT [--nsys PATH]  NVTX ranges of an nsys report (.nsys-rep or exported .sqlite) per role
     rlprof summary SAVE_PATH          the files in SAVE_PATH/manifest.jsonl, by tool, step window and rank
     rlprof timeline RUN [-o FILE]     every rank's and vLLM engine's torch trace in one trace, on one clock
+    rlprof prometheus rules|scrape    the alert rules for Prometheus, a scrape configuration for runs' ranks
 
 Bad paths, empty runs and unreadable files give one line and exit code 2.
 """
@@ -22,7 +23,7 @@ from typing import Optional
 
 from rich.console import Console
 
-from rlprof.cli import compare, memory, nsys, report, summary, timeline, view
+from rlprof.cli import compare, memory, nsys, prometheus, report, summary, timeline, view
 from rlprof.cli.common import UsageError
 
 SUBCOMMANDS = {
@@ -33,6 +34,7 @@ SUBCOMMANDS = {
     "summary": summary,
     "timeline": timeline,
     "nsys": nsys,
+    "prometheus": prometheus,
 }
 
 

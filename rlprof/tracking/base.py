@@ -47,6 +47,20 @@ class BackendContext:
     """Settings of one backend, under its name: ``{"prometheus": {"port": 9490}}``."""
 
 
+@dataclass(frozen=True)
+class LiveSample:
+    """A value read when a live backend is read (a Prometheus scrape), not when a step is logged: how long this rank
+    has been in its phase. ``labels`` tell samples of one key apart; every sample of a key has the same label names."""
+
+    key: str
+    labels: Mapping[str, str]
+    value: float
+
+
+LiveSource = Callable[[], "list[LiveSample]"]
+"""What :meth:`Tracker.add_live` takes: called at each read, from the backend's thread."""
+
+
 class Backend(ABC):
     """One place metrics go. ``log`` receives plain floats keyed by metric name, steps strictly increasing
     within a process."""
@@ -64,6 +78,9 @@ class Backend(ABC):
 
     @abstractmethod
     def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+    def add_live(self, source: LiveSource) -> None:
+        """Read ``source`` whenever this backend is read (a live backend); the others ignore it."""
 
     def close(self) -> None:
         """Flush and release; called once."""

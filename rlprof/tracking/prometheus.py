@@ -8,7 +8,11 @@ carries the labels ``project``, ``experiment``, ``rank`` and ``role``. Besides t
 - ``rlprof_step``: the last logged step; ``rlprof_step_logged_timestamp_seconds``: when it was logged (Unix time), so
   that ``time() - rlprof_step_logged_timestamp_seconds`` is how long the process has not finished a step;
 - ``rlprof_step_seconds``: a histogram of ``timing_s/step`` (the step's wall time), for quantiles over any range;
-- the process's own ``process_*`` series (resident memory, CPU seconds, open descriptors).
+- ``rlprof_nonfinite{key="..."}`` = 1 for each key whose last value is NaN or infinite;
+- the process's own ``process_*`` series (resident memory, CPU seconds, open descriptors);
+- the samples of the live sources (:meth:`Tracker.add_live`, the watchdog's phase), read at each scrape.
+
+The alert rules on these names are ``prometheus_rules.yml`` beside this module (``rlprof prometheus rules``).
 
 Each process serves its own endpoint: ``http://{host}:{port + local_rank}/metrics`` (``host`` the loopback unless
 another is asked for), and writes ``{log_dir}/prometheus_targets/rank{R}.json``, a Prometheus ``file_sd`` file naming
@@ -30,7 +34,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from rlprof.tracking.base import Backend, BackendContext, register_backend
+from rlprof.tracking.base import Backend, BackendContext, LiveSample, LiveSource, register_backend
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9490
@@ -74,11 +78,13 @@ class PrometheusBackend(Backend):
             "rank": str(context.rank),
             "role": str(options.get("role", "trainer")),
         }
-        self.owners = {self.prefix + name: "" for name in ("step", "step_logged_timestamp_seconds", "step_seconds")}
+        own = ("step", "step_logged_timestamp_seconds", "step_seconds", "nonfinite")
+        self.owners = {self.prefix + name: "" for name in own}
         """Prometheus name -> the metric key it shows ("": rlprof's own series, which no key may take)."""
         self.values: dict[str, float] = {}
         """Prometheus name -> the key's last value."""
         self.clashes: set[tuple[str, str]] = set()
+        self.live: list[LiveSource] = []
         self.step: float = math.nan
         self.logged_at: float = math.nan
         self.lock = threading.Lock()
@@ -130,6 +136,9 @@ class PrometheusBackend(Backend):
         if seconds is not None and math.isfinite(seconds):
             self.step_seconds.observe(seconds)
 
+    def add_live(self, source: LiveSource) -> None:
+        self.live.append(source)
+
     def _warn_clash(self, name: str, owner: str, key: str) -> None:
         if (name, key) in self.clashes:
             return
@@ -158,7 +167,8 @@ class RLInsightBackend(PrometheusBackend):
 
 
 class _LastValues:
-    """The collector of a :class:`PrometheusBackend`'s gauges, read at each scrape."""
+    """The collector of a :class:`PrometheusBackend`'s gauges, read at each scrape: the last logged values,
+    ``{prefix}nonfinite{key}`` = 1 for each of them that is NaN or infinite, and the live sources' samples."""
 
     def __init__(self, backend: PrometheusBackend) -> None:
         self.backend = backend
@@ -175,6 +185,16 @@ class _LastValues:
             family = GaugeMetricFamily(name, f"rlprof metric {key}", labels=names)
             family.add_metric(values, value)
             yield family
+        nonfinite = [key for _, key, value in last if not math.isfinite(value)]
+        if nonfinite:
+            family = GaugeMetricFamily(
+                backend.prefix + "nonfinite",
+                "1 for each logged metric whose last value is NaN or infinite",
+                labels=[*names, "key"],
+            )
+            for key in nonfinite:
+                family.add_metric([*values, key], 1.0)
+            yield family
         for name, text, value in (
             ("step", "the last logged step", step),
             ("step_logged_timestamp_seconds", "when the last step was logged (Unix time)", logged_at),
@@ -183,3 +203,18 @@ class _LastValues:
                 family = GaugeMetricFamily(backend.prefix + name, text, labels=names)
                 family.add_metric(values, value)
                 yield family
+        yield from self._live(names, values)
+
+    def _live(self, names: list[str], values: list[str]) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        samples: list[LiveSample] = [sample for source in self.backend.live for sample in source()]
+        families: dict[str, Any] = {}
+        for sample in samples:
+            name = metric_name(self.backend.prefix, sample.key)
+            if name not in families:
+                families[name] = GaugeMetricFamily(
+                    name, f"rlprof live value {sample.key}", labels=[*names, *sample.labels]
+                )
+            families[name].add_metric([*values, *sample.labels.values()], sample.value)
+        yield from families.values()

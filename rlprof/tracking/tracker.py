@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from rlprof.tracking.base import Backend, BackendContext, backend_factory, backend_names, to_floats
+from rlprof.tracking.base import Backend, BackendContext, LiveSource, backend_factory, backend_names, to_floats
 
 START_TIMEOUT_S = 60.0
 """How long a backend may take to start (an unreachable tracking server) before it is turned off."""
@@ -136,6 +136,12 @@ class Tracker:
                 backend.log(values, step)
             except Exception as exc:
                 self._drop(backend, "logging", exc)
+
+    def add_live(self, source: LiveSource) -> None:
+        """Values read at each read of a live backend (``prometheus``'s scrapes) rather than at each step: ``source()``
+        returns :class:`~rlprof.tracking.base.LiveSample` s (the watchdog's phase and how long it has run)."""
+        for backend in self.backends:
+            backend.add_live(source)
 
     def _drop(self, backend: Backend, action: str, exc: Exception) -> None:
         """Turn ``backend`` off after it failed: one warning, and it is closed (what it holds is released: a

@@ -17,6 +17,7 @@ import warnings
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import rlprof
 from rlprof.tracking import Tracker
 from rlprof.tracking.jsonl import read_jsonl
 from tests.conftest import ROOT, PrometheusServer, free_port, subprocess_env, trainer_command
@@ -64,6 +65,8 @@ def test_each_steps_scalars_are_gauges_of_the_last_value_with_the_runs_labels(tm
     assert loss.labels == labels and loss.value == pytest.approx(-0.3)
     (validation,) = families["rlprof_val_core_gsm8k_reward_mean_4"]
     assert math.isnan(validation.value)
+    (nonfinite,) = families["rlprof_nonfinite"]  # one series per key whose last value is NaN or infinite
+    assert nonfinite.labels == {**labels, "key": "val-core/gsm8k/reward/mean@4"} and nonfinite.value == 1
     assert [s.value for s in families["rlprof_step"]] == [3.0]
     assert abs(families["rlprof_step_logged_timestamp_seconds"][0].value - time.time()) < 60
     histogram = {(s.name, s.labels.get("le")): s.value for s in families["rlprof_step_seconds"]}
@@ -154,6 +157,26 @@ def test_a_prometheus_backend_that_fails_is_closed_its_port_and_targets_file_rel
             assert len(b.backends) == 1  # the port is free again
         tracker.log({"x": 2.0}, 2)
     assert [r["x"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1.0, 2.0]
+
+
+def test_the_watchdogs_phase_is_read_at_each_scrape_with_its_limit_once_known(tmp_path):
+    port = free_ports(1)
+    with (
+        Tracker("p", "e", ["prometheus"], log_dir=tmp_path, options={"prometheus": {"port": port}}) as tracker,
+        rlprof.watchdog(tmp_path, min_s=5, factor=10) as dog,
+    ):
+        tracker.add_live(dog.live_samples)
+        assert "rlprof_watchdog_phase_seconds" not in scrape(port)  # between steps: no phase
+        for step in (1, 2, 3):
+            with dog.phase(step, "gen"):
+                time.sleep(0.05)
+                families = scrape(port)
+                (seconds,) = families["rlprof_watchdog_phase_seconds"]
+                assert seconds.labels["phase"] == "gen" and seconds.labels["step"] == str(step)
+                assert 0.05 <= seconds.value < 60
+                limits = families.get("rlprof_watchdog_phase_limit_seconds", [])
+                assert [s.value for s in limits] == ([] if step == 1 else [5.0])  # the median of earlier steps, min_s
+        assert "rlprof_watchdog_phase_seconds" not in scrape(port)
 
 
 def query_range(server: PrometheusServer, expression: str, start: float, end: float) -> list[dict]:

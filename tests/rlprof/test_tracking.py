@@ -161,7 +161,8 @@ def test_logger_setting_forms(value):
 def test_unknown_backend_lists_the_known_ones():
     with pytest.raises(
         ValueError,
-        match="unknown backend 'neptune'; registered backends: console, file, mlflow, prometheus, rl_insight, tensorboard, wandb",
+        match="unknown backend 'neptune'; registered backends: console, file, mlflow, prometheus, rl_insight, "
+        "tensorboard, wandb",
     ):
         parse_backends('["console","neptune"]')
 
