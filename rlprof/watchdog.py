@@ -16,6 +16,9 @@ one in its current phase longest), logs one line and writes ``stall.json`` besid
 reads (:mod:`rlprof.analysis.stalls`). With ``abort_after_s``, a rank still in the phase it was in when it wrote its
 stacks that many seconds later ends the process (exit code :data:`ABORT_EXIT`), freeing the cluster.
 
+Once a second the thread also writes the rank's innermost phase to ``{log_dir}/live/rank{R}.json``
+(:mod:`rlprof.live_state`, what ``rlprof top`` shows), and once more when the watchdog closes.
+
 Cost with nothing stalled: a list append and pop per phase (and, without a ``positions`` source, one store write),
 one store read per ``POLL_S`` per rank.
 """
@@ -41,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from rlprof.live_state import LiveState, write_live
 from rlprof.session import get_session
 from rlprof.stall_files import EVENT_FILE, stall_folder
 from rlprof.tracking.base import LiveSample
@@ -145,6 +149,7 @@ class Watchdog:
         self.durations: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self.stalled_steps: set[int] = set()
         """Steps with a stall (any rank's)."""
+
         self._fired: set[tuple[int, str]] = set()
         self._seen = 0
         self._local: list[Stall] = []  # a world of one has no store: its events stay here
@@ -188,6 +193,7 @@ class Watchdog:
                 self._thread.join(timeout=2 * PY_SPY_TIMEOUT_S + POLL_S)
             self._thread = None
             atexit.unregister(self.close)
+            self._publish(closed=True)
 
     def __enter__(self) -> Watchdog:
         return self
@@ -250,6 +256,7 @@ class Watchdog:
         abort: Optional[tuple[float, tuple[int, str, float]]] = None
         while not self._stop.wait(POLL_S):
             try:
+                self._publish()
                 self._check_own_phase()
                 for stall in self._new_events():
                     here = _innermost(self.open)
@@ -269,6 +276,25 @@ class Watchdog:
             except Exception as exc:  # noqa: BLE001  (the watchdog must never stop training)
                 self.warn(f"the stall watchdog stopped ({type(exc).__name__}: {exc})")
                 return
+
+    def _publish(self, closed: bool = False) -> None:
+        """This rank's innermost phase to ``{log_dir}/live/rank{R}.json`` (for ``rlprof top``); a write that fails
+        (a full disk) is left for the next second."""
+        here = _innermost(list(self.open))
+        since = time.time() - (time.monotonic() - here[2]) if here else None
+        state = LiveState(
+            self.rank,
+            self.world_size,
+            socket.gethostname(),
+            os.getpid(),
+            here[0] if here else None,
+            here[1] if here else None,
+            since,
+            time.time(),
+            closed,
+        )
+        with contextlib.suppress(OSError):
+            write_live(self.log_dir, state)
 
     def _check_own_phase(self) -> None:
         here = _innermost(self.open)

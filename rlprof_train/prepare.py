@@ -89,7 +89,9 @@ def open_run_directory(cfg: TrainerConfig, env: DistEnv, log: Log) -> RunDirecto
     return RunDirectory(locks)
 
 
-def record_run(cfg: TrainerConfig, env: DistEnv, run_id: str, start_step: int, resumed_from: Optional[Path]) -> None:
+def record_run(
+    cfg: TrainerConfig, env: DistEnv, run_id: str, start_step: int, total_steps: int, resumed_from: Optional[Path]
+) -> None:
     """``run.json`` and ``config.yaml`` in ``trainer.log_dir``: what ``rlprof report`` reads (rank 0)."""
     if not env.is_main:
         return
@@ -107,6 +109,7 @@ def record_run(cfg: TrainerConfig, env: DistEnv, run_id: str, start_step: int, r
         checkpoint_dir=str(Path(cfg.trainer.default_local_dir).resolve()),
         tensorboard_dir=str(events[0].resolve()) if events else None,
         start_step=start_step,
+        total_steps=total_steps,
         resumed_from=str(resumed_from) if resumed_from else None,
         rollout=backend_facts(rollout_spec(cfg.actor_rollout_ref.rollout.name)),
         device_memory_at_start=dict(zip(("free", "total"), env.memory_at_start, strict=True))

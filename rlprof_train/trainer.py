@@ -101,7 +101,7 @@ class PPOTrainer:
         self.guard = prepare.nonfinite_guard(cfg, self.critic is not None)
 
         self.start_step = self.resume(resumed_from) if resumed_from else 1
-        prepare.record_run(cfg, env, run_id, self.start_step, resumed_from)
+        prepare.record_run(cfg, env, run_id, self.start_step, self.total_steps, resumed_from)
         self.tracker = prepare.make_tracker(cfg, env, self.total_steps, self.start_step if resumed_from else None)
         for note in notes:
             self.log(note)

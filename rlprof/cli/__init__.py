@@ -11,6 +11,7 @@
     rlprof summary SAVE_PATH          the files in SAVE_PATH/manifest.jsonl, by tool, step window and rank
     rlprof timeline RUN [-o FILE]     every rank's and vLLM engine's torch trace in one trace, on one clock
     rlprof prometheus rules|scrape    the alert rules for Prometheus, a scrape configuration for runs' ranks
+    rlprof top RUN_LOG_DIR            a live view of a run from its folder: ranks, phases, breakdown, trends
 
 Bad paths, empty runs and unreadable files give one line and exit code 2.
 """
@@ -23,7 +24,7 @@ from typing import Optional
 
 from rich.console import Console
 
-from rlprof.cli import compare, memory, nsys, prometheus, report, summary, timeline, view
+from rlprof.cli import compare, memory, nsys, prometheus, report, summary, timeline, top, view
 from rlprof.cli.common import UsageError
 
 SUBCOMMANDS = {
@@ -35,6 +36,7 @@ SUBCOMMANDS = {
     "timeline": timeline,
     "nsys": nsys,
     "prometheus": prometheus,
+    "top": top,
 }
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from rlprof.cli import build_parser, main
 
-SUBCOMMANDS = ("report", "compare", "view", "memory", "summary", "timeline", "nsys", "prometheus")
+SUBCOMMANDS = ("report", "compare", "view", "memory", "summary", "timeline", "nsys", "prometheus", "top")
 
 
 def test_the_subcommands_are_these():
