@@ -56,6 +56,7 @@ def validate(cfg: TrainerConfig, world_size: int = 1) -> None:
         lambda: _check_reward_model(cfg),
         lambda: _check_multi_turn(cfg),
         lambda: parse_backends(cfg.trainer.logger),
+        lambda: _check_rollout_prometheus(cfg),
         lambda: _check_profiler(cfg, world_size),
     )
     for check in checks:  # each group stops at its first problem (or names all of its own); they are independent
@@ -284,6 +285,28 @@ def _check_dapo(cfg: TrainerConfig, world_size: int) -> None:
         problems.append(
             f"data.gen_batch_size={gen_batch_size}: must be a multiple of the number of ranks ({world_size}); each "
             "takes its share of every generation round"
+        )
+    if problems:
+        raise _Problems(problems)
+
+
+def _check_rollout_prometheus(cfg: TrainerConfig) -> None:
+    """verl's ``rollout.prometheus``: the series are an engine's that keeps statistics (a backend that reads
+    ``disable_log_stats``: vLLM), kept only with them on."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if not rollout.prometheus.enable:
+        return
+    problems = []
+    if "disable_log_stats" not in rollout_spec(rollout.name).reads:
+        engines = ", ".join(n for n in rollout_names() if "disable_log_stats" in rollout_spec(n).reads)
+        problems.append(
+            "actor_rollout_ref.rollout.prometheus.enable=True: the series are an engine's that keeps statistics; set "
+            f"actor_rollout_ref.rollout.name to one ({engines}; it is {rollout.name!r}), or leave it off"
+        )
+    if rollout.disable_log_stats:
+        problems.append(
+            "actor_rollout_ref.rollout.prometheus.enable=True: vLLM keeps its series only with statistics on; set "
+            "actor_rollout_ref.rollout.disable_log_stats=false (as verl asks)"
         )
     if problems:
         raise _Problems(problems)

@@ -352,6 +352,34 @@ def resume_point(cfg: TrainerConfig, env: DistEnv, log: Log) -> Optional[Path]:
     return Path(path) if path else None
 
 
+def write_rollout_scrape_config(cfg: TrainerConfig, env: DistEnv, log: Log) -> None:
+    """verl's ``rollout.prometheus``: rank 0 writes ``file``, a Prometheus configuration whose targets are this run's
+    targets files, and asks the server on ``port`` of this node to reload it (as verl does for its rollout servers);
+    a server that does not reload is one line."""
+    settings = cfg.actor_rollout_ref.rollout.prometheus
+    if not (settings.enable and env.is_main):
+        return
+    import json
+    import urllib.request
+
+    from rlprof.tracking.prometheus import scrape_config
+
+    path = Path(settings.file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(scrape_config([Path(cfg.trainer.log_dir)], "10s"), indent=2) + "\n")
+    os.replace(partial, path)
+    url = f"http://127.0.0.1:{settings.port}/-/reload"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=5):
+            log(f"rollout.prometheus: wrote {path} and reloaded the Prometheus server at {url}")
+    except OSError as exc:
+        log(
+            f"rollout.prometheus: wrote {path}; the Prometheus server at {url} did not reload ({exc}): start it with "
+            "--web.enable-lifecycle and this file, or set actor_rollout_ref.rollout.prometheus.port"
+        )
+
+
 def resume_changes_problem(path: Path, cfg: TrainerConfig, log: Log) -> Optional[str]:
     """Why resuming from ``path`` with ``cfg`` would not continue the checkpoint's experiment (settings of
     :data:`checkpoint.EXPERIMENT_SETTINGS` changed and not in ``trainer.resume_allow_changes``), or None; the allowed
@@ -377,6 +405,8 @@ def make_tracker(cfg: TrainerConfig, env: DistEnv, total_steps: int, resume_step
     own endpoint: ``prometheus``), or None when there are none."""
     trainer = cfg.trainer
     names = parse_backends(trainer.logger)
+    if cfg.actor_rollout_ref.rollout.prometheus.enable and not {"prometheus", "rl_insight"} & set(names):
+        names.append("prometheus")  # verl's rollout.prometheus: the engine's series go out through it
     if not env.is_main:
         names = [name for name in names if getattr(backend_factory(name), "per_rank", False)]
         if not names:

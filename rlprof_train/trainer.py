@@ -103,6 +103,7 @@ class PPOTrainer:
         self.start_step = self.resume(resumed_from) if resumed_from else 1
         prepare.record_run(cfg, env, run_id, self.start_step, self.total_steps, resumed_from)
         self.tracker = prepare.make_tracker(cfg, env, self.total_steps, self.start_step if resumed_from else None)
+        prepare.write_rollout_scrape_config(cfg, env, log)
         for note in notes:
             self.log(note)
 

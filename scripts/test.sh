@@ -3,7 +3,7 @@
 # --strict: a broken link fails), run every test, the slow end-to-end ones included, then the benchmarks, all but the
 # long runs (TRL, the knob table, LoRA's costs and learning, the host allocation timeline's cost, the vLLM tune, four
 # of verl's scripts that differ from a trained one by the estimator or the rollout correction, the
-# 5000-window soak, tune's speed target, ten of verl's DAPO scripts: about 75 minutes;
+# 5000-window soak, tune's speed target, ten of verl's DAPO scripts, vLLM's series and the dashboard in Prometheus;
 # .venv/bin/python -m pytest tests -m long -s; .venv/bin/python -m pytest benchmarks -m long -s: two sessions, as each
 # folder has its own conftest).
 # Quick loop while developing: .venv/bin/python -m pytest -m "not slow and not long"

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -181,22 +182,26 @@ def prometheus() -> str:
 
 class PrometheusServer:
     """A real Prometheus server on the loopback, scraping every second the targets that the ``file_sd`` files
-    matching ``targets`` name (the folder is made first: the server watches it for new files); stopped on exit."""
+    matching ``targets`` name (the folder is made first: the server watches it for new files); stopped on exit.
+    ``config``: a configuration file to start with instead (its lifecycle API on: ``/-/reload``)."""
 
-    def __init__(self, folder: Path, targets: str, *, rule_files: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, folder: Path, targets: str = "", *, rule_files: tuple[str, ...] = (), config: Optional[Path] = None
+    ) -> None:
         self.folder = folder
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        Path(targets).parent.mkdir(parents=True, exist_ok=True)
         folder.mkdir(parents=True, exist_ok=True)
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": list(rule_files),
-            "scrape_configs": [
-                {"job_name": "rlprof", "file_sd_configs": [{"files": [targets], "refresh_interval": "1s"}]}
-            ],
-        }
-        (folder / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+        self.config = config or folder / "prometheus.yml"
+        if config is None:
+            Path(targets).parent.mkdir(parents=True, exist_ok=True)
+            scrape = {"job_name": "rlprof", "file_sd_configs": [{"files": [targets], "refresh_interval": "1s"}]}
+            settings = {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": list(rule_files),
+                "scrape_configs": [scrape],
+            }
+            self.config.write_text(json.dumps(settings))  # JSON is YAML
 
     def __enter__(self) -> PrometheusServer:
         import time
@@ -206,9 +211,10 @@ class PrometheusServer:
         self.process = subprocess.Popen(
             [
                 prometheus(),
-                f"--config.file={self.folder / 'prometheus.yml'}",
+                f"--config.file={self.config}",
                 f"--storage.tsdb.path={self.folder / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-lifecycle",
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -241,6 +247,17 @@ class PrometheusServer:
 
         url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expression})
         with urllib.request.urlopen(url, timeout=30) as answer:
+            body = json.load(answer)
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def query_range(self, expression: str, start: float, end: float) -> list[dict]:
+        """The range vector of ``expression`` over [start, end] at 1 s steps (what a dashboard panel asks)."""
+        import urllib.parse
+        import urllib.request
+
+        query = urllib.parse.urlencode({"query": expression, "start": start, "end": end, "step": "1s"})
+        with urllib.request.urlopen(f"{self.url}/api/v1/query_range?{query}", timeout=30) as answer:
             body = json.load(answer)
         assert body["status"] == "success", body
         return body["data"]["result"]

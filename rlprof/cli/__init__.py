@@ -10,7 +10,7 @@
     rlprof nsys REPORT [--nsys PATH]  NVTX ranges of an nsys report (.nsys-rep or exported .sqlite) per role
     rlprof summary SAVE_PATH          the files in SAVE_PATH/manifest.jsonl, by tool, step window and rank
     rlprof timeline RUN [-o FILE]     every rank's and vLLM engine's torch trace in one trace, on one clock
-    rlprof prometheus rules|scrape    the alert rules for Prometheus, a scrape configuration for runs' ranks
+    rlprof prometheus rules|dashboard|scrape   alert rules, a Grafana dashboard, a scrape configuration
     rlprof top RUN_LOG_DIR            a live view of a run from its folder: ranks, phases, breakdown, trends
 
 Bad paths, empty runs and unreadable files give one line and exit code 2.

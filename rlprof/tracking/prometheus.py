@@ -10,7 +10,9 @@ carries the labels ``project``, ``experiment``, ``rank`` and ``role``. Besides t
 - ``rlprof_step_seconds``: a histogram of ``timing_s/step`` (the step's wall time), for quantiles over any range;
 - ``rlprof_nonfinite{key="..."}`` = 1 for each key whose last value is NaN or infinite;
 - the process's own ``process_*`` series (resident memory, CPU seconds, open descriptors);
-- the samples of the live sources (:meth:`Tracker.add_live`, the watchdog's phase), read at each scrape.
+- the samples of the live sources (:meth:`Tracker.add_live`, the watchdog's phase), read at each scrape;
+- a vLLM engine's own ``vllm:*`` series when one runs in this process with statistics on (KV-cache use, running and
+  waiting requests, tokens, latencies), with the run's labels added.
 
 The alert rules on these names are ``prometheus_rules.yml`` beside this module (``rlprof prometheus rules``).
 
@@ -28,11 +30,13 @@ import math
 import os
 import re
 import socket
+import sys
 import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
 from rlprof.tracking.base import Backend, BackendContext, LiveSample, LiveSource, register_backend
 
@@ -52,6 +56,55 @@ def metric_name(prefix: str, key: str) -> str:
     return prefix + _NOT_IN_A_NAME.sub("_", key)
 
 
+def serve(registry: Any, host: str, port: int) -> tuple[Any, threading.Thread]:
+    """``registry`` at ``http://{host}:{port}/metrics`` in Prometheus' text format (0.0.4), whatever the scraper
+    asks: prometheus_client 0.26 writes OpenMetrics sample names with a name's colons as ``_``
+    (``vllm:kv_cache_usage_perc`` scraped as ``vllm_kv_cache_usage_perc`` by a Prometheus 2 server); the text format
+    keeps them. A thread serves it; ``shutdown()`` and ``server_close()`` stop it."""
+    import socket as sockets
+    from wsgiref.simple_server import make_server
+
+    from prometheus_client.exposition import (
+        CONTENT_TYPE_PLAIN_0_0_4,
+        ThreadingWSGIServer,
+        _SilentHandler,
+        generate_latest,
+    )
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        if environ.get("PATH_INFO", "/") not in ("/", "/metrics"):
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"rlprof: the metrics are at /metrics\n"]
+        body = generate_latest(registry)
+        start_response("200 OK", [("Content-Type", CONTENT_TYPE_PLAIN_0_0_4), ("Content-Length", str(len(body)))])
+        return [body]
+
+    class Server(ThreadingWSGIServer):
+        address_family = sockets.AF_INET6 if ":" in host else sockets.AF_INET
+
+    server = make_server(host, port, app, Server, handler_class=_SilentHandler)
+    thread = threading.Thread(target=server.serve_forever, name=f"rlprof-prometheus-{port}", daemon=True)
+    thread.start()
+    return server, thread
+
+
+def scrape_config(log_dirs: list[Path], interval: str = "15s", rules: Optional[Path] = None) -> dict[str, Any]:
+    """A whole ``prometheus.yml`` (JSON is YAML): one job, ``rlprof``, whose targets are the ``file_sd`` files every
+    rank of the runs logging under ``log_dirs`` writes (so it stays current as ranks come and go)."""
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        **({"rule_files": [str(rules.resolve())]} if rules is not None else {}),
+        "scrape_configs": [
+            {
+                "job_name": "rlprof",
+                "file_sd_configs": [
+                    {"files": [str(folder.resolve() / TARGETS_FOLDER / "*.json") for folder in log_dirs]}
+                ],
+            }
+        ],
+    }
+
+
 @register_backend("prometheus")
 class PrometheusBackend(Backend):
     """Gauges of the last value of every logged key, served over HTTP by this process (see the module's text).
@@ -67,7 +120,6 @@ class PrometheusBackend(Backend):
 
     def __init__(self, context: BackendContext) -> None:
         from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
-        from prometheus_client.exposition import start_wsgi_server
 
         options = dict(context.options.get("prometheus", {}))
         host = str(options.get("host", DEFAULT_HOST))
@@ -99,7 +151,7 @@ class PrometheusBackend(Backend):
             buckets=STEP_SECONDS_BUCKETS,
         ).labels(**self.labels)
         try:
-            self.server, self.thread = start_wsgi_server(self.port, host, self.registry)
+            self.server, self.thread = serve(self.registry, host, self.port)
         except OSError as exc:
             raise OSError(
                 exc.errno,
@@ -204,6 +256,23 @@ class _LastValues:
                 family.add_metric(values, value)
                 yield family
         yield from self._live(names, values)
+        yield from self._engine(backend.labels)
+
+    @staticmethod
+    def _engine(labels: Mapping[str, str]) -> Iterator[Any]:
+        """vLLM's own ``vllm:*`` series of an engine in this process (it registers them in prometheus_client's
+        default registry when it keeps statistics: ``disable_log_stats=false``), with the run's labels added."""
+        if "vllm" not in sys.modules:
+            return
+        from prometheus_client import REGISTRY
+        from prometheus_client.metrics_core import Metric
+
+        for family in REGISTRY.collect():
+            if not family.name.startswith("vllm:"):
+                continue
+            copy = Metric(family.name, family.documentation, family.type, family.unit)
+            copy.samples = [sample._replace(labels={**sample.labels, **labels}) for sample in family.samples]
+            yield copy
 
     def _live(self, names: list[str], values: list[str]) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily

@@ -260,6 +260,25 @@ class ValKwargs:
 
 
 @dataclass
+class RolloutPrometheusConfig:
+    """verl's ``rollout.prometheus``: the engine's metrics for a Prometheus server. vLLM's ``vllm:*`` series are served
+    through each rank's ``prometheus`` endpoint (the engine runs in the rank's process), and rank 0 writes the server's
+    configuration and asks it to reload, as verl does for its rollout servers."""
+
+    enable: bool = False
+    """Serve the engine's series (adds ``prometheus`` to ``trainer.logger``; needs vLLM with
+    ``disable_log_stats=false``) and write ``file``."""
+    port: int = field(default=9090, metadata=bounds(ge=1, le=65535))
+    """The Prometheus server's port on this node: rank 0 posts ``/-/reload`` there after writing ``file``."""
+    file: str = "/tmp/ray/session_latest/metrics/prometheus/prometheus.yml"
+    """The server's configuration, written by rank 0: a job ``rlprof`` whose targets are the run's targets files (so
+    it stays current as ranks come and go)."""
+    served_model_name: Optional[str] = None
+    """The ``model_name`` label of the engine's series (verl: the model's path, shortened here to its folder name
+    when null)."""
+
+
+@dataclass
 class MultiTurnConfig:
     """Multi-turn rollout with tool calls (verl's ``rollout.multi_turn``; :mod:`rlprof_train.agent`)."""
 
@@ -339,6 +358,8 @@ class RolloutConfig:
     """Validation sampling."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Multi-turn, tool-calling rollout."""
+    prometheus: RolloutPrometheusConfig = field(default_factory=RolloutPrometheusConfig)
+    """verl's: the engine's metrics for Prometheus (vLLM)."""
     profiler: ProfilerBlock = field(default_factory=_role_profiler)
     """rlprof role ``rollout``."""
 

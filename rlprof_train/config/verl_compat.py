@@ -209,7 +209,6 @@ RULES: list[tuple[str, Rule]] = [
     (f"{ARR}.rollout.over_sample_rate", NoOp("verl declares it but does not read it (verl/workers/config/rollout.py)")),
     (f"{ARR}.rollout.multi_turn.tokenization_sanity_check_mode", NoOp("replies are tokenised once, as appended")),
     (f"{ARR}.rollout.skip_tokenizer_init", NoOp("an engine start-up detail")),
-    (f"{ARR}.rollout.prometheus.*", NoOp("the engine's metrics are not exported to Prometheus here")),
     (f"{ARR}.rollout.trace.*", NoOp("rollout traces are recorded by rlprof's tools here")),
     ("*.profiler.tool_config.npu.*", NoOp("NPU profiling: not on these machines")),
     (

@@ -118,6 +118,8 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
     assert collected("long", "tests") == {
         "tests/rlprof_train/test_lora.py::test_lora_learns_the_arithmetic_task",
         "tests/rlprof_train/test_tune.py::test_vllms_knobs_are_searched_with_the_vllm_rollout",
+        "tests/rlprof_train/test_vllm.py::test_verls_rollout_prometheus_keys_put_vllms_series_and_every_dashboard_query_"
+        "in_a_real_server",
         *(
             f"{checked}[examples/{kind}_trainer/run_qwen3_8b_fsdp.sh]"
             for kind in ("reinforce_plus_plus", "remax", "rloo")

@@ -179,14 +179,6 @@ def test_the_watchdogs_phase_is_read_at_each_scrape_with_its_limit_once_known(tm
         assert "rlprof_watchdog_phase_seconds" not in scrape(port)
 
 
-def query_range(server: PrometheusServer, expression: str, start: float, end: float) -> list[dict]:
-    query = urllib.parse.urlencode({"query": expression, "start": start, "end": end, "step": "1s"})
-    with urllib.request.urlopen(f"{server.url}/api/v1/query_range?{query}", timeout=30) as answer:
-        body = json.load(answer)
-    assert body["status"] == "success", body
-    return body["data"]["result"]
-
-
 @pytest.mark.slow
 def test_a_prometheus_server_scrapes_both_ranks_of_a_torchrun_run_through_its_targets_files(tmp_path):
     logs = tmp_path / "run" / "logs"
@@ -232,10 +224,10 @@ def test_a_prometheus_server_scrapes_both_ranks_of_a_torchrun_run_through_its_ta
             assert metric["rlprof_rank"] == metric["rank"]  # the target's label, beside the series' own
         # Every value the server scraped from rank 0 is one the run logged (the JSONL backend's record).
         logged = {r["actor/pg_loss"] for r in rows if "actor/pg_loss" in r}
-        (loss,) = query_range(server, 'rlprof_actor_pg_loss{rank="0"}', start, end)
+        (loss,) = server.query_range('rlprof_actor_pg_loss{rank="0"}', start, end)
         assert loss["values"] and {float(v) for _, v in loss["values"]} <= logged
         # Rank 1's own step time lies within the run's spread over ranks (timing_ranks/step min..max of some step).
-        (rank1,) = query_range(server, 'rlprof_timing_s_step{rank="1"}', start, end)
+        (rank1,) = server.query_range('rlprof_timing_s_step{rank="1"}', start, end)
         spreads = [
             (r["timing_ranks/step/min"], r["timing_ranks/step/max"]) for r in rows if "timing_ranks/step/min" in r
         ]

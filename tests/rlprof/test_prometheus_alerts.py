@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlprof.cli import main
-from rlprof.cli.prometheus import rules_text
+from rlprof.cli.prometheus import RULES, shipped
 from tests.conftest import ROOT, PrometheusServer, free_port, prometheus, subprocess_env, trainer_command
 from tests.rlprof_train.test_watchdog import SMALL_RUN, reward_sleeping_on_rank_1
 
@@ -44,7 +44,7 @@ def series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
 
 def test_promtool_checks_the_shipped_rules(tmp_path, capsys):
     rules = shipped_rules(tmp_path, capsys)
-    assert rules.read_text() == rules_text()
+    assert rules.read_text() == shipped(RULES)
     result = subprocess.run([promtool(), "check", "rules", str(rules)], capture_output=True, text=True)
     assert result.returncode == 0 and "SUCCESS: 6 rules found" in result.stdout, result.stdout + result.stderr
 

@@ -239,3 +239,22 @@ def test_reusing_on_policy_log_probs_applies_only_where_the_update_is_on_policy(
     assert reuses_on_policy_log_probs(cfg, lines.append) is (reason is None)
     assert (reason is None and not lines) or (len(lines) == 1 and reason in lines[0]), lines
     assert not reuses_on_policy_log_probs(load_trainer_config(["--config-name=demo", *overrides]), lines.append)
+
+
+def test_rollout_prometheus_needs_vllm_with_its_statistics_on():
+    cfg = load_trainer_config(["--config-name", "demo", "actor_rollout_ref.rollout.prometheus.enable=true"])
+    with pytest.raises(ConfigError) as raised:
+        validate(cfg)
+    message = str(raised.value)
+    assert "set actor_rollout_ref.rollout.name to one (vllm; it is 'hf')" in message
+    assert "set actor_rollout_ref.rollout.disable_log_stats=false (as verl asks)" in message
+    fine = load_trainer_config(
+        [
+            "--config-name",
+            "demo",
+            "actor_rollout_ref.rollout.prometheus.enable=true",
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.disable_log_stats=false",
+        ],
+    )
+    validate(fine)

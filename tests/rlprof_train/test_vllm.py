@@ -434,3 +434,60 @@ def test_two_ranks_and_their_engines_make_one_timeline_in_order_that_tensorboard
     finally:
         view.terminate()
         view.wait(timeout=60)
+
+
+@pytest.mark.long  # 4-6 minutes: a vLLM run long enough for verl's 10 s scrapes
+def test_verls_rollout_prometheus_keys_put_vllms_series_and_every_dashboard_query_in_a_real_server(tmp_path):
+    """verl's ``rollout.prometheus`` on a vLLM run: rank 0 writes the server's configuration at ``file`` and the
+    server reloads it (verl's behaviour), then scrapes the rank's endpoint: vLLM's own series (KV-cache use, running
+    and waiting requests, generated tokens) beside the trainer's. Every query of the shipped Grafana dashboard, asked
+    as Grafana asks it (a range over the run, its variables filled in), returns data from that server."""
+    from rlprof.cli.prometheus import DASHBOARD, shipped
+    from rlprof.tracking.jsonl import read_jsonl
+
+    from conftest import PrometheusServer, free_port
+
+    config = tmp_path / "prometheus" / "prometheus.yml"
+    config.parent.mkdir()
+    config.write_text("global: {scrape_interval: 1s}\n")  # a server with nothing to scrape yet
+    logs = tmp_path / "logs"
+    (logs / "prometheus_targets").mkdir(parents=True)  # watched from the server's start
+    with PrometheusServer(tmp_path / "prometheus", config=config) as server:
+        start = time.time()
+        result = run_trainer(
+            tmp_path,
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.disable_log_stats=false",
+            "actor_rollout_ref.rollout.prometheus.enable=true",
+            f"actor_rollout_ref.rollout.prometheus.port={server.port}",
+            f"actor_rollout_ref.rollout.prometheus.file={config}",
+            "actor_rollout_ref.rollout.prometheus.served_model_name=tiny",
+            f"trainer.prometheus.port={free_port()}",
+            "trainer.total_training_steps=120",
+            "trainer.test_freq=-1",
+        )
+        assert result.returncode == 0, result.stderr[-4000:]
+        end = time.time()
+        output = result.stdout + result.stderr
+        assert f"rollout.prometheus: wrote {config} and reloaded the Prometheus server" in output
+        assert str(logs.resolve() / "prometheus_targets" / "*.json") in config.read_text()
+        for name in (
+            "vllm:kv_cache_usage_perc",
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:generation_tokens_total",
+        ):
+            (found,) = server.query(f"last_over_time({name}[10m])")
+            assert found["metric"]["model_name"] == "tiny" and found["metric"]["rank"] == "0", found
+        (generated,) = server.query("max_over_time(vllm:generation_tokens_total[10m])")
+        steps = [r for r in read_jsonl(logs / "metrics.jsonl") if r["step"] > 0]
+        assert float(generated["value"][1]) >= len(steps)  # at least a token a step: the counter counted
+        dashboard = json.loads(shipped(DASHBOARD))
+        queries = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+        assert len(queries) >= 20
+        empty = []
+        for query in queries:
+            asked = query.replace("$experiment", ".*").replace("$__rate_interval", "1m")
+            if not server.query_range(asked, start, end):
+                empty.append(query)
+        assert not empty, f"dashboard queries with no data: {empty}"

@@ -244,6 +244,8 @@ class VLLMRollout(ContinuingRollout, WindowListener):
             seed=seed,
             logprobs_mode="processed_logprobs",  # as verl: of the distribution sampled (temperature, top-k/p applied)
         )
+        if rollout.prometheus.enable or rollout.prometheus.served_model_name:  # the model_name label of vllm:*
+            options["served_model_name"] = rollout.prometheus.served_model_name or Path(model_path).name
         if model_overrides:  # model.override_config: the engine's model config as the actor's
             options["hf_overrides"] = dict(model_overrides)
         if session is not None and _engine_profiler(session) == "torch":  # vLLM's own, on the engine's side
