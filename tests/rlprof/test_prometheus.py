@@ -8,7 +8,6 @@ import json
 import math
 import socket
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -18,9 +17,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import rlprof
+from rlprof.cli import main
 from rlprof.tracking import Tracker
 from rlprof.tracking.jsonl import read_jsonl
-from tests.conftest import ROOT, PrometheusServer, free_port, subprocess_env, trainer_command
+from tests.conftest import ROOT, PrometheusServer, free_port, subprocess_env, torchrun, trainer_command
+from tests.rlprof_train.test_watchdog import SMALL_RUN, reward_sleeping_on_rank_1
 
 
 def scrape(port: int) -> dict[str, list]:
@@ -179,40 +180,52 @@ def test_the_watchdogs_phase_is_read_at_each_scrape_with_its_limit_once_known(tm
         assert "rlprof_watchdog_phase_seconds" not in scrape(port)
 
 
+def firing(server: PrometheusServer) -> list[dict]:
+    with urllib.request.urlopen(f"{server.url}/api/v1/alerts", timeout=30) as answer:
+        return [a for a in json.load(answer)["data"]["alerts"] if a["state"] == "firing"]
+
+
 @pytest.mark.slow
-def test_a_prometheus_server_scrapes_both_ranks_of_a_torchrun_run_through_its_targets_files(tmp_path):
-    logs = tmp_path / "run" / "logs"
-    base = free_ports(2)
+def test_a_server_scrapes_both_ranks_through_the_targets_files_and_fires_the_stall_alert(tmp_path, capsys):
+    """A real Prometheus server given only the run's targets files and rlprof's rules, during a two-rank run whose
+    rank 1 hangs 20 s in its reward at step 3 (as the watchdog's tests make one): both ranks up, RLProfRankStalled
+    firing for rank 1 in reward of step 3, and after the run every value it scraped from rank 0 one the run logged."""
+    assert main(["prometheus", "rules"]) == 0
+    rules = tmp_path / "rlprof.yml"
+    rules.write_text(capsys.readouterr().out)
+    logs = tmp_path / "logs"
     command = trainer_command(
-        tmp_path / "run",
+        tmp_path,
+        *SMALL_RUN,
+        "trainer.watchdog.min_s=3",
+        f"custom_reward_function.path={reward_sleeping_on_rank_1(tmp_path, 20)}",
+        "trainer.total_training_steps=4",
         'trainer.logger=["file","prometheus"]',
-        f"trainer.prometheus.port={base}",
-        "trainer.total_training_steps=30",
-        prefix=(
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            f"--master_port={free_port()}",
-            "-m",
-        ),
+        f"trainer.prometheus.port={free_ports(2)}",
+        prefix=(*torchrun(2), "-m"),
     )
-    with PrometheusServer(tmp_path / "prometheus", str(logs / "prometheus_targets" / "*.json")) as server:
+    targets = str(logs / "prometheus_targets" / "*.json")
+    with PrometheusServer(tmp_path / "prometheus", targets, rule_files=(str(rules),)) as server:
         start = time.time()
         run = subprocess.Popen(
             command, cwd=ROOT, env=subprocess_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
         try:
-            # While the run trains: both ranks' endpoints up, found through the targets files alone.
-            up = server.wait_for('count(up{job="rlprof"} == 1) == 2', timeout_s=300)
+            up = server.wait_for('count(up{job="rlprof"} == 1) == 2', timeout_s=300)  # found through the files alone
             assert up[0]["value"][1] == "2"
-            server.wait_for("count(rlprof_step >= 2) == 2", timeout_s=300)
-            output, _ = run.communicate(timeout=900)
+            deadline, stalled = time.monotonic() + 600, []
+            while not stalled and run.poll() is None and time.monotonic() < deadline:
+                stalled = [a for a in firing(server) if a["labels"]["alertname"] == "RLProfRankStalled"]
+                time.sleep(0.5)
+            output, _ = run.communicate(timeout=600)
         finally:
             run.kill()
         assert run.returncode == 0, output.decode()[-4000:]
         end = time.time()
-        time.sleep(2)  # the last scrapes
+        assert stalled, "the stall alert did not fire"
+        (alert,) = [a for a in stalled if a["labels"]["rank"] == "1"]
+        assert (alert["labels"]["phase"], alert["labels"]["step"]) == ("reward", "3")
+        assert alert["annotations"]["summary"].startswith("rank 1 of ppo-demo has been in reward of step 3 for ")
         rows = read_jsonl(logs / "metrics.jsonl")
         assert not list((logs / "prometheus_targets").glob("*.json"))  # both ranks removed theirs at the end
 
@@ -234,4 +247,4 @@ def test_a_prometheus_server_scrapes_both_ranks_of_a_torchrun_run_through_its_ta
         for _, value in rank1["values"]:
             assert any(low <= float(value) <= high for low, high in spreads), value
         count = server.query('max_over_time(rlprof_step_seconds_count{rank="0"}[10m])')
-        assert 2 <= float(count[0]["value"][1]) <= 30
+        assert 1 <= float(count[0]["value"][1]) <= 4

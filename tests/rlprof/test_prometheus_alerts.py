@@ -1,23 +1,17 @@
 """rlprof's Prometheus alert rules: promtool checks the shipped file; promtool's rule tests show each alert firing
-on crafted series, with its summary naming the rank, and silent on healthy ones; a real two-rank run with a rank
-stalled in its reward fires the stall alert in a real Prometheus server. Also `rlprof prometheus scrape`."""
+on crafted series, with its summary naming the rank, and silent on healthy ones; `rlprof prometheus scrape`. (A real
+run firing the stall alert in a real server: test_prometheus.py.)"""
 
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
-
-import pytest
 
 from rlprof.cli import main
 from rlprof.cli.prometheus import RULES, shipped
-from tests.conftest import ROOT, PrometheusServer, free_port, prometheus, subprocess_env, trainer_command
-from tests.rlprof_train.test_watchdog import SMALL_RUN, reward_sleeping_on_rank_1
+from tests.conftest import prometheus
 
 RUN = {"project": "p", "role": "trainer"}
 
@@ -224,50 +218,3 @@ def test_scrape_prints_a_configuration_that_prometheus_loads(tmp_path, capsys):
     assert result.returncode == 0, result.stdout + result.stderr
     assert main(["prometheus", "scrape", str(tmp_path / "missing")]) == 2
     assert "scrape: not a folder: " in capsys.readouterr().err
-
-
-def firing(server: PrometheusServer) -> list[dict]:
-    with urllib.request.urlopen(f"{server.url}/api/v1/alerts", timeout=30) as answer:
-        return [a for a in json.load(answer)["data"]["alerts"] if a["state"] == "firing"]
-
-
-@pytest.mark.slow
-def test_a_rank_stalled_in_its_reward_fires_the_stall_alert_in_a_real_server(tmp_path, capsys):
-    rules = shipped_rules(tmp_path, capsys)
-    reward = reward_sleeping_on_rank_1(tmp_path, 20)
-    command = trainer_command(
-        tmp_path,
-        *SMALL_RUN,
-        "trainer.watchdog.min_s=3",
-        f"custom_reward_function.path={reward}",
-        "trainer.total_training_steps=4",
-        'trainer.logger=["file","prometheus"]',
-        f"trainer.prometheus.port={free_port()}",
-        prefix=(
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            f"--master_port={free_port()}",
-            "-m",
-        ),
-    )
-    targets = tmp_path / "logs" / "prometheus_targets" / "*.json"
-    with PrometheusServer(tmp_path / "prometheus", str(targets), rule_files=(str(rules),)) as server:
-        run = subprocess.Popen(
-            command, cwd=ROOT, env=subprocess_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-        try:
-            deadline, stalled = time.monotonic() + 600, []
-            while not stalled and run.poll() is None and time.monotonic() < deadline:
-                stalled = [a for a in firing(server) if a["labels"]["alertname"] == "RLProfRankStalled"]
-                time.sleep(0.5)
-            output, _ = run.communicate(timeout=600)
-        finally:
-            run.kill()
-        assert run.returncode == 0, output.decode()[-4000:]
-    assert stalled, "the stall alert did not fire"
-    ranks = {(a["labels"]["rank"], a["labels"]["phase"], a["labels"]["step"]) for a in stalled}
-    assert ("1", "reward", "3") in ranks, ranks
-    (alert,) = [a for a in stalled if a["labels"]["rank"] == "1"]
-    assert alert["annotations"]["summary"].startswith("rank 1 of ppo-demo has been in reward of step 3 for ")

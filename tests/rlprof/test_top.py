@@ -18,7 +18,7 @@ from rich.console import Console
 from rlprof.cli import main
 from rlprof.cli.top import MAX_LINE_BYTES, MetricsTail, RunView, frame, snapshot
 from rlprof.live_state import LiveState, write_live
-from tests.conftest import ROOT, free_port, subprocess_env, trainer_command
+from tests.conftest import ROOT, subprocess_env, torchrun, trainer_command
 
 
 def shown(view: RunView) -> str:
@@ -153,14 +153,7 @@ def test_top_in_a_terminal_follows_a_live_two_rank_run_and_q_leaves_nothing_runn
         command = trainer_command(
             tmp_path / "run",
             "trainer.total_training_steps=400",
-            prefix=(
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc_per_node=2",
-                f"--master_port={free_port()}",
-                "-m",
-            ),
+            prefix=(*torchrun(2), "-m"),
         )
         run = subprocess.Popen(
             command,
