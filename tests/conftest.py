@@ -150,34 +150,29 @@ def torchrun(nproc: int) -> tuple[str, ...]:
     return (sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}")
 
 
+def debian_tool(script: str, what: str, *found: str | None) -> str:
+    """The first of ``found`` when all are there, else what ``scripts/{script}`` installs and prints (skips where
+    it cannot be installed: no apt-get, not root)."""
+    if found and all(found):
+        return str(found[0])
+    installed = subprocess.run(["bash", str(ROOT / "scripts" / script)], capture_output=True, text=True)
+    if installed.returncode != 0:
+        pytest.skip(f"{what} is not installed and cannot be here: {installed.stderr.strip()}")
+    return installed.stdout.strip().splitlines()[-1]
+
+
 def chromium() -> str:
-    """Debian's Chromium: found, or installed by scripts/install_chromium.sh (skips where it cannot be)."""
+    """Debian's Chromium: found, or installed by scripts/install_chromium.sh."""
     import shutil
 
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        installed = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "install_chromium.sh")], capture_output=True, text=True
-        )
-        if installed.returncode != 0:
-            pytest.skip(f"Chromium is not installed and cannot be here: {installed.stderr.strip()}")
-        found = installed.stdout.strip().splitlines()[-1]
-    return found
+    return debian_tool("install_chromium.sh", "Chromium", shutil.which("chromium") or shutil.which("chromium-browser"))
 
 
 def prometheus() -> str:
-    """Debian's Prometheus server: found, or installed by scripts/install_prometheus.sh (skips where it cannot be)."""
+    """Debian's Prometheus server (and promtool beside it): found, or installed by scripts/install_prometheus.sh."""
     import shutil
 
-    found = shutil.which("prometheus")
-    if found is None or shutil.which("promtool") is None:
-        installed = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "install_prometheus.sh")], capture_output=True, text=True
-        )
-        if installed.returncode != 0:
-            pytest.skip(f"Prometheus is not installed and cannot be here: {installed.stderr.strip()}")
-        found = installed.stdout.strip().splitlines()[-1]
-    return found
+    return debian_tool("install_prometheus.sh", "Prometheus", shutil.which("prometheus"), shutil.which("promtool"))
 
 
 class PrometheusServer:
