@@ -12,6 +12,7 @@ import time
 import urllib.parse
 import urllib.request
 import warnings
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,7 +22,7 @@ from rlprof.cli import main
 from rlprof.tracking import Tracker
 from rlprof.tracking.jsonl import read_jsonl
 from tests.conftest import ROOT, PrometheusServer, free_port, subprocess_env, torchrun, trainer_command
-from tests.rlprof_train.test_watchdog import SMALL_RUN, reward_sleeping_on_rank_1
+from tests.rlprof_train.test_watchdog import CALLS_PER_STEP, SMALL_RUN
 
 
 def scrape(port: int) -> dict[str, list]:
@@ -180,6 +181,24 @@ def test_the_watchdogs_phase_is_read_at_each_scrape_with_its_limit_once_known(tm
         assert "rlprof_watchdog_phase_seconds" not in scrape(port)
 
 
+def slow_rewards_and_rank_1_hanging(folder: Path) -> Path:
+    """A reward function taking about a second a step on every rank (so that the server scrapes several steps) whose
+    first call of step 3 hangs 20 s on rank 1."""
+    reward = folder / "slow_reward.py"
+    reward.write_text(
+        "import os, time\n"
+        "CALLS = [0]\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    CALLS[0] += 1\n"
+        f"    if CALLS[0] % {CALLS_PER_STEP} == 1:\n"
+        "        time.sleep(1.0)\n"
+        f"    if os.environ['RANK'] == '1' and CALLS[0] == {2 * CALLS_PER_STEP + 1}:\n"
+        "        time.sleep(20)\n"
+        "    return 0.0\n"
+    )
+    return reward
+
+
 def firing(server: PrometheusServer) -> list[dict]:
     with urllib.request.urlopen(f"{server.url}/api/v1/alerts", timeout=30) as answer:
         return [a for a in json.load(answer)["data"]["alerts"] if a["state"] == "firing"]
@@ -189,7 +208,8 @@ def firing(server: PrometheusServer) -> list[dict]:
 def test_a_server_scrapes_both_ranks_through_the_targets_files_and_fires_the_stall_alert(tmp_path, capsys):
     """A real Prometheus server given only the run's targets files and rlprof's rules, during a two-rank run whose
     rank 1 hangs 20 s in its reward at step 3 (as the watchdog's tests make one): both ranks up, RLProfRankStalled
-    firing for rank 1 in reward of step 3, and after the run every value it scraped from rank 0 one the run logged."""
+    firing for rank 1 in reward of step 3; after the run, every rank's phase times at every scraped step equal to
+    metrics.jsonl's, and every value it scraped from rank 0 one the run logged."""
     assert main(["prometheus", "rules"]) == 0
     rules = tmp_path / "rlprof.yml"
     rules.write_text(capsys.readouterr().out)
@@ -198,8 +218,8 @@ def test_a_server_scrapes_both_ranks_through_the_targets_files_and_fires_the_sta
         tmp_path,
         *SMALL_RUN,
         "trainer.watchdog.min_s=3",
-        f"custom_reward_function.path={reward_sleeping_on_rank_1(tmp_path, 20)}",
-        "trainer.total_training_steps=4",
+        f"custom_reward_function.path={slow_rewards_and_rank_1_hanging(tmp_path)}",
+        "trainer.total_training_steps=8",
         'trainer.logger=["file","prometheus"]',
         f"trainer.prometheus.port={free_ports(2)}",
         prefix=(*torchrun(2), "-m"),
@@ -215,15 +235,16 @@ def test_a_server_scrapes_both_ranks_through_the_targets_files_and_fires_the_sta
             assert up[0]["value"][1] == "2"
             deadline, stalled = time.monotonic() + 600, []
             while not stalled and run.poll() is None and time.monotonic() < deadline:
-                stalled = [a for a in firing(server) if a["labels"]["alertname"] == "RLProfRankStalled"]
+                alerts = [a for a in firing(server) if a["labels"]["alertname"] == "RLProfRankStalled"]
+                stalled = [a for a in alerts if a["labels"]["rank"] == "1"]  # rank 0 may fire first, waiting for it
                 time.sleep(0.5)
             output, _ = run.communicate(timeout=600)
         finally:
             run.kill()
         assert run.returncode == 0, output.decode()[-4000:]
         end = time.time()
-        assert stalled, "the stall alert did not fire"
-        (alert,) = [a for a in stalled if a["labels"]["rank"] == "1"]
+        assert stalled, "the stall alert did not fire for rank 1"
+        (alert,) = stalled
         assert (alert["labels"]["phase"], alert["labels"]["step"]) == ("reward", "3")
         assert alert["annotations"]["summary"].startswith("rank 1 of ppo-demo has been in reward of step 3 for ")
         rows = read_jsonl(logs / "metrics.jsonl")
@@ -239,12 +260,27 @@ def test_a_server_scrapes_both_ranks_through_the_targets_files_and_fires_the_sta
         logged = {r["actor/pg_loss"] for r in rows if "actor/pg_loss" in r}
         (loss,) = server.query_range('rlprof_actor_pg_loss{rank="0"}', start, end)
         assert loss["values"] and {float(v) for _, v in loss["values"]} <= logged
-        # Rank 1's own step time lies within the run's spread over ranks (timing_ranks/step min..max of some step).
-        (rank1,) = server.query_range('rlprof_timing_s_step{rank="1"}', start, end)
-        spreads = [
-            (r["timing_ranks/step/min"], r["timing_ranks/step/max"]) for r in rows if "timing_ranks/step/min" in r
-        ]
-        for _, value in rank1["values"]:
-            assert any(low <= float(value) <= high for low, high in spreads), value
+        # Every rank's phase times at every scraped step equal metrics.jsonl's: rank 0's are its timing_s/*; with two
+        # ranks, rank 1's is the other end of the spread (timing_ranks/{phase}/min + max - rank 0's).
+        by_step = {r["step"]: r for r in rows if r["step"] > 0}
+        phases = sorted({k.removeprefix("timing_s/") for r in by_step.values() for k in r if k.startswith("timing_s/")})
+        compared, scraped = 0, {}
+        for rank in ("0", "1"):
+            (steps,) = server.query_range(f'rlprof_step{{rank="{rank}"}}', start, end)
+            step_at = {t: int(float(v)) for t, v in steps["values"]}
+            for phase in phases:
+                for series in server.query_range(f'rlprof_timing_s_{phase}{{rank="{rank}"}}', start, end):
+                    for t, value in series["values"]:
+                        row = by_step.get(step_at.get(t, 0))
+                        if row is None or f"timing_s/{phase}" not in row:
+                            continue
+                        expected = row[f"timing_s/{phase}"]
+                        if rank == "1":
+                            spread = (row[f"timing_ranks/{phase}/min"], row[f"timing_ranks/{phase}/max"])
+                            expected = sum(spread) - expected
+                        assert float(value) == pytest.approx(expected, rel=1e-9, abs=1e-12), (rank, phase, row["step"])
+                        compared += 1
+            scraped[rank] = {step for step in step_at.values() if step in by_step}
+        assert all(len(steps) >= 2 for steps in scraped.values()) and compared >= 4 * len(phases), (scraped, compared)
         count = server.query('max_over_time(rlprof_step_seconds_count{rank="0"}[10m])')
-        assert 1 <= float(count[0]["value"][1]) <= 4
+        assert 2 <= float(count[0]["value"][1]) <= 8
