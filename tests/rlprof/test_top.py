@@ -222,3 +222,18 @@ def test_a_hang_up_a_terminate_or_ctrl_c_exits_0_and_gives_the_terminal_back(tmp
         assert "icanon" in settings and "echo" in settings  # cbreak undone
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+def test_the_watchdog_writes_its_ranks_phase_each_second_and_closed_at_the_end(tmp_path):
+    import rlprof
+    from rlprof.live_state import read_live
+
+    with rlprof.watchdog(tmp_path, min_s=60) as dog, dog.phase(7, "gen"):
+        deadline = time.monotonic() + 10
+        while not (states := read_live(tmp_path)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (state,) = states
+        assert (state.rank, state.step, state.phase, state.closed, state.pid) == (0, 7, "gen", False, os.getpid())
+        assert state.since is not None and time.time() - 10 < state.since <= state.updated <= time.time()
+    (state,) = read_live(tmp_path)
+    assert state.closed and state.phase is None
