@@ -105,9 +105,15 @@ def test_max_trials_caps_the_configurations_measured_besides_the_base(tmp_path):
     assert search.room_for_another()  # no cap
 
 
+TRIAL_ENV = subprocess_env(OMP_NUM_THREADS="1")
+"""Each trial's torch on one thread (tune keeps a user's OMP_NUM_THREADS): beside another CPU-bound process, the two
+OpenMP threads tune gives a trial on two cores spin-wait for each other, and the poor-base search did not end within
+the test's 15 minutes (a demo step took 28 s instead of 2.3) where it takes 4 on a quiet machine."""
+
+
 def tune(tmp_path, *args, timeout=1200):
     command = [sys.executable, "-m", "rlprof_train.tune", *args, f"tune.dir={tmp_path / 'tune'}"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=subprocess_env())
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=TRIAL_ENV)
     assert result.returncode == 0, result.stderr[-4000:]
     results = json.loads((tmp_path / "tune" / "results.json").read_text())
     return result, results
@@ -219,7 +225,7 @@ def test_an_interrupted_tune_stops_its_trial_and_writes_what_it_found(tmp_path, 
     folder = tmp_path / "tune"
     command = [sys.executable, "-m", "rlprof_train.tune", *POOR_BASE, "tune.budget_minutes=60", f"tune.dir={folder}"]
     process = subprocess.Popen(
-        command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT, env=subprocess_env()
+        command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT, env=TRIAL_ENV
     )
     deadline = time.monotonic() + 600
     while len(list(folder.rglob("trainer.log"))) < 2 and time.monotonic() < deadline:
