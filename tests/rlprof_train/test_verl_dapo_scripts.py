@@ -158,6 +158,8 @@ def run(name: str, root: Path, work: Path, record_only: bool = False) -> subproc
         NNODES="1",
         NGPUS_PER_NODE="2",
         OMP_NUM_THREADS="1",
+        WANDB_MODE="offline",  # the scripts that log to wandb: an offline run, read back below
+        WANDB_SILENT="true",
         **({"RLPROF_RECORD_ONLY": "1"} if record_only else {}),
     )
     return subprocess.run(["bash", str(SHELL / name)], capture_output=True, text=True, timeout=900, cwd=work, env=env)
@@ -201,17 +203,31 @@ def test_every_key_of_every_dapo_script_is_applied_named_or_refused_in_one_line(
         print(f"\n{name}: {len(keys)} keys, loaded; {'; '.join(loaded.notes)[:300]}")
 
 
-def check_trained(name: str, result: subprocess.CompletedProcess, work: Path) -> None:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+def logged_scalars(work: Path, keys: tuple[str, ...]) -> dict[str, list[tuple[int, float]]]:
+    """(step, value) of each key from the logger the script chose, read back with its own reader: TensorBoard's events
+    (``['console','tensorboard']``) or wandb's offline run (``['console','wandb']``)."""
+    events = {p.parent for p in (work / "tensorboard_log").rglob("events.out.tfevents.*")}
+    if events:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+        (folder,) = events
+        accumulator = EventAccumulator(str(folder))
+        accumulator.Reload()
+        return {key: [(e.step, e.value) for e in accumulator.Scalars(key)] for key in keys}
+    from wandb_offline import read_run_history
+
+    (state,) = work.rglob("wandb_run.json")
+    history = read_run_history(state.parent / "wandb", json.loads(state.read_text())["run_id"])
+    return {key: [(int(row["_step"]), float(row[key])) for row in history if key in row] for key in keys}
+
+
+def check_trained(name: str, result: subprocess.CompletedProcess, work: Path) -> None:
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
-    (events,) = {p.parent for p in (work / "tensorboard_log").rglob("events.out.tfevents.*")}  # the scripts' logger
-    accumulator = EventAccumulator(str(events))
-    accumulator.Reload()
-    scores = [(e.step, e.value) for e in accumulator.Scalars("critic/score/mean")]
+    scalars = logged_scalars(work, ("critic/score/mean", "critic/score/min"))
+    scores = scalars["critic/score/mean"]
     assert [step for step, _ in scores] == [1, 2], scores
-    penalties = [e.value for e in accumulator.Scalars("critic/score/min")]
+    penalties = [value for _, value in scalars["critic/score/min"]]
     assert min(penalties) < -1.0, "the overlong buffer penalises the 8-token responses (math_dapo scores -1 or 1)"
     assert "model: LlamaConfig with max_position_embeddings=32768" in output
     arguments = (work / ".verl_arguments").read_text().split("\0")
