@@ -6,10 +6,11 @@ thread, never on the training thread; read as untrusted files (bounded, links no
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
+
+from rlprof.atomic_file import write_text_atomically
 
 LIVE_DIR = "live"
 MAX_FILE_BYTES = 64 * 1024
@@ -40,9 +41,7 @@ def live_file(log_dir: Path, rank: int) -> Path:
 def write_live(log_dir: Path, state: LiveState) -> None:
     path = live_file(log_dir, state.rank)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(asdict(state)), encoding="utf-8")
-    os.replace(partial, path)
+    write_text_atomically(path, json.dumps(asdict(state)))
 
 
 def read_live(log_dir: Path) -> list[LiveState]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import errno
 import fnmatch
 import json
-import os
 import re
 import shutil
 import socket
@@ -24,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
+from rlprof.atomic_file import write_text_atomically
 from rlprof_train.config.verl_compat import flatten
 
 LATEST = "latest_checkpointed_iteration.txt"
@@ -90,12 +90,6 @@ def step_dir(root: Path, step: int) -> Path:
     return Path(root) / f"global_step_{step}"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def save(
     root: Path,
     step: int,
@@ -119,10 +113,10 @@ def save(
             )
         barrier()  # every rank's shards are on disk
         if is_main:
-            _write_atomic(target / STATE, json.dumps({**state, "global_step": step}))
-            _write_atomic(target / CONFIG, json.dumps(config, default=str))
+            write_text_atomically(target / STATE, json.dumps({**state, "global_step": step}))
+            write_text_atomically(target / CONFIG, json.dumps(config, default=str))
             mark_complete(target, step)
-            _write_atomic(Path(root) / LATEST, str(step))
+            write_text_atomically(Path(root) / LATEST, str(step))
             if keep:
                 prune(root, keep)
     except (OSError, RuntimeError) as exc:
@@ -199,7 +193,7 @@ def mark_complete(target: Path, step: int) -> None:
         for p in sorted(target.rglob("*"))
         if p.is_file() and p.name != COMPLETE
     }
-    _write_atomic(target / COMPLETE, json.dumps({"global_step": step, "files": files}))
+    write_text_atomically(target / COMPLETE, json.dumps({"global_step": step, "files": files}))
 
 
 def saved_steps(root: Path) -> list[int]:
@@ -316,7 +310,7 @@ def shared_directory_problem(root: Path, token: str, is_main: bool, barrier: Cal
     marker = Path(root) / SHARED_MARKER
     if is_main:
         Path(root).mkdir(parents=True, exist_ok=True)
-        _write_atomic(marker, token)
+        write_text_atomically(marker, token)
     barrier()
     try:
         seen = marker.read_text(encoding="utf-8")

@@ -362,13 +362,12 @@ def write_rollout_scrape_config(cfg: TrainerConfig, env: DistEnv, log: Log) -> N
     import json
     import urllib.request
 
+    from rlprof.atomic_file import write_text_atomically
     from rlprof.tracking.prometheus import scrape_config
 
     path = Path(settings.file)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(scrape_config([Path(cfg.trainer.log_dir)], "10s"), indent=2) + "\n")
-    os.replace(partial, path)
+    write_text_atomically(path, json.dumps(scrape_config([Path(cfg.trainer.log_dir)], "10s"), indent=2) + "\n")
     url = f"http://127.0.0.1:{settings.port}/-/reload"
     try:
         with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=5):

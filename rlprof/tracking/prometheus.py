@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import socket
 import sys
@@ -38,6 +37,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
+from rlprof.atomic_file import write_text_atomically
 from rlprof.tracking.base import Backend, BackendContext, LiveSample, LiveSource, register_backend
 
 DEFAULT_HOST = "127.0.0.1"
@@ -61,7 +61,6 @@ def serve(registry: Any, host: str, port: int) -> tuple[Any, threading.Thread]:
     asks: prometheus_client 0.26 writes OpenMetrics sample names with a name's colons as ``_``
     (``vllm:kv_cache_usage_perc`` scraped as ``vllm_kv_cache_usage_perc`` by a Prometheus 2 server); the text format
     keeps them. A thread serves it; ``shutdown()`` and ``server_close()`` stop it."""
-    import socket as sockets
     from wsgiref.simple_server import make_server
 
     from prometheus_client.exposition import (
@@ -80,7 +79,7 @@ def serve(registry: Any, host: str, port: int) -> tuple[Any, threading.Thread]:
         return [body]
 
     class Server(ThreadingWSGIServer):
-        address_family = sockets.AF_INET6 if ":" in host else sockets.AF_INET
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
     server = make_server(host, port, app, Server, handler_class=_SilentHandler)
     thread = threading.Thread(target=server.serve_forever, name=f"rlprof-prometheus-{port}", daemon=True)
@@ -169,9 +168,7 @@ class PrometheusBackend(Backend):
         target = f"[{address}]:{self.port}" if ":" in address else f"{address}:{self.port}"
         labels = {f"rlprof_{name}": value for name, value in self.labels.items()}
         self.targets_file.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.targets_file.with_name(f".{self.targets_file.name}.partial")
-        partial.write_text(json.dumps([{"targets": [target], "labels": labels}]) + "\n")
-        os.replace(partial, self.targets_file)  # file_sd reads whole files only
+        write_text_atomically(self.targets_file, json.dumps([{"targets": [target], "labels": labels}]) + "\n")
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         with self.lock:
