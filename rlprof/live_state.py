@@ -1,7 +1,8 @@
 """Each rank's live position on disk, for ``rlprof top``: the watchdog's thread (:mod:`rlprof.watchdog`) writes
-``{log_dir}/live/rank{R}.json`` once a second (the rank's innermost phase, its step, since when, and when it last
-wrote: a heartbeat), and once more, ``closed``, when the watchdog closes; ``rlprof top`` reads them back. Written on a
-thread, never on the training thread; read as untrusted files (bounded, links not followed)."""
+``{log_dir}/live/rank{R}.json`` as it starts and once a second after (the rank's innermost phase, its step, since
+when, and when it last wrote: a heartbeat), and once more, ``closed``, when the watchdog closes; ``rlprof top`` reads
+them back. Written on a thread, never on the training thread; read as untrusted files (bounded, links not
+followed)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ one in its current phase longest), logs one line and writes ``stall.json`` besid
 reads (:mod:`rlprof.analysis.stalls`). With ``abort_after_s``, a rank still in the phase it was in when it wrote its
 stacks that many seconds later ends the process (exit code :data:`ABORT_EXIT`), freeing the cluster.
 
-Once a second the thread also writes the rank's innermost phase to ``{log_dir}/live/rank{R}.json``
+As it starts and once a second, the thread also writes the rank's innermost phase to ``{log_dir}/live/rank{R}.json``
 (:mod:`rlprof.live_state`, what ``rlprof top`` shows), and once more when the watchdog closes.
 
 Cost with nothing stalled: a list append and pop per phase (and, without a ``positions`` source, one store write),
@@ -254,6 +254,7 @@ class Watchdog:
 
     def _watch(self) -> None:
         abort: Optional[tuple[float, tuple[int, str, float]]] = None
+        self._publish()  # at once: ``rlprof top`` shows the rank from its start, not a second later
         while not self._stop.wait(POLL_S):
             try:
                 self._publish()

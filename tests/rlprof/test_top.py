@@ -131,6 +131,10 @@ def wait_for(session: str, predicate, what: str, timeout_s: float = 300) -> str:
         time.sleep(0.5)
 
 
+def rank_rows(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.count("│") > 5 and "running" in line]
+
+
 def shown_step(text: str) -> int:
     import re
 
@@ -162,11 +166,10 @@ def test_top_in_a_terminal_follows_a_live_two_rank_run_and_q_leaves_nothing_runn
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
         )
-        first = wait_for(session, lambda t: shown_step(t) >= 2 and "running" in t, "a running step")
+        first = wait_for(session, lambda t: shown_step(t) >= 2 and len(rank_rows(t)) == 2, "both ranks running")
         later = wait_for(session, lambda t: shown_step(t) > shown_step(first) + 2, "a later step")
         for text in (first, later):
-            ranks = [line for line in text.splitlines() if line.count("│") > 5 and "running" in line]
-            assert len(ranks) == 2, text  # both ranks, each with its phase and how long it has been in it
+            assert len(rank_rows(text)) == 2, text  # both ranks, each with its phase and how long it has been in it
             assert any(phase in text for phase in ("gen", "update_actor", "old_log_prob", "between steps"))
             assert "where its" in text and "trends" in text and "Traceback" not in text
         tmux("send-keys", "-t", session, "q")
@@ -228,12 +231,18 @@ def test_the_watchdog_writes_its_ranks_phase_each_second_and_closed_at_the_end(t
     import rlprof
     from rlprof.live_state import read_live
 
-    with rlprof.watchdog(tmp_path, min_s=60) as dog, dog.phase(7, "gen"):
-        deadline = time.monotonic() + 10
-        while not (states := read_live(tmp_path)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        (state,) = states
-        assert (state.rank, state.step, state.phase, state.closed, state.pid) == (0, 7, "gen", False, os.getpid())
-        assert state.since is not None and time.time() - 10 < state.since <= state.updated <= time.time()
+    with rlprof.watchdog(tmp_path, min_s=60) as dog:
+        deadline = time.monotonic() + 0.9  # the first write comes as the thread starts, not a second later
+        while not (states := read_live(tmp_path)):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert (states[0].step, states[0].phase) == (None, None)
+        with dog.phase(7, "gen"):
+            deadline = time.monotonic() + 10
+            while (states := read_live(tmp_path))[0].phase is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            (state,) = states
+            assert (state.rank, state.step, state.phase, state.closed, state.pid) == (0, 7, "gen", False, os.getpid())
+            assert state.since is not None and time.time() - 10 < state.since <= state.updated <= time.time()
     (state,) = read_live(tmp_path)
     assert state.closed and state.phase is None
