@@ -348,6 +348,7 @@ class Session:
                 self.world_size,
                 manifest,
                 warn=self.warn_once,
+                published=self._output_written,
             )
             self.tool = create_tool(name, context)
             manifest.record_session(
@@ -423,16 +424,20 @@ class Session:
         else:
             gate.open = False
 
-    def _notify(self, event: str, window: StepWindow) -> None:
+    def _notify(self, event: str, *args: Any) -> None:
+        """Call ``event`` (a :class:`~rlprof.window.WindowListener` method) of every listener with ``args``."""
         for listener in list(self.listeners):
             try:
-                getattr(listener, event)(window)
+                getattr(listener, event)(*args)
             except Exception as exc:
                 self.warn_once(
                     f"listener:{id(listener)}:{event}",
                     f"rlprof: the window listener {listener!r} failed in {event} "
-                    f"({type(exc).__name__}: {exc}); the window goes on",
+                    f"({type(exc).__name__}: {exc}); the run goes on",
                 )
+
+    def _output_written(self, path: Path, format: Optional[str], window: StepWindow, role: Optional[str]) -> None:
+        self._notify("output_written", path, format, window, role)
 
     def _guarded(self, action: str, method: Any, *args: Any) -> bool:
         """Call a tool method; on error warn once and turn the tool off. True when it succeeded."""

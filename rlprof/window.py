@@ -9,6 +9,8 @@ recorded too, inside a range ``step/between_steps``, so it is visible as such.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
 
 
 @dataclass
@@ -38,3 +40,8 @@ class WindowListener:
 
     def window_stopped(self, window: StepWindow) -> None:
         """The window closed after ``window.last`` (the tool has written its files)."""
+
+    def output_written(self, path: Path, format: Optional[str], window: StepWindow, role: Optional[str]) -> None:
+        """The session's tool put a file of ``window`` in place and listed it in the manifest (``format``: the source
+        that reads it, ``chrome_trace`` ...; ``role``: a discrete role's range, or None), on the thread that wrote it:
+        a torch trace's end of a cycle or of a range, or the window's end."""

@@ -27,6 +27,7 @@ from typing import Any, Optional
 import torch
 
 import rlprof
+from rlprof.live_gpu_idle import WindowGpuIdle
 from rlprof.metrics import MetricAggregator, Reduce
 from rlprof.watchdog import Watchdog
 from rlprof_train import algos, checkpoint, prepare, rollout_correction
@@ -121,8 +122,12 @@ class PPOTrainer:
             positions=self.progress.positions,
             setting="trainer.watchdog",
         )
+        self.gpu_idle: Optional[WindowGpuIdle] = None
+        session = rlprof.get_session()
         if self.tracker is not None:
             self.tracker.add_live(self.watchdog.live_samples)  # each rank's phase, read at each scrape
+            if session is not None:  # and the GPU's idle share in each torch window's trace
+                self.gpu_idle = WindowGpuIdle.follow(session, self.tracker)
         try:
             compile_metrics = self.warm_up()
             if trainer.val_before_train and self.start_step == 1:
@@ -154,6 +159,8 @@ class PPOTrainer:
                     self.save(step)
         finally:
             self.watchdog.close()
+            if self.gpu_idle is not None:
+                self.gpu_idle.close()
             self.close()
 
     @contextlib.contextmanager

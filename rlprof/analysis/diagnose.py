@@ -22,6 +22,7 @@ from typing import Any, Optional
 from rlprof.analysis.gpu import GpuSummary
 from rlprof.analysis.report_model import Finding, Report, ReportOptions, WindowTrace
 from rlprof.analysis.run import Run
+from rlprof.analysis.trace_model import captured_idle_us, judged_idle_share, judged_span_us
 
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -315,23 +316,13 @@ def memory_growth(rule: Rule, report: Report, run: Run, options: ReportOptions) 
 
 
 def _gpu_windows(report: Report, rule: Rule) -> list[tuple[WindowTrace, GpuSummary]]:
-    """The traces whose device ran long enough to judge: a judged span (:func:`_judged_span_us`) of at least
-    ``min_span_ms``."""
+    """The traces whose device ran long enough to judge: a judged span
+    (:func:`~rlprof.analysis.trace_model.judged_span_us`) of at least ``min_span_ms``."""
     return [
         (t, t.gpu)
         for t in report.traces
-        if t.gpu is not None and _judged_span_us(t, t.gpu) >= 1e3 * rule.thresholds["min_span_ms"]
+        if t.gpu is not None and judged_span_us(t.gpu, t.captures) >= 1e3 * rule.thresholds["min_span_ms"]
     ]
-
-
-def _captured_us(trace: WindowTrace) -> float:
-    """The device's idle time inside the trace's stream captures (a graph being recorded: nothing to run yet)."""
-    return sum(c.device_idle_us for c in trace.captures)
-
-
-def _judged_span_us(trace: WindowTrace, gpu: GpuSummary) -> float:
-    """The device's traced span less its idle time inside stream captures: the time it could have been kept busy."""
-    return gpu.span_us - _captured_us(trace)
 
 
 def _where(trace: WindowTrace) -> str:
@@ -339,22 +330,15 @@ def _where(trace: WindowTrace) -> str:
     return f"rank {trace.rank}" + (f" ({trace.window})" if trace.window else "")
 
 
-def _idle_share(trace: WindowTrace, gpu: GpuSummary) -> float:
-    """The device's idle share of its judged span (:func:`_judged_span_us`: stream captures left out, the device
-    idles while a graph is recorded: nothing to run yet, not a starved device)."""
-    span = _judged_span_us(trace, gpu)
-    return (gpu.idle_us - _captured_us(trace)) / span if span > 0 else 0.0
-
-
 def gpu_idle(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
     """The device waits for the host: idle (no kernel, copy or set on any stream) for most of the traced span, stream
     captures left out."""
-    windows = [(t, g) for t, g in _gpu_windows(report, rule) if _idle_share(t, g) >= rule.thresholds["idle"]]
+    judged = [(t, g, judged_idle_share(g, t.captures)) for t, g in _gpu_windows(report, rule)]
+    windows = [w for w in judged if w[2] >= rule.thresholds["idle"]]
     if not windows:
         return None
-    trace, gpu = max(windows, key=lambda w: _idle_share(*w))
-    idle = _idle_share(trace, gpu)
-    span_ms, captured_ms = _judged_span_us(trace, gpu) / 1e3, _captured_us(trace) / 1e3
+    trace, gpu, idle = max(windows, key=lambda w: w[2])
+    span_ms, captured_ms = judged_span_us(gpu, trace.captures) / 1e3, captured_idle_us(trace.captures) / 1e3
     evidence = {"gpu_idle_share": idle, "gpu_span_ms": span_ms, "traces_idle": float(len(windows))}
     if captured_ms:
         evidence["capture_idle_ms_left_out"] = captured_ms

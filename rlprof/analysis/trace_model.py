@@ -115,6 +115,23 @@ class CaptureWindow:
     """The device's idle time inside it, within the device's traced span."""
 
 
+def captured_idle_us(captures: list[CaptureWindow]) -> float:
+    """The device's idle time inside stream captures (a graph being recorded: nothing to run yet)."""
+    return sum(c.device_idle_us for c in captures)
+
+
+def judged_span_us(gpu: GpuSummary, captures: list[CaptureWindow]) -> float:
+    """The device's traced span less its idle time inside stream captures: the time it could have been kept busy."""
+    return gpu.span_us - captured_idle_us(captures)
+
+
+def judged_idle_share(gpu: GpuSummary, captures: list[CaptureWindow]) -> float:
+    """The device's idle share of its judged span (:func:`judged_span_us`: the device idles while a graph is
+    recorded, nothing to run yet, not a starved device); 0 for an empty span."""
+    span = judged_span_us(gpu, captures)
+    return (gpu.idle_us - captured_idle_us(captures)) / span if span > 0 else 0.0
+
+
 @dataclass
 class OpTotals:
     name: str
@@ -166,6 +183,9 @@ class TraceScan:
     """The ranges rlprof's torch tool lists in the traces it writes (None: the trace lists none)."""
     problems: list[str] = field(default_factory=list)
     """What could not be read (a truncated file, re-sorted threads): one line each."""
+    cut_short: bool = False
+    """The file is truncated or damaged: what came before the damage is all the scan holds (one of ``problems``
+    says where)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """What trace analyses registered outside rlprof found, by the name each keeps it under."""
 

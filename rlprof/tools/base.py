@@ -73,6 +73,11 @@ class ToolContext:
     manifest: Manifest
     warn: Callable[[str, str], None] = field(default=lambda key, message: None)
     """``warn(key, message)``: one warning per key for this session."""
+    published: Callable[[Path, Optional[str], StepWindow, Optional[str]], None] = field(
+        default=lambda path, format, window, role: None
+    )
+    """``published(path, format, window, role)``: called by :meth:`publish` for each file once it is in place (the
+    session tells its window listeners, :meth:`rlprof.window.WindowListener.output_written`)."""
 
     @property
     def save_path(self) -> Path:
@@ -107,6 +112,7 @@ class ToolContext:
         self.manifest.record(
             tool, placed, steps=window.steps, rank=self.rank, role=role, window=window.index, format=format, **extra
         )
+        self.published(placed, format, window, role)
         return placed
 
 

@@ -118,3 +118,41 @@ def test_the_trainer_on_cuda_traces_kernels_under_their_ranges(tmp_path, capsys)
     report = json.loads(capsys.readouterr().out)
     ranges = {r["label"]: r for window in report["traces"] for r in window["ranges"]}
     assert ranges["actor/update_actor"]["cuda_ms"] > 0, ranges["actor/update_actor"]
+
+
+def test_a_torch_window_on_cuda_sets_the_live_gpu_idle_share_the_report_gives(tmp_path):
+    """A window whose host sleeps between bursts of kernels: the live gauge (rlprof.live_gpu_idle) reads its trace
+    and gives the report's gpu-idle share for it."""
+    import time
+
+    from rlprof.analysis.report import build_report
+    from rlprof.analysis.report_model import ReportOptions
+    from rlprof.analysis.run import find_run
+    from rlprof.live_gpu_idle import WindowGpuIdle
+    from rlprof.tracking import Tracker
+
+    save = tmp_path / "profile"
+    config = {
+        "global_profiler": {
+            "tool": "torch",
+            "steps": [2],
+            "save_path": str(save),
+            "global_tool_config": {"torch": {"contents": ["cpu", "cuda"]}},
+        }
+    }
+    session = rlprof.init(config)
+    x = torch.randn(2048, 2048, device="cuda")
+    with Tracker("p", "gpu", ["file"], log_dir=tmp_path / "logs") as tracker:
+        gauge = WindowGpuIdle.follow(session, tracker)
+        for step in (1, 2, 3):
+            with rlprof.step(step):
+                for _ in range(5):
+                    (x @ x).sum().item()
+                    time.sleep(0.02)  # the host keeps the device waiting
+        rlprof.shutdown()
+        assert gauge.wait(120)
+        measured = {s.key: s.value for s in gauge.live_samples()}
+        gauge.close()
+    (finding,) = [f for f in build_report(find_run([save]), ReportOptions()).findings if f.rule == "gpu-idle"]
+    assert measured["gpu/idle_share"] == pytest.approx(finding.evidence["gpu_idle_share"], abs=1e-4)
+    assert measured["gpu/idle_share"] > 0.5 and measured["gpu/idle_share_step"] == 2

@@ -40,7 +40,7 @@ def test_promtool_checks_the_shipped_rules(tmp_path, capsys):
     rules = shipped_rules(tmp_path, capsys)
     assert rules.read_text() == shipped(RULES)
     result = subprocess.run([promtool(), "check", "rules", str(rules)], capture_output=True, text=True)
-    assert result.returncode == 0 and "SUCCESS: 6 rules found" in result.stdout, result.stdout + result.stderr
+    assert result.returncode == 0 and "SUCCESS: 7 rules found" in result.stdout, result.stdout + result.stderr
 
 
 def crafted_cases() -> tuple[list[dict[str, str]], list[dict]]:
@@ -64,6 +64,10 @@ def crafted_cases() -> tuple[list[dict[str, str]], list[dict]]:
             ),
             series("rlprof_timing_share_rollout", {**run, "rank": "0"}, "0.5x30" if healthy else "0.8x30"),
             series("rlprof_timing_share_training", {**run, "rank": "0"}, "0.4x30" if healthy else "0.15x30"),
+            series("rlprof_gpu_idle_share", {**run, "rank": "1"}, "0.3" if healthy else "0.7616"),
+            series("rlprof_gpu_traced_seconds", {**run, "rank": "1"}, "0.5"),
+            series("rlprof_gpu_idle_share", {**run, "rank": "3"}, "0.99"),  # idle, but over 2 ms: not judged
+            series("rlprof_gpu_traced_seconds", {**run, "rank": "3"}, "0.002"),
             series(
                 "rlprof_nonfinite",
                 {**run, "rank": "0", "key": "val-core/gsm8k/reward/mean@4" if healthy else "actor/pg_loss"},
@@ -134,6 +138,23 @@ def crafted_cases() -> tuple[list[dict[str, str]], list[dict]]:
             ],
         },
         {"eval_time": "5m", "alertname": "RLProfRolloutBound", "exp_alerts": []},  # not for 10 minutes yet
+        {
+            "eval_time": "0m",
+            "alertname": "RLProfGpuStarved",
+            "exp_alerts": [
+                {
+                    "exp_labels": {**bad, "rank": "1", "severity": "warning"},
+                    "exp_annotations": {
+                        "summary": "the GPU of rank 1 of bad was idle 76.16% of its traced time in the newest torch "
+                        "window",
+                        "description": "The host does not keep the device fed: `rlprof report "
+                        "{global_profiler.save_path}` (gpu-idle) names the trace, its top operators by self time and "
+                        "what to try (a larger actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu; "
+                        "actor_rollout_ref.rollout.enforce_eager=false).",
+                    },
+                }
+            ],
+        },
         {
             "eval_time": "0m",
             "alertname": "RLProfNonFinite",

@@ -338,6 +338,7 @@ def iter_batches(
                     yield listed
                 del buffer[1 : comma + 1]
             elif len(buffer) > MAX_EVENT_BYTES:
+                scan.cut_short = True
                 scan.problems.append(
                     f"{path.name}: one event is larger than {MAX_EVENT_BYTES >> 20} MiB (a damaged or hostile "
                     "file); the events before it are reported"
@@ -349,6 +350,7 @@ def iter_batches(
             _header(bytes(buffer[closed.end() :]), scan, after=True)
         else:  # cut short: the complete events before the cut
             reason = "the gzip stream ends early" if stream.truncated else "the event list is never closed"
+            scan.cut_short = True
             scan.problems.append(
                 f"{path.name} is truncated or damaged ({reason}); what came before the damage is reported"
             )
@@ -357,6 +359,7 @@ def iter_batches(
         if tail:
             yield b"[" + tail + b"]"
     except zlib.error as exc:
+        scan.cut_short = True
         scan.problems.append(f"{path.name} is damaged ({exc}); what came before the damage is reported")
     finally:
         blocks.close()
@@ -429,6 +432,7 @@ def _ijson_batches(path: Path, scan: TraceScan, convert: Callable[[Any], Optiona
                 yield batch
             break
         except TraceError as exc:
+            scan.cut_short = True
             scan.problems.append(f"{exc}; the events before it are reported")
         except (ijson.JSONError, ijson.IncompleteJSONError, OSError, EOFError, RecursionError) as exc:
             if "integer overflow" in str(exc) and backend is ijson:
@@ -437,6 +441,7 @@ def _ijson_batches(path: Path, scan: TraceScan, convert: Callable[[Any], Optiona
                     yield batch
                 continue
             message = " ".join(str(exc).split())[:200]
+            scan.cut_short = True
             scan.problems.append(f"{path.name} is truncated or damaged ({message}); what came before is reported")
         if batch:
             yield batch
