@@ -490,6 +490,129 @@ def tool_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> 
     return rule.finding(message, evidence, overrides)
 
 
+# ------------------------------------------------------------------------- asynchronous pipelines
+
+ASYNC = "async_training"
+
+
+def _pipeline(report: Report) -> dict[str, float]:
+    return {t.metric: t.median for t in report.pipeline}
+
+
+def _move_processes(run: Run, to: str) -> list[str]:
+    """One process per node moved from the other pool to ``to`` (``trainer`` or ``rollout``), verl's
+    ``{trainer,rollout}.n_gpus_per_node``; none when the other pool has one per node."""
+    other = "rollout" if to == "trainer" else "trainer"
+    have, give = _int(run, f"{to}.n_gpus_per_node", 0), _int(run, f"{other}.n_gpus_per_node", 0)
+    if have < 1 or give < 2:
+        return []
+    return [f"{other}.n_gpus_per_node={give - 1}", f"{to}.n_gpus_per_node={have + 1}"]
+
+
+def async_rollout_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
+    """An asynchronous trainer waits for samples for a large share of its step: the rollout pool does not keep
+    up."""
+    medians = _pipeline(report)
+    idle = medians.get("fully_async/trainer/idle_ratio")
+    if idle is None or idle < rule.thresholds["idle"]:
+        return None
+    evidence = {"trainer_idle_ratio": idle}
+    if "fully_async/total_wait_time" in medians:
+        evidence["wait_for_samples_s"] = medians["fully_async/total_wait_time"]
+    overrides = _move_processes(run, "rollout")
+    staleness = run.setting(f"{ASYNC}.staleness_threshold")
+    ahead = ""
+    if isinstance(staleness, (int, float)) and staleness < 1:
+        ahead = (
+            f"; {ASYNC}.staleness_threshold={staleness:g} lets the rollouter run only that far ahead (more changes "
+            "what is learned: older samples)"
+        )
+    message = (
+        f"async-rollout-bound: the trainer waits for samples {_pct(idle)} of its step (median); the rollout pool "
+        f"does not keep up: give it processes the trainer pool can spare, or make generation faster{ahead}"
+    )
+    return rule.finding(message, evidence, overrides)
+
+
+def async_train_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
+    """The rollouter of an asynchronous run waits (its queue full, its staleness budget spent) while the trainer
+    hardly does: the trainer pool sets the pace."""
+    medians = _pipeline(report)
+    idle = medians.get("fully_async/rollouter/idle_ratio")
+    trainer_idle = medians.get("fully_async/trainer/idle_ratio", 0.0)
+    if idle is None or idle < rule.thresholds["idle"] or trainer_idle >= rule.thresholds["trainer_idle"]:
+        return None
+    waits = {k.rsplit("/", 1)[1]: v for k, v in medians.items() if k.startswith("fully_async/rollouter/wait_s/")}
+    evidence = {"rollouter_idle_ratio": idle, "trainer_idle_ratio": trainer_idle}
+    evidence |= {f"rollouter_wait_s/{reason}": seconds for reason, seconds in waits.items()}
+    if waits and waits.get("weights", 0.0) >= max(waits.values()):
+        return None  # its waits are for weights: the sync rule's
+    why = (
+        " (" + ", ".join(f"{reason} {seconds:.3g} s" for reason, seconds in sorted(waits.items())) + " a window)"
+        if waits
+        else " (verl's ratio: it counts from the rollouter's last pause, verl #6693; read it as a hint)"
+    )
+    message = (
+        f"async-train-bound: the rollouter is idle {_pct(idle)} of each version's time{why} while the trainer waits "
+        f"{_pct(trainer_idle)} of its step; the trainer pool sets the pace: give it processes the rollout pool can "
+        "spare, and make the update faster (see training-bound)"
+    )
+    return rule.finding(message, evidence, _move_processes(run, "trainer"))
+
+
+def async_sync_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
+    """Weight syncs take a large share: the rollouter waits for weights most of its idle time, or the trainer's
+    ``timing_s/sync_rollout_weights`` is a large share of its step."""
+    medians = _pipeline(report)
+    version_time = medians.get("fully_async/rollouter/version_time")
+    weights = medians.get("fully_async/rollouter/wait_s/weights")
+    phases = report.breakdown.phases if report.breakdown else []
+    sync = next((p for p in phases if p.phase == "sync_rollout_weights"), None)
+    rollouter_share = weights / version_time if weights is not None and version_time else 0.0
+    trainer_share = sync.share if sync is not None else 0.0
+    if max(rollouter_share, trainer_share) < rule.thresholds["share"]:
+        return None
+    evidence = {"rollouter_waits_for_weights_share": rollouter_share, "trainer_sync_share": trainer_share}
+    every = _int(run, f"{ASYNC}.trigger_parameter_sync_step", 1)
+    overrides = [f"{ASYNC}.trigger_parameter_sync_step={2 * every}"]
+    if run.setting(f"{ASYNC}.partial_rollout") is False:
+        overrides.append(f"{ASYNC}.partial_rollout=True")
+    message = (
+        f"async-sync-bound: weight syncs take {_pct(max(rollouter_share, trainer_share))} of "
+        + ("the rollouter's time" if rollouter_share >= trainer_share else "the trainer's step")
+        + "; sync less often (staler samples: it changes what is learned), and let samples in flight pause for a "
+        "sync rather than finish first (partial rollouts)"
+    )
+    return rule.finding(message, evidence, overrides)
+
+
+def async_staleness_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
+    """The staleness budget drops a large share of what the rollouter generated: generation spent on nothing."""
+    records = run.metrics.records
+    dropped = _last_value(records, "fully_async/count/dropped_stale_samples")
+    generated = _last_value(records, "fully_async/count/total_generated_samples")
+    if dropped is None or not generated or dropped / generated < rule.thresholds["dropped"]:
+        return None
+    share = dropped / generated
+    evidence = {"dropped_share": share, "dropped": dropped, "generated": generated}
+    overrides = []
+    staleness = run.setting(f"{ASYNC}.staleness_threshold")
+    if isinstance(staleness, (int, float)):
+        overrides.append(f"{ASYNC}.staleness_threshold={staleness + 0.5:g}")
+    if run.setting(f"{ASYNC}.partial_rollout") is False:
+        overrides.append(f"{ASYNC}.partial_rollout=True")
+    message = (
+        f"async-staleness-bound: {_pct(share)} of the trajectories generated ({dropped:.0f} of {generated:.0f}) were "
+        "dropped as too stale; allow older samples (it changes what is learned) or sync more often"
+    )
+    return rule.finding(message, evidence, overrides)
+
+
+def _last_value(records: list[dict[str, Any]], key: str) -> Optional[float]:
+    values = [r[key] for r in records if isinstance(r.get(key), (int, float))]
+    return float(values[-1]) if values else None
+
+
 RULES: list[Rule] = [
     Rule("rollout-bound", "Generation dominates the step", {"share": 0.6, "over": 1.75}, rollout_bound),
     Rule("training-bound", "Training passes dominate the step", {"share": 0.6, "over": 1.75}, training_bound),
@@ -512,6 +635,15 @@ RULES: list[Rule] = [
     ),
     Rule("engine-preempting", "The engine preempts requests", {"preemptions": 1.0}, engine_preempting),
     Rule("tool-bound", "The rollout waits on tool calls", {"tool_wait": 0.5, "rollout_share": 0.25}, tool_bound),
+    Rule("async-rollout-bound", "The async trainer waits for samples", {"idle": 0.3}, async_rollout_bound),
+    Rule(
+        "async-train-bound",
+        "The async rollouter waits for the trainer",
+        {"idle": 0.3, "trainer_idle": 0.1},
+        async_train_bound,
+    ),
+    Rule("async-sync-bound", "Weight syncs hold the pipeline", {"share": 0.25}, async_sync_bound),
+    Rule("async-staleness-bound", "Samples are dropped as stale", {"dropped": 0.1}, async_staleness_bound),
 ]
 """Every rule the diagnosis applies, in order."""
 

@@ -61,6 +61,7 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
     throughput = _throughput(training, breakdown)
     engine = _engine(training, breakdown)
     tools = _tools(training, breakdown)
+    pipeline = _medians(training, breakdown, PIPELINE_KEYS, "fully_async/") if _is_async(training) else []
     traces, stragglers = _traces(run, options, unreadable, missing)
     if not run.traces:
         missing.append(
@@ -95,6 +96,7 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
         stalls=stalls,
         engine=engine,
         tools=tools,
+        pipeline=pipeline,
     )
     report = replace(report, findings=diagnose(report, run, options))
     return replace(report, extra=built_parts(run, report, options))
@@ -239,6 +241,28 @@ def _tools(records: list[dict[str, Any]], breakdown: Optional[Breakdown]) -> lis
     if not any("num_turns/mean" in r for r in records):
         return []
     return _medians(records, breakdown, TOOL_KEYS, "tools/")
+
+
+PIPELINE_KEYS = (
+    "fully_async/trainer/idle_ratio",
+    "fully_async/total_wait_time",
+    "fully_async/rollouter/idle_ratio",
+    "fully_async/rollouter/active_time",
+    "fully_async/rollouter/version_time",
+    "training/off_policy/trajectory_staleness/mean",
+    "training/off_policy/trajectory_staleness/max",
+    "training/off_policy/trajectory_staleness_worst/max",
+    "training/off_policy/trajectory_spans/max",
+    "fully_async/partial/partial_ratio",
+    "fully_async/count/dropped_stale_samples",
+    "fully_async/count/total_generated_samples",
+)
+"""An asynchronous pipeline's metrics (:mod:`rlprof.metrics.pipeline`, verl's fully-async and v1 trainers), listed
+before every other ``fully_async/*`` key."""
+
+
+def _is_async(records: list[dict[str, Any]]) -> bool:
+    return any(key.startswith("fully_async/") for r in records for key in r)
 
 
 def _medians(

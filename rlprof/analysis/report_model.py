@@ -210,6 +210,9 @@ class Report:
     tools: list[Throughput] = field(default_factory=list)
     """A multi-turn rollout's turns and tool calls (``num_turns/mean``, ``tool_call_counts/mean``, the time split,
     the slowest trajectory, ``tools/*``): the median over the steps of the breakdown."""
+    pipeline: list[Throughput] = field(default_factory=list)
+    """An asynchronous pipeline's metrics (``fully_async/*``, ``training/off_policy/*``: idle ratios, waits by
+    reason, staleness, partial rollouts, dropped samples): the median over the steps of the breakdown."""
     extra: dict[str, Any] = field(default_factory=dict)
     """The parts registered report sections built (:mod:`rlprof.analysis.report_sections`): name -> part."""
 

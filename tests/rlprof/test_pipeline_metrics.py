@@ -9,6 +9,8 @@ import queue
 import random
 import threading
 import time
+from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -114,70 +116,127 @@ def test_staleness_spans_and_partial_rollouts_are_verls_formulas_and_counts_accu
     assert stale_total > 0
 
 
-def test_a_two_thread_pipeline_reports_the_waits_its_threads_logged():
-    """A rollouter thread generating into a bounded queue (pausing while it is full and for each sync) and a
-    trainer thread taking batches of 4 (waiting for samples, publishing weights every 2 updates): every idle ratio
-    equals the one computed from the waits each thread logged itself, with time.monotonic around each."""
-    rollouter, trainer = RolloutMeter(), TrainerMeter()
-    samples: queue.Queue[TrajectoryRecord] = queue.Queue(maxsize=6)
-    version = [0]
-    sync = threading.Lock()  # held by the trainer while it publishes: the rollouter waits for weights
-    logged: dict[str, list[tuple[str, float, float]]] = {"rollouter": [], "trainer": []}
-    stop = threading.Event()
-    windows: list[tuple[dict[str, float], float, float]] = []
+@dataclass
+class AsyncLoop:
+    """A real asynchronous loop on two threads, the way a user writes one with the meters: a rollouter generating
+    trajectories (``gen_s`` each) into a bounded queue, pausing while it is full and while a sync holds the weights,
+    dropping a trajectory more than ``max_staleness`` versions old; a trainer taking ``batch`` of them, updating
+    (``update_s``, or ``slow_update_s`` every third step), publishing its weights every ``sync_every`` updates
+    (``sync_s``). Each thread also logs its own waits and when it closed each window, with time.monotonic: ``waits``
+    (reason, read before the meter's wait began, read inside it at its start, inside at its end, after it ended) and
+    ``windows`` (the meter's metrics, read before the window's end, read after)."""
 
-    def timed(side: str, meter, reason: str, action):
-        start = time.monotonic()
-        with meter.waiting(reason):
-            result = action()
-        logged[side].append((reason, start, time.monotonic()))
-        return result
+    gen_s: float = 0.004
+    update_s: float = 0.012
+    slow_update_s: float = 0.002
+    sync_s: float = 0.005
+    sync_every: int = 2
+    batch: int = 4
+    queue_size: int = 6
+    max_staleness: Optional[int] = None
+    waits: dict[str, list[tuple[str, float, float, float, float]]] = field(
+        default_factory=lambda: {"rollouter": [], "trainer": []}
+    )
+    windows: dict[str, list[tuple[dict[str, float], float, float]]] = field(
+        default_factory=lambda: {"rollouter": [], "trainer": []}
+    )
 
-    def generate() -> None:
-        window_start = time.monotonic()
-        while not stop.is_set():
-            started, first = time.monotonic(), version[0]
-            time.sleep(0.004)  # generating
-            record = TrajectoryRecord(started, first, version[0], time.monotonic() - started)
-            rollouter.finished()
-            while not stop.is_set():
-                try:
-                    if samples.full():
-                        timed("rollouter", rollouter, "queue_full", lambda r=record: samples.put(r, timeout=0.05))
-                    else:
-                        samples.put_nowait(record)
-                    break
-                except queue.Full:
-                    continue
-            if sync.locked():
-                timed("rollouter", rollouter, "weights", lambda: (sync.acquire(), sync.release()))
+    def run(self, steps: int) -> list[dict[str, float]]:
+        """Each step's metrics, as a trainer would log them (the rollouter's newest window joins each step's)."""
+        rollouter, trainer = RolloutMeter(), TrainerMeter()
+        samples: queue.Queue[TrajectoryRecord] = queue.Queue(maxsize=self.queue_size)
+        version = [0]
+        sync = threading.Lock()  # held by the trainer while it publishes: the rollouter waits for weights
+        stop = threading.Event()
+
+        def timed(side: str, meter, reason: str, action):
+            before = time.monotonic()
+            with meter.waiting(reason):
+                start = time.monotonic()
+                result = action()
                 end = time.monotonic()
-                windows.append((rollouter.synced(version[0]), window_start, end))
-                window_start = end
+            self.waits[side].append((reason, before, start, end, time.monotonic()))
+            return result
 
-    worker = threading.Thread(target=generate)
-    worker.start()
-    trainer_windows = []
-    try:
-        for step in range(1, 13):
-            step_start = time.monotonic()
-            batch = [timed("trainer", trainer, "samples", samples.get) for _ in range(4)]
-            trainer.consumed(batch)
-            time.sleep(0.012 if step % 3 else 0.002)  # updating: sometimes slower than generation, sometimes not
-            if step % 2 == 0:
-                with sync:
-                    version[0] += 1
-                    trainer.synced()
-                    time.sleep(0.005)
-            trainer_windows.append((trainer.step_done(), step_start, time.monotonic()))
-    finally:
-        stop.set()
-        worker.join()
-    for metrics, start, end in trainer_windows[1:]:  # the first window opened when the meter was made
-        waited = sum(min(e, end) - max(s, start) for _, s, e in logged["trainer"] if s < end and e > start)
-        assert metrics["fully_async/trainer/idle_ratio"] == pytest.approx(waited / (end - start), abs=0.02)
-    assert len(windows) >= 4
-    for metrics, start, end in windows[1:]:
-        waited = sum(min(e, end) - max(s, start) for _, s, e in logged["rollouter"] if s < end and e > start)
-        assert metrics["fully_async/rollouter/idle_ratio"] == pytest.approx(waited / (end - start), abs=0.02)
-        assert metrics["fully_async/rollouter/wait_s/weights"] > 0
+        def closed(side: str, close):
+            before = time.monotonic()
+            metrics = close()
+            self.windows[side].append((metrics, before, time.monotonic()))
+            return metrics
+
+        def generate() -> None:
+            while not stop.is_set():
+                started, first = time.monotonic(), version[0]
+                time.sleep(self.gen_s)
+                record = TrajectoryRecord(started, first, version[0], time.monotonic() - started)
+                stale = self.max_staleness is not None and version[0] - first > self.max_staleness
+                rollouter.finished(dropped_stale=stale)
+                while not stale and not stop.is_set():
+                    try:
+                        if samples.full():
+                            timed("rollouter", rollouter, "queue_full", lambda r=record: samples.put(r, timeout=0.05))
+                        else:
+                            samples.put_nowait(record)
+                        break
+                    except queue.Full:
+                        continue
+                if version[0] != rollouter.version:  # a sync began: wait for its weights unless it is over
+                    if sync.locked():
+                        timed("rollouter", rollouter, "weights", lambda: (sync.acquire(), sync.release()))
+                    closed("rollouter", lambda: rollouter.synced(version[0]))
+
+        worker = threading.Thread(target=generate)
+        worker.start()
+        records = []
+        try:
+            for step in range(1, steps + 1):
+                step_start = time.monotonic()
+                batch = [timed("trainer", trainer, "samples", samples.get) for _ in range(self.batch)]
+                metrics = trainer.consumed(batch)
+                time.sleep(self.update_s if step % 3 else self.slow_update_s)
+                if step % self.sync_every == 0:
+                    with sync:
+                        version[0] += 1
+                        trainer.synced()
+                        time.sleep(self.sync_s)
+                metrics |= closed("trainer", trainer.step_done)
+                rollouter_windows = self.windows["rollouter"]
+                records.append(
+                    {
+                        "timing_s/step": time.monotonic() - step_start,
+                        **metrics,
+                        **(rollouter_windows[-1][0] if rollouter_windows else {}),
+                    }
+                )
+        finally:
+            stop.set()
+            worker.join()
+        return records
+
+
+def test_a_two_thread_pipeline_reports_the_waits_its_threads_logged():
+    """A real two-thread loop (AsyncLoop): each window's waits lie between the sums of the threads' own readings
+    inside and around each wait, and its idle ratio between the ratios those readings and the window's ends bound;
+    the rollouter's idle ratio is its waits over its version time. (Read twice, a wait's two readings are as far
+    apart as the interpreter or the machine keep a thread from running between two statements.)"""
+    loop = AsyncLoop()
+    loop.run(12)
+    for side in ("trainer", "rollouter"):
+        windows, waits = loop.windows[side], loop.waits[side]
+        assert len(windows) >= 4 and waits
+        for (metrics, close_before, close_after), (_, open_before, open_after) in zip(
+            windows[1:], windows, strict=False
+        ):
+            inside = [w for w in waits if open_before <= w[1] and w[4] <= close_after]
+            inner = sum(end - start for _, _, start, end, _ in inside)
+            outer = sum(after - before for _, before, _, _, after in inside)
+            waited = sum(v for k, v in metrics.items() if k.startswith(f"fully_async/{side}/wait_s/"))
+            assert inner <= waited <= outer
+            ratio = metrics[f"fully_async/{side}/idle_ratio"]
+            assert inner / (close_after - open_before) <= ratio <= outer / (close_before - open_after)
+            if side == "rollouter":
+                version_time = metrics["fully_async/rollouter/version_time"]
+                assert ratio == pytest.approx(waited / version_time)
+                assert metrics["fully_async/rollouter/active_time"] == pytest.approx(version_time - waited)
+            else:
+                assert metrics["fully_async/total_wait_time"] == waited

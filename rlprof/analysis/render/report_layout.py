@@ -118,6 +118,11 @@ def _tools(report: Report) -> Section:
     return _medians("Tool calls", report.tools)
 
 
+@register_section("pipeline", applies=lambda report: bool(report.pipeline))
+def _pipeline(report: Report) -> Section:
+    return _medians("Asynchronous pipeline", report.pipeline)
+
+
 TRACES_TITLE = "Inside the profiled windows (traces)"
 RANGE_TITLES = {
     "range": "Ranges",
