@@ -158,6 +158,7 @@ def _breakdown(records: list[dict[str, Any]], options: ReportOptions) -> Breakdo
         split=split,
         work_split=work_split,
         idle_share=_idle_share(used),
+        overlap_gain=None if _is_async(records) else _overlap_gain(work_split.get("rollout", 0.0)),
         stragglers=dict(sorted(stragglers.items(), key=lambda item: -item[1])),
         slowest_rank_share=slowest,
         slowest_rank=slowest_rank,
@@ -259,6 +260,12 @@ PIPELINE_KEYS = (
 )
 """An asynchronous pipeline's metrics (:mod:`rlprof.metrics.pipeline`, verl's fully-async and v1 trainers), listed
 before every other ``fully_async/*`` key."""
+
+
+def _overlap_gain(rollout_share: float) -> Optional[float]:
+    """A step's speed-up bound with generation overlapped with the rest: ``1 / max(r, 1 - r)`` (None without both)."""
+    longer = max(rollout_share, 1.0 - rollout_share)
+    return 1.0 / longer if 0.0 < rollout_share < 1.0 else None
 
 
 def _is_async(records: list[dict[str, Any]]) -> bool:

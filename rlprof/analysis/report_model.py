@@ -44,6 +44,10 @@ class Breakdown:
     waiting for a slower one. Equals ``split`` on one rank. The rollout- and training-bound rules compare these."""
     idle_share: Optional[float]
     """Median share of wall time between logged steps spent outside the step (validation, checkpoints, logging)."""
+    overlap_gain: Optional[float]
+    """At most how much faster a step would be with generation overlapped with the rest of it (one-step-off or
+    fully async: a step then takes the longer of the two): ``1 / max(r, 1 - r)``, ``r`` the rollout share of
+    :attr:`work_split`; None for a run that is asynchronous already (its ``gen`` is a wait for samples)."""
     stragglers: dict[str, float]
     """Median over steps of max/mean time across ranks, per phase (several ranks only)."""
     slowest_rank_share: dict[str, float]

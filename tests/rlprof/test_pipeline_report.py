@@ -109,3 +109,8 @@ def test_verls_own_keys_name_train_bound_with_its_caveat_and_a_sync_run_has_no_p
     synchronous = [{"timing_s/step": 1.0, "timing_s/gen": 0.5, "timing_s/update_actor": 0.4} for _ in range(6)]
     found = report(logged_run(tmp_path / "sync_run", synchronous, {}), capsys)
     assert found["pipeline"] == [] and not async_findings(found)
+    # generation half of the step: overlapped, a step would take the longer half, at most 2x faster
+    assert found["breakdown"]["overlap_gain"] == pytest.approx(2.0)
+    assert main(["report", str(tmp_path / "sync_run" / "logs")]) == 0
+    assert "would make a step at most 2.00x faster" in capsys.readouterr().out
+    assert report(tmp_path / "verl" / "logs", capsys)["breakdown"]["overlap_gain"] is None  # asynchronous already

@@ -63,6 +63,13 @@ def test_the_demo_runs_report_has_every_section(demo_run, capsys):
     tried = next(line for line in out.splitlines() if line.strip().startswith("- try: actor_rollout_ref."))
     assert "use_remove_padding" not in tried
     assert "not offered: actor_rollout_ref.model.use_remove_padding=true: measured 1.51x slower" in out
+    # the demo is update-bound on a CPU: overlapping generation with the update would gain little, with the numbers
+    assert main(["report", str(demo_run), "--format", "json"]) == 0
+    breakdown = json.loads(capsys.readouterr().out)["breakdown"]
+    rollout = breakdown["work_split"]["rollout"]
+    assert rollout < 0.3 and breakdown["overlap_gain"] == pytest.approx(1 / (1 - rollout)) < 1.25
+    bound = next(line for line in out.splitlines() if "overlap bound:" in line)
+    assert f"generation is {100 * rollout:.0f}% of the step" in bound and "(little to gain here)" in bound
 
 
 def test_the_html_page_renders_its_charts_with_no_network(demo_run, tmp_path):

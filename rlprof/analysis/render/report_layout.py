@@ -76,6 +76,10 @@ def _diagnosis(report: Report) -> Section:
     return section
 
 
+LITTLE_GAIN = 1.25
+"""An overlap bound under this is called little to gain (a quarter faster at best, before the sync's cost)."""
+
+
 @register_section("breakdown", applies=lambda report: report.breakdown is not None)
 def _breakdown(report: Report) -> Section:
     b = report.breakdown
@@ -87,6 +91,13 @@ def _breakdown(report: Report) -> Section:
     ]
     if b.idle_share is not None:
         lines.append(f"between steps (validation, checkpoints, logging): {pct(b.idle_share)} of wall time")
+    if b.overlap_gain is not None:
+        rollout = b.work_split.get("rollout", 0.0)
+        little = " (little to gain here)" if b.overlap_gain < LITTLE_GAIN else ""
+        lines.append(
+            f"overlap bound: generation is {pct(rollout)} of the step, so overlapping it with the rest (one-step-off, "
+            f"fully async) would make a step at most {b.overlap_gain:.2f}x faster{little}"
+        )
     table = Table(
         ["phase", "group", "median s", "p90 s", "share", "trend"],
         [[p.phase, p.group, seconds(p.median_s), seconds(p.p90_s), pct(p.share), trend(p.growth)] for p in b.phases],
