@@ -45,7 +45,6 @@ class IdleMeasure:
     """The judged span: the device's traced span less its idle time inside stream captures, in seconds."""
     step: int
     """The last step of the window whose trace it is."""
-    path: Path
 
 
 class WindowGpuIdle(WindowListener):
@@ -131,5 +130,5 @@ def measure(path: Path, window: StepWindow) -> Optional[IdleMeasure]:
             raise SourceError(scan.problems[-1])
         if scan.gpu is not None:
             share = judged_idle_share(scan.gpu, scan.captures)
-            return IdleMeasure(share, judged_span_us(scan.gpu, scan.captures) / 1e6, window.last, path)
+            return IdleMeasure(share, judged_span_us(scan.gpu, scan.captures) / 1e6, window.last)
     return None
