@@ -93,6 +93,10 @@ ENTROPY_COMPILE = (
 )
 RAY = "a Ray placement detail; processes are started by torchrun or the deepspeed launcher here"
 IO = "verl's own I/O; nothing to do here"
+ASYNC_TRAINING = (
+    "a rollout pool apart from the trainer's (verl's one-step-off and fully-async trainers) is not built here yet: "
+    f"leave out {ARR}.hybrid_engine=False, rollout.* and async_training.* for the synchronous form"
+)
 RELOCATED = (
     "the rollout engine's traces are written under global_profiler.save_path already (vllm_torch/rank{R}/) and listed "
     "in its manifest"
@@ -189,7 +193,9 @@ RULES: list[tuple[str, Rule]] = [
     (f"{ARR}.ref.use_torch_compile", NoOp(ENTROPY_COMPILE)),
     (f"{ARR}.actor.checkpoint.*", NoOp("checkpoints always hold the model, optimizer and trainer state here")),
     ("critic.checkpoint.*", NoOp("checkpoints always hold the model, optimizer and trainer state here")),
-    (f"{ARR}.hybrid_engine", NoOp("the actor and the rollout share one process here")),
+    (f"{ARR}.hybrid_engine", Refused(ASYNC_TRAINING, accepted=(True,))),
+    ("rollout.*", Refused(ASYNC_TRAINING)),
+    ("async_training.*", Refused(ASYNC_TRAINING)),
     (f"{ARR}.nccl_timeout", NoOp("see trainer settings for timeouts")),
     (f"{ARR}.model.use_shm", NoOp("the model loads from its directory")),
     ("critic.model.use_shm", NoOp("the model loads from its directory")),

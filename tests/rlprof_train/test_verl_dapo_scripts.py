@@ -47,8 +47,9 @@ ENTRY_MODULES = (
     "verl.experimental.fully_async_policy.fully_async_main",
     "verl.trainer.main_ppo",
 )
-ASYNC_KEYS = ("async_training.", "rollout.")
-"""The asynchronous trainers' own keys (the rollout pool, staleness, sync): what the synchronous form leaves out."""
+ASYNC_KEYS = ("async_training.", "rollout.", "actor_rollout_ref.hybrid_engine")
+"""The asynchronous trainers' own keys (the rollout pool, staleness, sync, the pools apart): what the synchronous
+form leaves out, and what is refused by name where a script's command keeps them."""
 
 SYNC_FORM = f"""
 import os, sys
@@ -165,8 +166,9 @@ def run(name: str, root: Path, work: Path, record_only: bool = False) -> subproc
     return subprocess.run(["bash", str(SHELL / name)], capture_output=True, text=True, timeout=900, cwd=work, env=env)
 
 
-def sync_arguments(work: Path) -> list[str]:
-    """The script's own arguments in their synchronous form (as the shim passes them on)."""
+def sync_arguments(work: Path, keep_async: bool = False) -> list[str]:
+    """The script's own arguments in their synchronous form (as the shim passes them on), or, ``keep_async``, as
+    published less the async trainer's ``--config-path/--config-name``."""
     args = (work / ".verl_arguments").read_text().split("\0")
     out, skip = [], False
     for arg in args:
@@ -174,9 +176,31 @@ def sync_arguments(work: Path) -> list[str]:
             skip = False
         elif arg in ("--config-path", "--config-name"):
             skip = True
-        elif not arg.startswith(("--config-path=", "--config-name=")) and not arg.lstrip("+").startswith(ASYNC_KEYS):
+        elif not arg.startswith(("--config-path=", "--config-name=")) and (
+            keep_async or not arg.lstrip("+").startswith(ASYNC_KEYS)
+        ):
             out.append(arg)
     return out
+
+
+def test_the_asynchronous_keys_of_every_dapo_script_are_refused_by_name_in_one_line(place, tmp_path):
+    """A script's command as published (its --config flags aside): one error naming each asynchronous key it sets,
+    nothing run. (A colocated script runs verl's synchronous trainer: it has none.)"""
+    checked = 0
+    for name in SCRIPTS:
+        work = tmp_path / name.replace("/", "_")
+        assert run(name, place, work, record_only=True).returncode == 0
+        arguments = sync_arguments(work, keep_async=True)
+        asynchronous = [a.split("=")[0].lstrip("+") for a in arguments if a.lstrip("+").startswith(ASYNC_KEYS)]
+        if not asynchronous:
+            continue
+        checked += 1
+        with pytest.raises(ConfigError) as refused:
+            load([*arguments, *moves(place)])
+        message = str(refused.value)
+        assert "\n" not in message and "a rollout pool apart from the trainer's" in message, (name, message)
+        assert [key for key in asynchronous if f"{key}=" not in message] == [], (name, message)
+    assert checked >= len(SCRIPTS) - 2
 
 
 def test_every_key_of_every_dapo_script_is_applied_named_or_refused_in_one_line(place, tmp_path):
