@@ -199,7 +199,7 @@ def test_sampled_seeded_batch_with_more_prompt_tokens_than_the_step_budget_runs(
     from rlprof.tracking.jsonl import read_jsonl
 
     engines_before = all_vllm_processes()
-    result = run_trainer(
+    command = trainer_command(
         tmp_path,
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.max_num_batched_tokens=64",
@@ -208,6 +208,14 @@ def test_sampled_seeded_batch_with_more_prompt_tokens_than_the_step_budget_runs(
         "actor_rollout_ref.rollout.disable_log_stats=false",
         "trainer.total_training_steps=2",
         "trainer.test_freq=-1",
+        # generation a wide part of the step, so that engine-queue-bound's share holds on a busy machine too (18% of
+        # the step there with the old log-probs' pass and the reference's, and two threads spinning beside a busy
+        # process; 36% on a quiet one): the update's own log-probs, no reference, one thread
+        "actor_rollout_ref.actor.reuse_on_policy_log_probs=true",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+    )
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=900, cwd=ROOT, env=subprocess_env(OMP_NUM_THREADS="1")
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "vLLM on CPU runs with enable_chunked_prefill=false:" in result.stdout + result.stderr
@@ -245,7 +253,9 @@ def test_sampled_seeded_batch_with_more_prompt_tokens_than_the_step_budget_runs(
     engine = {e["metric"]: e["median"] for e in data["engine"]}
     steps = [r["rollout/engine/ttft_ms_p50"] for r in rows]
     assert engine["rollout/engine/ttft_ms_p50"] == pytest.approx(statistics.median(steps))
-    (queued,) = [f for f in data["findings"] if f["rule"] == "engine-queue-bound"]  # 256 sequences, 64 places
+    found = [f for f in data["findings"] if f["rule"] == "engine-queue-bound"]  # 256 sequences, 64 places
+    assert len(found) == 1, (data["breakdown"]["split"], [f["rule"] for f in data["findings"]])
+    (queued,) = found
     assert queued["overrides"] == [
         "actor_rollout_ref.rollout.max_num_seqs=128",
         "actor_rollout_ref.rollout.max_num_batched_tokens=128",
