@@ -57,11 +57,12 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
             "no step metrics: run the trainer with trainer.logger including 'file' (metrics.jsonl), or "
             "log timing_s/* with rlprof.tracking.Tracker(..., ['file'])"
         )
-    breakdown = _breakdown(training, options) if training else None
+    asynchronous = _is_async(training)
+    breakdown = _breakdown(training, options, asynchronous) if training else None
     throughput = _throughput(training, breakdown)
     engine = _engine(training, breakdown)
     tools = _tools(training, breakdown)
-    pipeline = _medians(training, breakdown, PIPELINE_KEYS, "fully_async/") if _is_async(training) else []
+    pipeline = _medians(training, breakdown, PIPELINE_KEYS, "fully_async/") if asynchronous else []
     traces, stragglers = _traces(run, options, unreadable, missing)
     if not run.traces:
         missing.append(
@@ -105,7 +106,7 @@ def build_report(run: Run, options: Optional[ReportOptions] = None) -> Report:
 # --------------------------------------------------------------------------------------------- from metrics
 
 
-def _breakdown(records: list[dict[str, Any]], options: ReportOptions) -> Breakdown:
+def _breakdown(records: list[dict[str, Any]], options: ReportOptions, asynchronous: bool) -> Breakdown:
     warm = warmup_steps(records)
     used = records if options.include_warmup else [r for r in records if r["step"] not in warm] or records
     steps = [v for _, v in series(used, STEP_KEY)]
@@ -158,7 +159,7 @@ def _breakdown(records: list[dict[str, Any]], options: ReportOptions) -> Breakdo
         split=split,
         work_split=work_split,
         idle_share=_idle_share(used),
-        overlap_gain=None if _is_async(records) else _overlap_gain(work_split.get("rollout", 0.0)),
+        overlap_gain=None if asynchronous else _overlap_gain(work_split.get("rollout", 0.0)),
         stragglers=dict(sorted(stragglers.items(), key=lambda item: -item[1])),
         slowest_rank_share=slowest,
         slowest_rank=slowest_rank,

@@ -96,17 +96,24 @@ class PipelineSide:
         return elapsed, waits
 
 
-class RolloutMeter:
-    """The rollouter's accounting: its waits, what it generated and dropped; :meth:`synced` at each sync."""
+class _Meter:
+    """One side's meter: its :class:`PipelineSide` and ``with meter.waiting(reason):`` around each wait."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.side = PipelineSide("rollouter", clock)
-        self.generated = 0
-        self.dropped_stale = 0
-        self.version = 0
+    def __init__(self, side: str, clock: Callable[[], float]) -> None:
+        self.side = PipelineSide(side, clock)
 
     def waiting(self, reason: str) -> contextlib.AbstractContextManager[None]:
         return self.side.waiting(reason)
+
+
+class RolloutMeter(_Meter):
+    """The rollouter's accounting: its waits, what it generated and dropped; :meth:`synced` at each sync."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__("rollouter", clock)
+        self.generated = 0
+        self.dropped_stale = 0
+        self.version = 0
 
     def finished(self, trajectories: int = 1, *, dropped_stale: bool = False) -> None:
         """``trajectories`` came out of generation; ``dropped_stale``: dropped there for staleness, not queued."""
@@ -133,19 +140,16 @@ class RolloutMeter:
         return metrics
 
 
-class TrainerMeter:
+class TrainerMeter(_Meter):
     """The trainer's accounting: its waits, the staleness of what it consumed; :meth:`consumed` for each batch,
     :meth:`step_done` at each step's end."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.side = PipelineSide("trainer", clock)
+        super().__init__("trainer", clock)
         self.version = 0
         """The version of the weights the next update starts from (one more at each sync)."""
         self.stale_trajectories = 0
         self.stale_groups = 0
-
-    def waiting(self, reason: str) -> contextlib.AbstractContextManager[None]:
-        return self.side.waiting(reason)
 
     def consumed(self, batch: Sequence[TrajectoryRecord]) -> dict[str, float]:
         """Staleness, partial rollouts and generation times of ``batch``, consumed by an update from
