@@ -75,12 +75,14 @@ def test_a_loop_held_by_its_syncs_names_the_sync_interval_and_partial_rollouts(t
         "async_training.trigger_parameter_sync_step=2",
         "async_training.partial_rollout=True",
     ]
+    assert "it changes what is learned" in finding["message"]
 
 
 def test_samples_dropped_as_stale_name_the_staleness_budget(tmp_path, capsys):
     loop = AsyncLoop(gen_s=0.008, update_s=0.004, slow_update_s=0.004, sync_every=1, max_staleness=0)
     records = loop.run(12)
-    found = report(logged_run(tmp_path / "stale", records, {"staleness_threshold": 0.0}), capsys)
+    budget = {"staleness_threshold": 0.0, "partial_rollout": False}
+    found = report(logged_run(tmp_path / "stale", records, budget), capsys)
     finding = async_findings(found)["async-staleness-bound"]
     last = records[-1]
     dropped, generated = (
@@ -88,7 +90,8 @@ def test_samples_dropped_as_stale_name_the_staleness_budget(tmp_path, capsys):
         last["fully_async/count/total_generated_samples"],
     )
     assert finding["evidence"]["dropped_share"] == pytest.approx(dropped / generated) and dropped > 0
-    assert "async_training.staleness_threshold=0.5" in finding["overrides"]
+    assert finding["overrides"] == ["async_training.staleness_threshold=0.5", "async_training.partial_rollout=True"]
+    assert "it changes what is learned" in finding["message"]
 
 
 def test_verls_own_keys_name_train_bound_with_its_caveat_and_a_sync_run_has_no_pipeline(tmp_path, capsys):
@@ -106,6 +109,12 @@ def test_verls_own_keys_name_train_bound_with_its_caveat_and_a_sync_run_has_no_p
     found = report(logged_run(tmp_path / "verl", verl, {}), capsys)
     (finding,) = async_findings(found).values()
     assert finding["rule"] == "async-train-bound" and "verl #6693" in finding["message"]
+    syncing = [  # verl's trainer publishing its weights 30% of its step, its rollouter hardly idle
+        {**verl[0], "timing_s/sync_rollout_weights": 3.0, "fully_async/rollouter/idle_ratio": 0.1} for _ in range(6)
+    ]
+    finding = async_findings(report(logged_run(tmp_path / "verl_sync", syncing, {}), capsys))["async-sync-bound"]
+    assert finding["evidence"]["trainer_sync_share"] == pytest.approx(0.3)
+    assert "weight syncs take 30% of the trainer's step" in finding["message"]
     synchronous = [{"timing_s/step": 1.0, "timing_s/gen": 0.5, "timing_s/update_actor": 0.4} for _ in range(6)]
     found = report(logged_run(tmp_path / "sync_run", synchronous, {}), capsys)
     assert found["pipeline"] == [] and not async_findings(found)
