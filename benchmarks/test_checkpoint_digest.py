@@ -29,7 +29,7 @@ def stdlib_digest(path, name: str) -> str:
     return digest.hexdigest()
 
 
-def test_digesting_a_1_gb_checkpoint_costs_a_fraction_of_writing_it(tmp_path):
+def test_digesting_a_1_gb_checkpoint_costs_a_fraction_of_writing_it(tmp_path, speed_target):
     weights = torch.randn(GIB // 4)  # 1 GiB of float32
     path = tmp_path / "mp_rank_00_model_states.pt"
 
@@ -48,4 +48,5 @@ def test_digesting_a_1_gb_checkpoint_costs_a_fraction_of_writing_it(tmp_path):
     print(f"\n1 GiB checkpoint file ({path.stat().st_size / GIB:.2f} GiB):")
     for name, s in seconds.items():
         print(f"  {name:28s} {s:6.2f} s  {path.stat().st_size / GIB / s:5.2f} GiB/s  {s / write_s:5.2f}x the write")
-    assert seconds["XXH3-128 (rlprof_train)"] <= 0.25 * write_s
+    digest_s = seconds["XXH3-128 (rlprof_train)"]
+    speed_target(digest_s <= 0.25 * write_s, f"XXH3-128 {digest_s / write_s:.2f}x the write (target <= 0.25x)")

@@ -103,7 +103,7 @@ def bare_window(work: Workload, folder: Path) -> float:
     return time.perf_counter() - start
 
 
-def test_a_torch_memory_window_costs_what_the_bare_tool_costs(benchmark, tmp_path, cuda_memory_api):
+def test_a_torch_memory_window_costs_what_the_bare_tool_costs(benchmark, tmp_path, cuda_memory_api, speed_target):
     work = Workload()
     work()  # warm-up
     attempts = []
@@ -124,4 +124,7 @@ def test_a_torch_memory_window_costs_what_the_bare_tool_costs(benchmark, tmp_pat
     )
     benchmark.extra_info.update(median=median, ratios=ratios, rlprof_s=ours, bare_s=bare)
     benchmark.pedantic(lambda: None, rounds=1)
-    assert median <= TARGET, f"{median:.3f}x over the {TARGET}x goal (spread {ratios[0]:.3f}-{ratios[-1]:.3f}x)"
+    speed_target(
+        median <= TARGET,
+        f"median {median:.3f}x the bare tool (spread {ratios[0]:.3f}-{ratios[-1]:.3f}x; target <= {TARGET}x)",
+    )

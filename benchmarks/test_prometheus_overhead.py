@@ -65,7 +65,7 @@ def run(tracker: Tracker, port: int | None) -> float:
     return seconds
 
 
-def test_the_prometheus_backend_adds_at_most_1_percent_to_a_step(tmp_path: Path):
+def test_the_prometheus_backend_adds_at_most_1_percent_to_a_step(tmp_path: Path, speed_target):
     torch.set_num_threads(1)
     port = free_port()
     with (
@@ -100,4 +100,4 @@ def test_the_prometheus_backend_adds_at_most_1_percent_to_a_step(tmp_path: Path)
         f"{(per_log + per_scrape * demo_step / 10) / demo_step:.3%} of the demo's {demo_step * 1e3:.0f} ms step "
         f"(target < {TARGET - 1:.0%})"
     )
-    assert median <= TARGET
+    speed_target(median <= TARGET, f"step with/without the backend {median:.4f} (target <= {TARGET})")

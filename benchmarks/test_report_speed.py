@@ -77,7 +77,7 @@ def test_report_starts_without_torch_in_under_100_mb(benchmark):
 
 
 @pytest.mark.parametrize("order", ["as written", "one thread out of order"])
-def test_report_reads_a_large_gpu_trace_10x_faster_than_hta_in_bounded_memory(benchmark, tmp_path, order):
+def test_report_reads_a_large_gpu_trace_10x_faster_than_hta_in_bounded_memory(benchmark, tmp_path, order, speed_target):
     if not (HTA / "hta").is_dir():
         pytest.skip("Holistic Trace Analysis is not installed in .venv/hta (scripts/setup.sh installs it)")
     megabytes = float(os.environ.get("RLPROF_BENCH_TRACE_MB", "400"))
@@ -120,5 +120,6 @@ def test_report_reads_a_large_gpu_trace_10x_faster_than_hta_in_bounded_memory(be
     name = "report_speed" if order == "as written" else "report_speed_out_of_order"
     (out_dir / f"{name}.json").write_text(json.dumps({"trace": written, "pairs": pairs}, indent=1))
     benchmark.pedantic(lambda: None, rounds=1)
-    assert best["ratio"] >= SPEED_TARGET, f"rlprof report is only {best['ratio']:.1f}x faster than HTA"
     assert max(p["rlprof_peak_mb"] for p in pairs) <= RSS_TARGET_MB
+    spread = f"{min(p['ratio'] for p in pairs):.1f}-{best['ratio']:.1f}x"
+    speed_target(best["ratio"] >= SPEED_TARGET, f"{order}: {spread} faster than HTA (target >= {SPEED_TARGET:g}x)")

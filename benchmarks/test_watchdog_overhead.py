@@ -50,7 +50,7 @@ def demo_step(tmp_path: Path) -> tuple[float, int]:
     return statistics.median(r["timing_s/step"] for r in steps[1:]), phases
 
 
-def test_the_watchdog_costs_under_1_percent_of_a_step(tmp_path):
+def test_the_watchdog_costs_under_1_percent_of_a_step(tmp_path, speed_target):
     step_s, phases = demo_step(tmp_path)
     store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=timedelta(seconds=30))  # type: ignore[attr-defined]
     watchdog = Watchdog(  # as the trainer makes it: positions come from its progress beacons
@@ -75,4 +75,4 @@ def test_the_watchdog_costs_under_1_percent_of_a_step(tmp_path):
         f"\nwatchdog: {per_phase * 1e6:.1f} us per phase x {phases} phases, {per_check * 1e6:.0f} us per check every "
         f"{POLL_S:g} s; demo step {step_s * 1e3:.0f} ms: {share:.4%} of a step (target < {TARGET:.0%})"
     )
-    assert share < TARGET
+    speed_target(share < TARGET, f"{share:.4%} of a demo step (target < {TARGET:.0%})")

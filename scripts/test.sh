@@ -5,7 +5,8 @@
 # of verl's scripts that differ from a trained one by the estimator or the rollout correction, the
 # 5000-window soak, tune's speed target, ten of verl's DAPO scripts, vLLM's series and the dashboard in Prometheus;
 # .venv/bin/python -m pytest tests -m long -s; .venv/bin/python -m pytest benchmarks -m long -s: two sessions, as each
-# folder has its own conftest).
+# folder has its own conftest). A speed target the benchmarks still miss after their retries is listed as MISSED in
+# their summary, not failed (RLPROF_SPEED_TARGETS=report: a busy machine must not turn this command red).
 # Quick loop while developing: .venv/bin/python -m pytest -m "not slow and not long"
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,4 +17,4 @@ bash scripts/setup.sh
 .venv/bin/python scripts/import_graph.py
 .venv/bin/mkdocs build --strict --quiet
 .venv/bin/python -m pytest tests -m "not long" --durations=15 "$@"
-.venv/bin/python -m pytest benchmarks -m "not long" -p no:cacheprovider --benchmark-columns=min,mean,rounds -q -s
+RLPROF_SPEED_TARGETS=report .venv/bin/python -m pytest benchmarks -m "not long" -p no:cacheprovider --benchmark-columns=min,mean,rounds -q -s
