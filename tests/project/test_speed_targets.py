@@ -9,14 +9,14 @@ import sys
 
 from conftest import ROOT
 
-BENCHMARK = '''
+BENCHMARK = """
 def test_met(speed_target):
     speed_target(True, "1.02x the baseline (target <= 1.2x)")
 
 
 def test_missed(speed_target):
     speed_target(False, "9.4x faster than HTA (target >= 10x)")
-'''
+"""
 
 
 def run_benchmarks(tmp_path, mode: str | None) -> subprocess.CompletedProcess:
