@@ -23,16 +23,18 @@ from typing import TYPE_CHECKING, Any, Optional
 import rlprof
 from rlprof.session import new_run_id
 from rlprof.typed_config import ConfigError
-from rlprof_train.config import as_dict
+from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.config.load import load, training_device
 from rlprof_train.launch import launch_world, settle_local_rank
 from rlprof_train.preflight import validate
 
 if TYPE_CHECKING:
+    from rlprof_train.pools import Pool
     from rlprof_train.progress import Progress
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None, one_step_off: bool = False) -> int:
+    """The trainer's command line; ``one_step_off``: the one-step-off trainer's (:mod:`.one_step_off_policy`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["tune"]:  # rlprof-train tune ...
         from rlprof_train.tune.cli import main as tune
@@ -48,9 +50,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         print_only = printed_config(argv)
         launched = launch_world()
         world_size = launched.world_size
-        loaded = load(argv, world_size)
+        loaded = load(argv, world_size, one_step_off=one_step_off)
         cfg = loaded.cfg
-        validate(cfg, world_size)
+        validate(cfg, world_size, one_step_off)
+        pool = launch_pool(cfg, world_size) if one_step_off else None
     except (ConfigError, ValueError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
@@ -63,14 +66,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
 
     settle_local_rank(launched)
-    import torch
-
+    from rlprof_train.pools import Link, join_pool
     from rlprof_train.progress import Progress
+    from rlprof_train.rollout_pool import serve
     from rlprof_train.trainer import PPOTrainer
     from rlprof_train.workers.engine import init_distributed
 
-    env = init_distributed(training_device(cfg), cfg.trainer.collective_timeout_s)
+    links: list[Link] = []
+    join = (lambda backend, timeout: links.append(join_pool(pool, backend, timeout))) if pool else None
+    env = init_distributed(training_device(cfg), cfg.trainer.collective_timeout_s, join)
+    link = links[0] if links else None
     progress = Progress(env.rank, env.world_size, cfg.trainer.collective_timeout_s)
+    if pool is not None and link is not None and pool.name == "rollout":
+        quiet: Callable[[str], None] = lambda line: None  # noqa: E731
+        say = (lambda line: print(f"[INFO] rollout: {line}", file=sys.stderr, flush=True)) if pool.rank == 0 else quiet
+        return finish(train(lambda: serve(cfg, pool, link, env.device, say), pool.global_rank, progress), progress)
     run_id = env.gather(new_run_id())[0]
     rlprof.init(as_dict(cfg), run_id=run_id)
     log: Callable[[str], None] = (
@@ -78,12 +88,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     for note in loaded.notes:  # what became of verl's spellings
         log(f"config: {note}")
-    try:
-        held = env.memory_at_start[1] - env.memory_at_start[0] if env.memory_at_start else None
-        code = train(lambda: PPOTrainer(cfg, env, run_id, log, progress).fit(), env.rank, progress, as_dict(cfg), held)
-    finally:
-        progress.close()
-        rlprof.shutdown()
+    held = env.memory_at_start[1] - env.memory_at_start[0] if env.memory_at_start else None
+    fit = lambda: PPOTrainer(cfg, env, run_id, log, progress, link).fit()  # noqa: E731
+    return finish(train(fit, env.rank, progress, as_dict(cfg), held), progress)
+
+
+def launch_pool(cfg: TrainerConfig, world_size: int) -> Pool:
+    """This process's pool in the one-step-off trainer's launch (``RANK``: its rank in the launch)."""
+    from rlprof_train.pools import pool_of, rollout_pool_size
+
+    size = rollout_pool_size(cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, world_size)
+    return pool_of(int(os.environ.get("RANK", "0")), world_size, size)
+
+
+def finish(code: int, progress: Progress) -> int:
+    """End the profiling session and the process group after training or serving the rollout: ``code``."""
+    import torch
+
+    progress.close()
+    rlprof.shutdown()
     if torch.distributed.is_initialized():
         if code == 0:
             torch.distributed.barrier()  # gloo can abort at teardown while a peer still sends; settle first

@@ -39,10 +39,15 @@ def _fail(key: str, value: Any, allowed: str) -> ConfigError:
     return ConfigError(f"{key}={value!r}: {allowed}")
 
 
-def validate(cfg: TrainerConfig, world_size: int = 1) -> None:
-    """Reject a config that cannot run, before any model is loaded or process group used."""
+def validate(cfg: TrainerConfig, world_size: int = 1, one_step_off: bool = False) -> None:
+    """Reject a config that cannot run, before any model is loaded or process group used; ``one_step_off``: for the
+    one-step-off trainer, whose trainer pool is the launch's ``world_size`` less its rollout pool."""
     problems = []
+    launched, pool = world_size, cfg.rollout
+    if one_step_off and 1 <= pool.nnodes * pool.n_gpus_per_node < world_size:
+        world_size -= pool.nnodes * pool.n_gpus_per_node  # the batch arithmetic is the trainer pool's
     checks = (
+        lambda: _check_pools(cfg, launched, one_step_off),
         lambda: _import_user_code(cfg),
         lambda: _check_strategy(cfg),
         lambda: _check_device(cfg),
@@ -57,7 +62,7 @@ def validate(cfg: TrainerConfig, world_size: int = 1) -> None:
         lambda: _check_multi_turn(cfg),
         lambda: parse_backends(cfg.trainer.logger),
         lambda: _check_rollout_prometheus(cfg),
-        lambda: _check_profiler(cfg, world_size),
+        lambda: _check_profiler(cfg, launched),  # rlprof's ranks are the launch's
     )
     for check in checks:  # each group stops at its first problem (or names all of its own); they are independent
         try:
@@ -68,6 +73,39 @@ def validate(cfg: TrainerConfig, world_size: int = 1) -> None:
             problems.append(str(exc))
     if problems:
         raise ConfigError(one_message(problems))
+
+
+def _check_pools(cfg: TrainerConfig, world_size: int, one_step_off: bool) -> None:
+    """The one-step-off trainer: a rollout pool of 1 to ``world_size - 1`` of the launch's processes
+    (:mod:`rlprof_train.pools`), and only what its rollout pool runs (the hf backend, one turn, one generation round
+    a step, the whole policy). (``main_ppo`` refuses the pool's keys as it loads them.)"""
+    if not one_step_off:
+        return
+    from rlprof_train.pools import rollout_pool_size
+
+    pool, arr = cfg.rollout, cfg.actor_rollout_ref
+    problems = []
+    try:
+        rollout_pool_size(pool.nnodes, pool.n_gpus_per_node, world_size)
+    except ConfigError as exc:
+        problems.append(str(exc))
+    not_built = "is not built for the one-step-off trainer's rollout pool yet"
+    if arr.rollout.name in rollout_names() and not rollout_spec(arr.rollout.name).pooled:
+        pooled = ", ".join(name for name in rollout_names() if rollout_spec(name).pooled)
+        problems.append(f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: {not_built} ({pooled} is)")
+    if arr.rollout.multi_turn.enable:
+        problems.append(f"actor_rollout_ref.rollout.multi_turn.enable=True: {not_built}")
+    if cfg.algorithm.filter_groups.enable:
+        problems.append(f"algorithm.filter_groups.enable=True: {not_built} (one generation round a step)")
+    if cfg.data.gen_batch_size not in (None, cfg.data.train_batch_size):
+        problems.append(
+            f"data.gen_batch_size={cfg.data.gen_batch_size}: {not_built} (one generation round of "
+            f"data.train_batch_size={cfg.data.train_batch_size} prompts a step)"
+        )
+    if arr.model.lora_rank > 0:
+        problems.append(f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank}: LoRA {not_built}")
+    if problems:
+        raise _Problems(problems)
 
 
 def strategy_conflicts(cfg: TrainerConfig) -> list[str]:

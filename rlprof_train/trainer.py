@@ -38,10 +38,12 @@ from rlprof_train.data import Example, PromptBatches, load_datasets, shard
 from rlprof_train.dynamic_sampling import GenerationLimit, Rounds, assemble
 from rlprof_train.lr_schedule import LRSchedule
 from rlprof_train.models import load_tokenizer
+from rlprof_train.pools import Link
 from rlprof_train.progress import Progress
+from rlprof_train.rollout_pool import PooledRollout
 from rlprof_train.step_reduction import StepFacts, step_metrics
 from rlprof_train.workers.engine import DistEnv
-from rlprof_train.workers.rollout import SamplingParams
+from rlprof_train.workers.rollout import Rollout, SamplingParams
 
 
 class PPOTrainer:
@@ -52,7 +54,10 @@ class PPOTrainer:
         run_id: str,
         log: Callable[[str], None] = print,
         progress: Optional[Progress] = None,
+        link: Optional[Link] = None,
     ) -> None:
+        """``link``: the one-step-off trainer's link to its rollout pool (:mod:`rlprof_train.pools`); None: the
+        rollout runs in these processes."""
         self.cfg, self.env, self.log = cfg, env, log
         self.progress = progress or Progress(env.rank, env.world_size, cfg.trainer.collective_timeout_s)
         self.step = 0
@@ -92,9 +97,15 @@ class PPOTrainer:
         self.ref = prepare.make_ref(cfg, env, model_path, self.actor)
         self.critic = prepare.make_critic(cfg, env, model_path, resumed_from, self.estimator)
         prepare.note_zero_stages(cfg, self.actor, self.critic, log)
-        self.rollout = prepare.make_rollout(
-            cfg, env, model_path, self.actor, self.tokenizer, log, tools, wants_log_probs=self.correction.active
-        )
+        self.pooled: Optional[PooledRollout] = None
+        """The one-step-off trainer's rollout pool: the next step's batch generates there while this one trains."""
+        if link is None:
+            self.rollout: Rollout = prepare.make_rollout(
+                cfg, env, model_path, self.actor, self.tokenizer, log, tools, wants_log_probs=self.correction.active
+            )
+        else:
+            self.rollout = self.pooled = PooledRollout(link, env, lambda: self.actor.module, arr.actor.zero_stage)
+            self.pooled.start(model_path, run_id, self.correction.active)
         self.reuse_log_probs = prepare.reuses_on_policy_log_probs(cfg, log)
         self.kl_ctrl = algos.KLController(
             algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.type, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon
@@ -130,8 +141,12 @@ class PPOTrainer:
                 self.gpu_idle = WindowGpuIdle.follow(session, self.tracker)
         try:
             compile_metrics = self.warm_up()
+            if self.pooled is not None:  # the weights the first batches are sampled with
+                self.pooled.sync_weights(self.updates_before(self.start_step))
             if trainer.val_before_train and self.start_step == 1:
                 self._log({**self.validate(0), "training/global_step": 0.0}, step=0)
+            if self.pooled is not None:
+                self.submit_round(self.start_step)
             for step in range(self.start_step, self.total_steps + 1):
                 torch.manual_seed(trainer.seed * 100_003 + step * self.env.world_size + self.env.rank)
                 with rlprof.step(step):
@@ -157,6 +172,10 @@ class PPOTrainer:
                 if trainer.save_freq > 0 and (step % trainer.save_freq == 0 or last) and self.guard.healthy:
                     self.progress.at(step, "save")
                     self.save(step)
+        except BaseException:
+            if self.pooled is not None:  # the other ranks may be anywhere: no collective with them to close
+                self.pooled.abandon()
+            raise
         finally:
             self.watchdog.close()
             if self.gpu_idle is not None:
@@ -212,8 +231,9 @@ class PPOTrainer:
                 with self._phase("update_actor", timing, role="actor"):
                     actor_update = step - max(self.cfg.trainer.critic_warmup, 1) + 1
                     workers.merge(self.actor.update(batch, self.actor_lr.lr(actor_update)))
-                with self._phase("update_weights", timing, role="rollout"):
-                    self.rollout.sync_weights()
+                if self.pooled is None:  # one-step-off: at the next step, once its batch is in
+                    with self._phase("update_weights", timing, role="rollout"):
+                        self.rollout.sync_weights()
         return step_metrics(self.env, self._facts(step), batch, timing, workers)
 
     def sample(self, timing: dict[str, float], workers: MetricAggregator) -> Optional[RolloutBatch]:
@@ -241,7 +261,11 @@ class PPOTrainer:
                 offset = len(rounds.kept) * len(self.prompts.examples)
                 prompts = [dataclasses.replace(p, index=p.index + offset) for p in prompts]
             with self._phase("gen_refill" if rounds.kept else "gen", timing, role="rollout"):
-                batch = self.generate(prompts, self.sampling)
+                batch = self.generate(prompts, self.sampling) if self.pooled is None else self.collect(workers)
+            if self.pooled is not None:  # one-step-off: the next batch is sampled while this one trains
+                with self._phase("sync_rollout_weights", timing, role="rollout"):
+                    self.pooled.sync_weights(self.updates_before(self.step))
+                self.submit_round(self.step + 1)
             if self.estimator.needs_baseline:
                 with self._phase("gen_max", timing, role="rollout"):
                     batch.extras["reward_baselines"] = self.greedy_baselines(prompts)
@@ -272,6 +296,31 @@ class PPOTrainer:
             f"{dropped}; {surplus} kept beyond them dropped"
         )
         return batch
+
+    def submit_round(self, step: int) -> None:
+        """One-step-off: step ``step``'s prompts to the rollout pool (none after the last step, or once the prompt
+        stream is used up: one generation round a step)."""
+        assert self.pooled is not None
+        if step <= self.total_steps and step <= self.rounds_total:
+            prompts = shard(self.prompts.batch(step), self.env.rank, self.env.world_size)
+            self.pooled.submit(prompts, self.sampling, step)
+
+    def collect(self, workers: MetricAggregator) -> RolloutBatch:
+        """One-step-off: this step's batch from the rollout pool, with what the pool measured: its sampling time
+        (``timing_s/generate_async``, beside the step) and the batch's staleness, the policy's updates since the
+        weights that sampled it (verl's ``training/off_policy/trajectory_staleness/*``)."""
+        assert self.pooled is not None
+        collected = self.pooled.collect()
+        workers.add("timing_s/generate_async", collected.seconds, Reduce.MAX)
+        staleness = float(self.updates_before(self.step) - collected.version)
+        for stat, reduce in (("mean", Reduce.MEAN), ("max", Reduce.MAX), ("min", Reduce.MIN)):
+            workers.add(f"training/off_policy/trajectory_staleness/{stat}", staleness, reduce)
+        return collected.batch
+
+    def updates_before(self, step: int) -> int:
+        """The policy's updates before step ``step`` (none before ``trainer.critic_warmup``): its weights' version."""
+        warmup = max(self.cfg.trainer.critic_warmup, 1)
+        return max(0, step - warmup)
 
     def compute_advantages(self, batch: RolloutBatch) -> MetricAggregator:
         """Token rewards (scores, minus the KL penalty when ``use_kl_in_reward``), the rollout correction (decoupled
@@ -350,8 +399,13 @@ class PPOTrainer:
         per_call = max(1, (self.cfg.data.val_batch_size or len(self.val_examples)) // self.env.world_size)
         samples = []
         logged = self.cfg.trainer.log_val_generations
-        for start in range(0, len(prompts), per_call):
-            batch = self.generate(prompts[start : start + per_call], sampling)
+        chunks = [prompts[start : start + per_call] for start in range(0, len(prompts), per_call)]
+        if self.pooled is not None:  # each call is a collective of the trainer pool: as many on every rank
+            chunks += [[]] * (max(self.env.gather(len(chunks))) - len(chunks))
+        for chunk in chunks:
+            batch = self.generate(chunk, sampling)
+            if batch.size == 0:
+                continue
             scores = self.reward.score(batch).token_level.sum(-1).tolist()
             texts = self.decode_samples(batch) if logged else [("", "")] * batch.size
             samples += [(s, score, *text) for s, score, text in zip(batch.data_source, scores, texts, strict=True)]
@@ -417,7 +471,8 @@ class PPOTrainer:
             if engine is not None and any(key.startswith(prefix) for key in changed):
                 for group in engine.optimizer.param_groups:  # the loaded state holds the checkpoint's values
                     group.update(lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas))
-        self.rollout.sync_weights()
+        if self.pooled is None:  # a rollout pool gets them as the run starts (fit)
+            self.rollout.sync_weights()
         next_step = int(state["global_step"]) + 1
         rounds_per_step = math.ceil(self.cfg.data.train_batch_size / self.prompts.batch_size)
         self.rounds_used = int(state.get("prompt_batches", (next_step - 1) * rounds_per_step))

@@ -182,6 +182,8 @@ def _work_split(records: list[dict[str, Any]]) -> dict[str, float]:
             if not key.startswith("timing_s/") or key == STEP_KEY or not isinstance(seconds, (int, float)):
                 continue
             phase = key[len("timing_s/") :]
+            if phase_group(phase) not in sums:  # another pool's work beside the step
+                continue
             fastest = record.get(f"timing_ranks/{phase}/min", seconds)
             sums[phase_group(phase)] += min(float(seconds), float(fastest))
         for group, seconds in sums.items():
@@ -270,7 +272,9 @@ def _overlap_gain(rollout_share: float) -> Optional[float]:
 
 
 def _is_async(records: list[dict[str, Any]]) -> bool:
-    return any(key.startswith("fully_async/") for r in records for key in r)
+    """A pipeline's metrics (verl's fully-async trainer's), or generation timed beside the step (its one-step-off
+    trainer's ``timing_s/generate_async``)."""
+    return any(key.startswith("fully_async/") or key == "timing_s/generate_async" for r in records for key in r)
 
 
 def _medians(

@@ -54,10 +54,13 @@ def compute_throughput_metrics(
 
 
 PHASE_GROUPS: dict[str, frozenset[str]] = {
-    "rollout": frozenset({"gen", "gen_max", "gen_refill", "update_weights"}),
+    "rollout": frozenset({"gen", "gen_max", "gen_refill", "update_weights", "sync_rollout_weights"}),
     "training": frozenset({"old_log_prob", "ref", "values", "update_critic", "update_actor"}),
+    "concurrent": frozenset({"generate_async"}),
 }
-"""Which timed phases are generation and which are training; any other phase (reward, adv, ...) is ``other``."""
+"""Which timed phases are generation and which are training; any other phase (reward, adv, ...) is ``other``.
+``concurrent``: work of another pool that ran beside the step (verl's one-step-off ``generate_async``: the rollout
+pool's sampling of the next batch), not a part of the step's time: left out of every share of it."""
 
 
 def phase_group(phase: str) -> str:
@@ -77,7 +80,7 @@ def timing_shares(timing_raw: Mapping[str, float], step_key: str = "step") -> di
         return {}
     sums = {"rollout": 0.0, "training": 0.0, "other": 0.0}
     for phase, seconds in timing_raw.items():
-        if phase != step_key:
+        if phase != step_key and phase_group(phase) in sums:
             sums[phase_group(phase)] += seconds
     shares = {f"timing_share/{group}": seconds / step for group, seconds in sums.items()}
     shares["timing_share/unaccounted"] = max(0.0, step - sum(sums.values())) / step

@@ -130,10 +130,13 @@ def _parsed(override: str) -> tuple[str, Any]:
     return key, parsed["value"]
 
 
-def load(argv: Sequence[str] = (), world_size: int = 1, defaults: Path = DEFAULTS) -> LoadedConfig:
+def load(
+    argv: Sequence[str] = (), world_size: int = 1, defaults: Path = DEFAULTS, one_step_off: bool = False
+) -> LoadedConfig:
     """The typed configuration from a command line: the defaults, a ``--config-path/--config-name`` YAML over them,
     then the ``key=value`` overrides; verl's keys translated (:mod:`.verl_compat`), interpolations resolved, every
-    key's type and range checked. Every problem found is in one :class:`ConfigError`."""
+    key's type and range checked. Every problem found is in one :class:`ConfigError`. The rollout pool's keys
+    (:data:`~.verl_compat.POOL_KEYS`) are the ``one_step_off`` trainer's: refused by name for the other."""
     file, overrides = split_config_args(argv)
     base = OmegaConf.load(defaults)
     known = set(_keys(base))
@@ -146,7 +149,7 @@ def load(argv: Sequence[str] = (), world_size: int = 1, defaults: Path = DEFAULT
             problems.append(str(exc))
     free = [k for k in known if OmegaConf.select(base, k) == {}]  # mappings of any keys: kw_args, override_config
     known |= {key for key, _ in pairs if any(key.startswith(f"{mapping}.") for mapping in free)}
-    translation = verl_compat.translate(pairs, known, world_size)
+    translation = verl_compat.translate(pairs, known if one_step_off else known - verl_compat.POOL_KEYS, world_size)
     problems += translation.problems
     for key, value in translation.pairs:
         try:

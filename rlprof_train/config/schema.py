@@ -370,6 +370,9 @@ class ActorRolloutRefConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    hybrid_engine: bool = True
+    """verl: the rollout in the actor's processes. ``main_ppo`` runs only that (false is refused there: launch the
+    one-step-off trainer, whose rollout pool is always apart; it accepts either value, as verl's scripts set false)."""
 
 
 # ----------------------------------------------------------------------------------------------------- critic, reward
@@ -649,6 +652,18 @@ class TrainerSection:
 
 
 @dataclass
+class RolloutPoolConfig:
+    """The rollout's own pool of processes (verl's top-level ``rollout`` block of its one-step-off trainer): the last
+    ``nnodes * n_gpus_per_node`` processes of the launch generate, the others train (:mod:`rlprof_train.pools`)."""
+
+    nnodes: int = field(default=1, metadata=bounds(ge=1))
+    """Nodes of the rollout pool (as ``trainer.nnodes``: the launch's nodes)."""
+    n_gpus_per_node: int = field(default=0, metadata=bounds(ge=0))
+    """Rollout processes on each node (0: no pool of its own, the ``main_ppo`` trainer's generation in its own
+    processes; the one-step-off trainer needs at least 1)."""
+
+
+@dataclass
 class TrainerConfig:
     """The whole configuration (``ppo_trainer.yaml`` plus overrides)."""
 
@@ -659,6 +674,8 @@ class TrainerConfig:
     custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerSection = field(default_factory=TrainerSection)
+    rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
+    """The one-step-off trainer's rollout pool."""
     global_profiler: dict[str, Any] = field(default_factory=dict)
     """rlprof's global block; checked by ``rlprof.config.load_config``."""
 

@@ -94,9 +94,13 @@ ENTROPY_COMPILE = (
 RAY = "a Ray placement detail; processes are started by torchrun or the deepspeed launcher here"
 IO = "verl's own I/O; nothing to do here"
 ASYNC_TRAINING = (
-    "a rollout pool apart from the trainer's (verl's one-step-off and fully-async trainers) is not built here yet: "
-    f"leave out {ARR}.hybrid_engine=False, rollout.* and async_training.* for the synchronous form"
+    "a rollout pool apart from the trainer's is verl's one-step-off and fully-async trainers': the one-step-off one "
+    "is python -m rlprof_train.one_step_off_policy (with rollout.nnodes, rollout.n_gpus_per_node and "
+    f"{ARR}.hybrid_engine), the fully-async one (async_training.*, rollout.*) is not built here yet; leave them out "
+    "for the synchronous form"
 )
+POOL_KEYS = frozenset({"rollout.nnodes", "rollout.n_gpus_per_node", f"{ARR}.hybrid_engine"})
+"""The one-step-off trainer's keys (its rollout pool): refused by ``main_ppo`` as verl's asynchronous keys."""
 RELOCATED = (
     "the rollout engine's traces are written under global_profiler.save_path already (vllm_torch/rank{R}/) and listed "
     "in its manifest"
@@ -413,7 +417,8 @@ def translate(pairs: list[tuple[str, Any]], ours: set[str], world_size: int) -> 
             else:
                 out.problems.append(f"{key}={value!r}: {rule.equivalent}")
         elif isinstance(rule, Launcher):
-            problem = _launcher_problem(key, value, rule)
+            rollout_pool = last.get("rollout.n_gpus_per_node", 0)
+            problem = _launcher_problem(key, value, rule, rollout_pool if isinstance(rollout_pool, int) else 0)
             if problem:
                 out.problems.append(problem)
         elif key in verl:
@@ -472,16 +477,24 @@ def _same(value: Any, default: Any) -> bool:
     return bool(value == default)
 
 
-def _launcher_problem(key: str, value: Any, rule: Launcher) -> Optional[str]:
+def _launcher_problem(key: str, value: Any, rule: Launcher, rollout_per_node: int = 0) -> Optional[str]:
+    """``trainer.nnodes`` against the launch's nodes; ``trainer.n_gpus_per_node`` against its processes per node,
+    less the rollout pool's on each node (``rollout.n_gpus_per_node``) where the rollout has a pool of its own."""
     launched = launch_world()
-    actual = launched.nodes if key.endswith("nnodes") else launched.per_node
+    nodes = key.endswith("nnodes")
+    actual = launched.nodes if nodes else launched.per_node - rollout_per_node
     if value == actual:
         return None
+    if nodes or not rollout_per_node:
+        return (
+            f"{key}={value!r}: this launch has {actual} {rule.what} ({launched.world_size} processes in all); start "
+            f"the trainer with torchrun --nnodes {value if nodes else launched.nodes} --nproc_per_node "
+            f"{launched.per_node if nodes else value} -m rlprof_train.main_ppo ..., or set {key}={actual}"
+        )
     return (
-        f"{key}={value!r}: this launch has {actual} {rule.what} ({launched.world_size} processes in all); start the "
-        f"trainer with torchrun --nnodes {value if key.endswith('nnodes') else launched.nodes} --nproc_per_node "
-        f"{value if not key.endswith('nnodes') else launched.per_node} -m rlprof_train.main_ppo ..., or set "
-        f"{key}={actual}"
+        f"{key}={value!r}: this launch has {launched.per_node} processes per node, {rollout_per_node} of them the "
+        f"rollout pool's (rollout.n_gpus_per_node), so {actual} train; start it with torchrun --nproc_per_node "
+        f"{value + rollout_per_node if isinstance(value, int) else '...'} or set {key}={actual}"
     )
 
 

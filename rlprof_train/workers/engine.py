@@ -8,7 +8,7 @@ import os
 import random
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -76,13 +76,18 @@ def import_deepspeed() -> Any:
     return deepspeed
 
 
-def init_distributed(device: str, timeout_s: float = 600.0) -> DistEnv:
+def init_distributed(
+    device: str, timeout_s: float = 600.0, join: Optional[Callable[[str, datetime.timedelta], None]] = None
+) -> DistEnv:
     """Join (or, run by hand, create) the process group: gloo on CPU, nccl on CUDA; a collective that waits longer
     than ``timeout_s`` for a peer raises (``trainer.collective_timeout_s``).
 
     torchrun and the deepspeed launcher set RANK/WORLD_SIZE/LOCAL_RANK; a plain ``python -m`` run gets a world of
     one whose rendezvous store listens on the loopback only, on a port the kernel picks for a socket we already
     hold (no bind-then-close race). DeepSpeed would otherwise look for MPI.
+
+    ``join(backend, timeout)``: makes the default process group itself (a pool of a split launch:
+    :func:`rlprof_train.pools.join_pool`), which this process's rank and world are then of.
 
     DeepSpeed places the engines' modules on its accelerator, which it detects on its own (CUDA wherever a GPU is
     visible): ``DS_ACCELERATOR`` is set to ``device`` first, unless the caller set it, so that ``trainer.device=cpu``
@@ -109,7 +114,9 @@ def init_distributed(device: str, timeout_s: float = 600.0) -> DistEnv:
     placed = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
     if device == "cuda":  # before the group: NCCL binds its communicator to the current device
         torch.cuda.set_device(placed)
-    if "RANK" not in os.environ:
+    if join is not None:
+        join("nccl" if device == "cuda" else "gloo", timeout)
+    elif "RANK" not in os.environ:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind(("127.0.0.1", 0))
         listener.listen(128)

@@ -195,6 +195,7 @@ def _preflight(cfg: TrainerConfig) -> Optional[str]:
     continues=True,
     log_probs_on_request=True,
     preflight=_preflight,
+    pooled=True,
 )
 def hf_rollout(context: RolloutContext) -> HFRollout:
     """Samples from the actor's own module: nothing to load or sync."""

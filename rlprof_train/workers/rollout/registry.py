@@ -88,6 +88,9 @@ class RolloutSpec:
     engine_profiler: bool = False
     """Its engine runs the profiler the tool asks of engines (the torch tool's ``engine_profiler``: vLLM's own torch
     profiler) over the profiled steps, which honours the rollout's token window (``profile_token_start``/``_end``)."""
+    pooled: bool = False
+    """The one-step-off trainer's rollout pool runs it, on the pool's copy of the policy (:mod:`rlprof_train.
+    rollout_pool` builds the hf backend there; the others are refused for that trainer until it builds them)."""
 
     @property
     def can_return_log_probs(self) -> bool:
@@ -107,6 +110,7 @@ def register_rollout(
     continues: bool = False,
     log_probs_on_request: bool = False,
     engine_profiler: bool = False,
+    pooled: bool = False,
 ) -> Callable[[T], T]:
     """Register a :class:`Rollout` subclass taking a :class:`RolloutContext` (or a factory function) as ``name``."""
     if not isinstance(name, str) or not name.isidentifier():
@@ -135,6 +139,7 @@ def register_rollout(
             continues,
             log_probs_on_request,
             engine_profiler,
+            pooled,
         )
         return factory
 

@@ -1,0 +1,186 @@
+"""The two pools of a run whose rollout is apart from its trainer (the one-step-off trainer), in one launch.
+
+A launch of ``W`` processes (torchrun or the deepspeed launcher, several nodes included) is split by global rank:
+the first ``W - R`` train, the last ``R = rollout.nnodes * rollout.n_gpus_per_node`` generate. Each pool has a process
+group of its own, made over the launch's rendezvous store under the pool's prefix with the pool's own ranks
+(``0 .. size - 1``), so DeepSpeed, the trainer's collectives and its stall reports see one pool only. Two gloo groups
+join the pools (:class:`Link`): ``orders`` (trainer rank 0 and every rollout process: what to generate, the weights)
+and ``batches`` (every process: the generated batches, to every trainer rank). Both carry host memory: on a GPU the
+weights cross as host copies (no NCCL group joins the pools yet).
+"""
+
+from __future__ import annotations
+
+import datetime
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+import torch
+
+from rlprof.typed_config import ConfigError
+
+PoolName = Literal["trainer", "rollout"]
+
+
+@dataclass(frozen=True)
+class Pool:
+    """This process's pool and its place in it and in the launch."""
+
+    name: PoolName
+    rank: int
+    """Rank within the pool."""
+    size: int
+    """Processes of the pool."""
+    global_rank: int
+    """Rank within the launch."""
+    world_size: int
+    """Processes of the launch (both pools)."""
+
+    @property
+    def rollout_size(self) -> int:
+        return self.size if self.name == "rollout" else self.world_size - self.size
+
+
+def pool_of(global_rank: int, world_size: int, rollout_size: int) -> Pool:
+    """The pool of launch rank ``global_rank``: the last ``rollout_size`` ranks generate, the others train."""
+    trainer_size = world_size - rollout_size
+    if global_rank < trainer_size:
+        return Pool("trainer", global_rank, trainer_size, global_rank, world_size)
+    return Pool("rollout", global_rank - trainer_size, rollout_size, global_rank, world_size)
+
+
+def rollout_pool_size(nnodes: int, n_gpus_per_node: int, world_size: int) -> int:
+    """``rollout.nnodes * rollout.n_gpus_per_node`` processes, checked to leave the trainer at least one; else a
+    :class:`ConfigError` naming both keys, the launch and what is allowed."""
+    size = nnodes * n_gpus_per_node
+    if not 1 <= size < world_size:
+        raise ConfigError(
+            f"rollout.nnodes={nnodes} x rollout.n_gpus_per_node={n_gpus_per_node}: the rollout pool must have 1 to "
+            f"{max(world_size - 1, 1)} of the launch's {world_size} processes (the others train); launch more "
+            "processes (torchrun --nproc_per_node) or give the rollout fewer"
+        )
+    return size
+
+
+def join_pool(pool: Pool, backend: str, timeout: datetime.timedelta) -> Link:
+    """Make this process's pool group the default process group (pool ranks), and the link between the pools.
+
+    The launcher's rendezvous (``env://``: ``MASTER_ADDR``, ``MASTER_PORT``, torchrun's agent store) gives the store
+    all of them are made over. ``RANK`` and ``WORLD_SIZE`` are then the pool's, as DeepSpeed reads them."""
+    import os
+
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import PrefixStore
+
+    store, _, _ = next(
+        dist.rendezvous(  # type: ignore[attr-defined]  # exported at run time
+            "env://", pool.global_rank, pool.world_size, timeout=timeout
+        )
+    )
+    dist.init_process_group(
+        backend,
+        store=PrefixStore(f"pool/{pool.name}/", store),
+        rank=pool.rank,
+        world_size=pool.size,
+        timeout=timeout,
+    )
+    os.environ.update(RANK=str(pool.rank), WORLD_SIZE=str(pool.size))
+    return Link(store, pool, timeout)
+
+
+class Link:
+    """The groups between the pools. ``orders``: trainer rank 0 (its rank 0) and the rollout processes (1 + their
+    pool rank); ``batches``: every process by launch rank. Every call is a collective of its group, made in the same
+    order by every member; a peer that is gone makes it raise (within the collective timeout)."""
+
+    def __init__(self, store: Any, pool: Pool, timeout: datetime.timedelta) -> None:
+        import torch.distributed as dist
+        from torch._C._distributed_c10d import PrefixStore
+
+        self.pool = pool
+        self.batches: Any = dist.ProcessGroupGloo(
+            PrefixStore("link/batches/", store), pool.global_rank, pool.world_size, timeout
+        )
+        in_orders = pool.name == "rollout" or pool.rank == 0
+        self.orders: Optional[Any] = None
+        if in_orders:
+            rank = 1 + pool.rank if pool.name == "rollout" else 0
+            prefix = PrefixStore("link/orders/", store)
+            self.orders = dist.ProcessGroupGloo(prefix, rank, 1 + pool.rollout_size, timeout)
+
+    # ------------------------------------------------------------------------------------------------ orders
+
+    def send(self, message: Any) -> None:
+        """Trainer rank 0: ``message`` to every rollout process."""
+        self._broadcast_object(message)
+
+    def receive(self) -> Any:
+        """A rollout process: the next message trainer rank 0 sent."""
+        return self._broadcast_object(None)
+
+    def _broadcast_object(self, message: Any) -> Any:
+        assert self.orders is not None, "only trainer rank 0 and the rollout processes are in the orders group"
+        data = pickle.dumps(message) if message is not None else b""
+        length = torch.tensor([len(data)], dtype=torch.int64)
+        self._broadcast(length)
+        buffer = (
+            torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            if data
+            else torch.empty(int(length), dtype=torch.uint8)
+        )
+        self._broadcast(buffer)
+        return message if message is not None else pickle.loads(buffer.numpy().tobytes())
+
+    def send_weights(self, tensors: Sequence[torch.Tensor]) -> int:
+        """Trainer rank 0: ``tensors`` (the policy's parameters, in ``named_parameters`` order) to every rollout
+        process, one flat host buffer per dtype; the bytes sent."""
+        sent = 0
+        for dtype in sorted({t.dtype for t in tensors}, key=str):
+            flat = torch.cat([t.detach().reshape(-1).to("cpu") for t in tensors if t.dtype == dtype])
+            self._broadcast(flat)
+            sent += flat.numel() * flat.element_size()
+        return sent
+
+    @torch.no_grad()
+    def receive_weights(self, tensors: Sequence[torch.Tensor]) -> int:
+        """A rollout process: the weights :meth:`send_weights` sent, copied into ``tensors`` (the same parameters,
+        in the same order); the bytes received."""
+        received = 0
+        for dtype in sorted({t.dtype for t in tensors}, key=str):
+            same = [t for t in tensors if t.dtype == dtype]
+            flat = torch.empty(sum(t.numel() for t in same), dtype=dtype)
+            self._broadcast(flat)
+            received += flat.numel() * flat.element_size()
+            offset = 0
+            for t in same:
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()
+        return received
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        import torch.distributed as dist
+
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        assert self.orders is not None
+        self.orders.broadcast([tensor], options).wait()
+
+    # ------------------------------------------------------------------------------------------------ batches
+
+    def exchange(self, payload: Any) -> list[Any]:
+        """Every process: what each rollout process gave (trainer processes give None), in rollout rank order."""
+        data = pickle.dumps(payload)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.pool.world_size)]
+        self.batches.allgather([sizes], [torch.tensor([len(data)], dtype=torch.int64)]).wait()
+        width = int(max(s.item() for s in sizes))
+        mine = torch.zeros(width, dtype=torch.uint8)
+        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        everyone = [torch.empty(width, dtype=torch.uint8) for _ in range(self.pool.world_size)]
+        self.batches.allgather([everyone], [mine]).wait()
+        first_rollout = self.pool.world_size - self.pool.rollout_size
+        return [
+            pickle.loads(everyone[rank][: int(sizes[rank].item())].numpy().tobytes())
+            for rank in range(first_rollout, self.pool.world_size)
+        ]

@@ -1,0 +1,312 @@
+"""The rollout pool of the one-step-off trainer: its processes' loop (:func:`serve`) and the trainer's side of it
+(:class:`PooledRollout`), over the link between the pools (:mod:`rlprof_train.pools`).
+
+The protocol, in the order every member of a group makes its calls:
+
+    trainer rank 0 --orders--> rollout processes:  Start, then Weights | Generate | Stop, one at a time
+    rollout processes --batches--> every trainer rank:  one Generated per Generate
+
+A ``Generate`` carries every trainer rank's prompts (gathered over the trainer pool) in trainer rank order; rollout
+process ``r`` samples the ``r``-th of ``R`` near-equal contiguous parts of them; each trainer rank takes its own rows
+of the joined batch. A rollout process answers one order after another: the trainer sends weights only once the
+batch in flight is collected (:meth:`PooledRollout.sync_weights`), so no sample mixes two versions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+import rlprof
+from rlprof_train.batch import RolloutBatch, concat_batches
+from rlprof_train.config import TrainerConfig, as_dict
+from rlprof_train.data import Example
+from rlprof_train.models import load_causal_lm, load_tokenizer
+from rlprof_train.pools import Link, Pool
+from rlprof_train.workers.engine import DistEnv
+from rlprof_train.workers.rollout.base import Rollout, SamplingParams
+from rlprof_train.workers.rollout.hf import HFRollout
+
+
+@dataclass(frozen=True)
+class Start:
+    """What the rollout processes load: the policy's directory, and the run they record for."""
+
+    model_path: str
+    run_id: str
+    log_probs: bool
+    """Return the sampling distribution's log-probs (the trainer's rollout correction, verl's bypass mode)."""
+
+
+@dataclass(frozen=True)
+class Weights:
+    """The policy's parameters follow (:meth:`~rlprof_train.pools.Link.send_weights`): ``names`` in order, the
+    weights after ``version`` updates."""
+
+    version: int
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Generate:
+    prompts: list[Example]
+    sampling: SamplingParams
+    step: Optional[int]
+    """The training step the batch is for (its rollout processes record it as that rlprof step); None: validation."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+@dataclass(frozen=True)
+class Member:
+    """A rollout process, as it introduces itself once the run starts (named when it stops answering)."""
+
+    rank: int
+    """Its rank in the rollout pool."""
+    global_rank: int
+    host: str
+    pid: int
+
+    def __str__(self) -> str:
+        return f"rollout rank {self.rank} (launch rank {self.global_rank}, pid {self.pid} on {self.host})"
+
+
+class PoolLost(RuntimeError):
+    """The other pool stopped answering: one of its processes died, hangs past the collective timeout, or lost its
+    connection (the error of the link's collective is this one's cause)."""
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One rollout process's part of a ``Generate``: its rows (None when it had no prompts), the seconds it sampled
+    them in and the weights' version it sampled them with."""
+
+    batch: Optional[RolloutBatch]
+    seconds: float
+    version: int
+
+
+@dataclass(frozen=True)
+class Collected:
+    """This trainer rank's rows of a ``Generate``, with what the rollout pool measured."""
+
+    batch: RolloutBatch
+    seconds: float
+    """The longest of the rollout processes' sampling (verl's ``timing_s/generate_async``)."""
+    version: int
+    """The weights' version the rows were sampled with (updates before them)."""
+
+
+def part(items: list[Any], rank: int, size: int) -> list[Any]:
+    """The ``rank``-th of ``size`` contiguous parts of ``items``, the first ``len % size`` one longer."""
+    base, extra = divmod(len(items), size)
+    start = rank * base + min(rank, extra)
+    return items[start : start + base + (rank < extra)]
+
+
+# ----------------------------------------------------------------------------------------------- rollout processes
+
+
+def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log: Callable[[str], None]) -> None:
+    """A rollout process: load the policy when told, then load weights and generate as trainer rank 0 orders,
+    until it says stop. Each training batch is sampled inside ``rlprof.step(step)`` (the step it trains at), in the
+    ``rollout/generate_async`` range."""
+    with _lost("waited for the trainer's first order", "trainer rank 0 (launch rank 0)"):
+        start = link.receive()
+        assert isinstance(start, Start), f"the trainer's first order must be Start, not {start!r}"
+        link.exchange(Member(pool.rank, pool.global_rank, socket.gethostname(), os.getpid()))
+    rlprof.init(as_dict(cfg), rank=pool.global_rank, world_size=pool.world_size, run_id=start.run_id)
+    arr = cfg.actor_rollout_ref
+    tokenizer = load_tokenizer(start.model_path)
+    model = load_causal_lm(start.model_path, arr.model.dtype, device=device).eval()
+    parameters = dict(model.named_parameters())
+    rollout = HFRollout(
+        lambda: model,
+        tokenizer,
+        0,
+        arr.rollout.micro_batch_size,
+        device,
+        start.log_probs,
+        compiled=not arr.rollout.enforce_eager,
+        log=log,
+    )
+    version = 0
+    trainer = "the trainer pool (its processes, launch ranks 0.. before this pool's)"
+    try:
+        while True:
+            with _lost("waited for the trainer's next order", trainer):
+                order = link.receive()
+            if isinstance(order, Stop):
+                break
+            if isinstance(order, Weights):
+                if order.names != tuple(parameters):
+                    raise RuntimeError(
+                        f"the trainer's policy has other parameters than {start.model_path} loaded here: "
+                        f"{sorted(set(order.names) ^ set(parameters))[:5]}"
+                    )
+                with _lost(f"received the weights of version {order.version}", trainer):
+                    link.receive_weights(list(parameters.values()))
+                version = order.version
+            elif isinstance(order, Generate):
+                generated = generate(rollout, order, pool, version)
+                with _lost(f"handed over the batch of step {order.step}", trainer):
+                    link.exchange(generated)
+            else:
+                raise RuntimeError(f"unknown order from the trainer: {order!r}")
+    finally:
+        rollout.close()
+
+
+@contextlib.contextmanager
+def _lost(doing: str, peers: str) -> Iterator[None]:
+    """A link collective that fails (a peer gone or past the timeout) as :class:`PoolLost`, naming ``peers``."""
+    try:
+        yield
+    except RuntimeError as exc:  # gloo's errors (DistBackendError and its kin are RuntimeErrors)
+        if isinstance(exc, PoolLost):
+            raise
+        raise PoolLost(f"{peers} stopped answering while this process {doing} (see the error above)") from exc
+
+
+def generate(rollout: Rollout, order: Generate, pool: Pool, version: int) -> Generated:
+    """This process's part of ``order``'s prompts, sampled (on the host: the batches cross over gloo)."""
+    prompts = part(order.prompts, pool.rank, pool.size)
+    if not prompts:
+        return Generated(None, 0.0, version)
+    step = rlprof.step(order.step) if order.step is not None else contextlib.nullcontext()
+    with step, rlprof.profile_range("generate_async", role="rollout"):
+        began = time.perf_counter()
+        batch = rollout.generate(prompts, order.sampling).to(torch.device("cpu"))
+        seconds = time.perf_counter() - began
+    return Generated(batch, seconds, version)
+
+
+# ----------------------------------------------------------------------------------------------- the trainer's side
+
+
+class PooledRollout(Rollout):
+    """The trainer's rollout when generation runs in the rollout pool: ``submit`` sends a batch's prompts, ``collect``
+    waits for its rows; ``generate`` does both (validation, ReMax's greedy baselines). Every trainer rank makes the
+    same calls in the same order (each is a collective of the trainer pool and the link)."""
+
+    name = "pool"
+
+    def __init__(self, link: Link, env: DistEnv, module: Callable[[], Any], zero_stage: int) -> None:
+        self.link, self.env, self.module, self.zero_stage = link, env, module, zero_stage
+        self.in_flight = False
+        self.early: Optional[Collected] = None
+        """A batch collected before its turn (a validation or weights sent while it was in flight)."""
+        self.counts: list[int] = []
+        self.members: list[Member] = []
+        self.step_in_flight: Optional[int] = None
+        self.lost = False
+        self.version = 0
+        self.bytes_sent = 0
+
+    def start(self, model_path: str, run_id: str, log_probs: bool) -> None:
+        """Have the rollout processes load the policy; learn who they are (to name one that stops answering)."""
+        with self._lost("started the rollout pool"):
+            if self.env.is_main:
+                self.link.send(Start(model_path, run_id, log_probs))
+            self.members = self.link.exchange(None)
+
+    @contextlib.contextmanager
+    def _lost(self, doing: str) -> Iterator[None]:
+        members = "; ".join(str(m) for m in self.members) or "its processes"
+        try:
+            with _lost(doing, f"the rollout pool ({members})"):
+                yield
+        except PoolLost:
+            self.lost = True  # nothing more to tell it, at close either
+            raise
+
+    def sync_weights(self, version: Optional[int] = None) -> None:
+        """The actor's weights to every rollout process (after the batch in flight, if any, is collected), as
+        version ``version`` (the updates before them; default: the last version sent)."""
+        self._settle()
+        self.version = self.version if version is None else version
+        module = self.module()
+        with self._gathered(module):
+            if self.env.is_main:
+                named = list(module.named_parameters())
+                with self._lost(f"sent the weights of version {self.version}"):
+                    self.link.send(Weights(self.version, tuple(name for name, _ in named)))
+                    self.bytes_sent = self.link.send_weights([p for _, p in named])
+        self.env.barrier()  # every trainer rank's sync phase ends once the weights are sent, not only rank 0's
+
+    def _gathered(self, module: Any) -> Any:
+        if self.zero_stage == 3:
+            import deepspeed
+
+            return deepspeed.zero.GatheredParameters(list(module.parameters()))
+        return contextlib.nullcontext()
+
+    def submit(self, prompts: list[Example], sampling: SamplingParams, step: Optional[int]) -> None:
+        """Every trainer rank's ``prompts`` to the rollout pool; their rows come back with :meth:`collect`."""
+        assert not self.in_flight, "collect the batch in flight first"
+        parts = self.env.gather(prompts)
+        self.counts = [len(p) for p in parts]
+        if self.env.is_main:
+            with self._lost(f"sent the prompts of step {step}"):
+                self.link.send(Generate([example for p in parts for example in p], sampling, step))
+        self.in_flight = True
+        self.step_in_flight = step
+
+    def collect(self) -> Collected:
+        """This rank's rows of the batch submitted last, once the rollout pool has sampled it."""
+        if self.early is not None:
+            collected, self.early = self.early, None
+            return collected
+        return self._receive()
+
+    def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch:
+        """``prompts`` sampled now, the batch in flight kept for its :meth:`collect`."""
+        self._settle()
+        counts = self.counts
+        self.submit(prompts, sampling, None)
+        batch = self._receive().batch
+        self.counts = counts
+        return batch
+
+    def _receive(self) -> Collected:
+        assert self.in_flight, "submit a batch first"
+        self.in_flight = False
+        with self._lost(f"waited for the batch of step {self.step_in_flight}"):
+            generated: list[Generated] = self.link.exchange(None)
+        joined = concat_batches([g.batch for g in generated if g.batch is not None])
+        first = sum(self.counts[: self.env.rank]) * joined.n
+        rows = list(range(first, first + self.counts[self.env.rank] * joined.n))
+        return Collected(
+            joined.select(rows).to(self.env.device),
+            max(g.seconds for g in generated),
+            min(g.version for g in generated),
+        )
+
+    def _settle(self) -> None:
+        """Collect the batch in flight, kept for its :meth:`collect`: the rollout processes answer in order."""
+        if self.in_flight:
+            self.early = self._receive()
+
+    def abandon(self) -> None:
+        """This rank failed: :meth:`close` then waits for nothing and tells the pool nothing (its processes stop when
+        this one's exit breaks their link)."""
+        self.lost = True
+
+    def close(self) -> None:
+        """Collect what is in flight and tell the rollout processes to stop (unless the pool was lost)."""
+        if self.lost:
+            return
+        self._settle()
+        if self.env.is_main:
+            with self._lost("told it to stop"):
+                self.link.send(Stop())

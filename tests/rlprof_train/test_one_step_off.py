@@ -1,0 +1,273 @@
+"""verl's one-step-off trainer (``python -m rlprof_train.one_step_off_policy``): the launch split into a trainer pool
+and a rollout pool, the link between them, the step order (wait for batch k, send the weights, start batch k + 1,
+train on k) and what the run logs."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+from rlprof.metrics.timing import timing_shares
+from rlprof.typed_config import ConfigError
+from rlprof_train.pools import Link, pool_of, rollout_pool_size
+from rlprof_train.rollout_pool import part
+
+from conftest import ROOT, SMALL_RUN, foreground_sigint, free_port, subprocess_env, torchrun, trainer_command
+
+
+def test_the_last_processes_of_the_launch_are_the_rollout_pool():
+    pools = [pool_of(rank, 8, 2) for rank in range(8)]
+    assert [p.name for p in pools] == ["trainer"] * 6 + ["rollout"] * 2
+    assert [(p.rank, p.size) for p in pools] == [(r, 6) for r in range(6)] + [(0, 2), (1, 2)]
+    assert {p.rollout_size for p in pools} == {2}
+    assert rollout_pool_size(1, 2, 8) == 2 and rollout_pool_size(2, 1, 3) == 2
+    for nodes, per_node, world in ((1, 0, 3), (1, 3, 3), (2, 2, 4)):
+        with pytest.raises(ConfigError) as error:
+            rollout_pool_size(nodes, per_node, world)
+        assert str(error.value) == (
+            f"rollout.nnodes={nodes} x rollout.n_gpus_per_node={per_node}: the rollout pool must have 1 to "
+            f"{world - 1} of the launch's {world} processes (the others train); launch more processes (torchrun "
+            "--nproc_per_node) or give the rollout fewer"
+        )
+
+
+def test_a_batchs_prompts_are_split_into_near_equal_contiguous_parts():
+    items = list(range(7))
+    assert [part(items, r, 3) for r in range(3)] == [[0, 1, 2], [3, 4], [5, 6]]
+    assert [part(items[:2], r, 3) for r in range(3)] == [[0], [1], []]
+
+
+def test_the_link_carries_orders_weights_and_batches_between_the_pools():
+    """Three ranks of one launch (two train, one generates) as threads, each with its own store client and groups:
+    trainer rank 0's order reaches the rollout process, the weights of two dtypes arrive bit for bit, and the rollout
+    process's batch reaches both trainer ranks."""
+    port, world, timeout = free_port(), 3, datetime.timedelta(seconds=60)
+    master = dist.TCPStore("127.0.0.1", port, None, True, timeout=timeout, use_libuv=False, wait_for_workers=False)
+    weights = [torch.randn(5, 3), torch.randn(4).to(torch.bfloat16), torch.randn(2, 2)]
+    seen: dict[int, Any] = {}
+
+    def member(rank: int) -> None:
+        store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timeout, use_libuv=False)
+        link = Link(store, pool_of(rank, world, 1), timeout)
+        if rank == 0:
+            link.send({"order": "weights", "version": 3})
+            seen["bytes sent"] = link.send_weights(weights)
+        if rank == 2:
+            seen["order"] = link.receive()
+            received = [torch.zeros_like(w) for w in weights]
+            seen["bytes received"] = link.receive_weights(received)
+            seen["weights"] = received
+        seen[rank] = link.exchange({"rows": [1, 2], "from": rank} if rank == 2 else None)
+
+    threads = [threading.Thread(target=member, args=(rank,)) for rank in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    del master
+    assert seen["order"] == {"order": "weights", "version": 3}
+    assert all(torch.equal(got, sent) for got, sent in zip(seen["weights"], weights, strict=True))
+    assert seen["bytes sent"] == seen["bytes received"] == (15 + 4) * 4 + 4 * 2
+    assert seen[0] == seen[1] == seen[2] == [{"rows": [1, 2], "from": 2}]
+
+
+def one_step_off_command(folder: Path, *overrides: str) -> list[str]:
+    command = trainer_command(folder, *SMALL_RUN, *overrides, prefix=(*torchrun(3), "-m"))
+    command[command.index("rlprof_train.main_ppo")] = "rlprof_train.one_step_off_policy"
+    return command
+
+
+@pytest.mark.slow
+def test_two_train_while_one_generates_the_next_batch_a_version_behind(tmp_path):
+    """2 trainer + 1 rollout processes, 3 steps, validation before and at steps 2 and 3 (the second with a batch in
+    flight): each step waits for its batch, sends the weights and trains; batch 1 was sampled by the initial
+    weights (staleness 0), every later one by the weights one update older than those it trains (1), as verl's
+    one-step-off trainer; the rollout pool's sampling time is logged beside the step, not in its shares."""
+    command = one_step_off_command(
+        tmp_path,
+        "rollout.n_gpus_per_node=1",
+        "trainer.total_training_steps=3",
+        "trainer.val_before_train=true",
+        "trainer.test_freq=2",
+    )
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
+    assert result.returncode == 0, result.stderr[:3000]
+    records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    steps = {r["step"]: r for r in records}
+    assert sorted(steps) == [0, 1, 2, 3]
+    assert all("val-core/rlprof/arithmetic/reward/mean@1" in steps[s] for s in (0, 2, 3))
+    staleness = [steps[s]["training/off_policy/trajectory_staleness/max"] for s in (1, 2, 3)]
+    assert staleness == [0.0, 1.0, 1.0]
+    for s in (1, 2, 3):
+        record = steps[s]
+        assert {"timing_s/gen", "timing_s/sync_rollout_weights", "timing_s/generate_async"} <= set(record)
+        assert "timing_s/update_weights" not in record  # the weights go at the next step, once its batch is in
+        shares = sum(record[f"timing_share/{g}"] for g in ("rollout", "training", "other", "unaccounted"))
+        assert shares == pytest.approx(1.0)
+        assert record["timing_s/sync_rollout_weights"] < record["timing_s/step"]
+    report = subprocess.run(
+        [sys.executable, "-m", "rlprof.cli", "report", str(tmp_path / "logs"), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=subprocess_env(),
+        cwd=ROOT,
+    )
+    document = json.loads(report.stdout)
+    assert document["breakdown"]["overlap_gain"] is None  # it overlaps already
+    assert {row["metric"] for row in document["pipeline"]} >= {"training/off_policy/trajectory_staleness/mean"}
+    (sampling,) = [p for p in document["breakdown"]["phases"] if p["phase"] == "generate_async"]
+    assert sampling["group"] == "concurrent"
+
+
+def test_the_rollout_pools_sampling_beside_the_step_is_in_no_share_of_it():
+    shares = timing_shares({"step": 1.0, "gen": 0.2, "generate_async": 0.9, "update_actor": 0.5})
+    assert shares == pytest.approx(
+        {
+            "timing_share/rollout": 0.2,
+            "timing_share/training": 0.5,
+            "timing_share/other": 0.0,
+            "timing_share/unaccounted": 0.3,
+        }
+    )
+
+
+def test_a_rollout_pool_is_the_one_step_off_trainers_and_its_limits_are_named(tmp_path):
+    """main_ppo refuses a rollout pool and hybrid_engine=False, naming the one-step-off entry; the one-step-off
+    trainer names each setting its rollout pool does not run yet, with its pool size checked against the launch,
+    all in one line."""
+    env = subprocess_env(RANK="0", WORLD_SIZE="3", LOCAL_RANK="0", LOCAL_WORLD_SIZE="3")
+    sync = [
+        sys.executable,
+        "-m",
+        "rlprof_train.main_ppo",
+        "--config-name=demo",
+        "--cfg",
+        "job",
+        "rollout.n_gpus_per_node=1",
+        "actor_rollout_ref.hybrid_engine=False",
+    ]
+    result = subprocess.run(sync, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    for key in ("rollout.n_gpus_per_node=1", "actor_rollout_ref.hybrid_engine=False"):
+        assert f"{key}: a rollout pool apart from the trainer's is verl's one-step-off and fully-async" in line
+    assert "the one-step-off one is python -m rlprof_train.one_step_off_policy" in line
+    off = [
+        sys.executable,
+        "-m",
+        "rlprof_train.one_step_off_policy",
+        "--config-name=demo",
+        "--cfg",
+        "job",
+        "rollout.n_gpus_per_node=3",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.metric=acc",
+    ]
+    result = subprocess.run(off, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    for expected in (
+        "rollout.nnodes=1 x rollout.n_gpus_per_node=3: the rollout pool must have 1 to 2 of the launch's 3",
+        "actor_rollout_ref.rollout.name='vllm': is not built for the one-step-off trainer's rollout pool yet (hf is)",
+        "actor_rollout_ref.rollout.multi_turn.enable=True: is not built for the one-step-off trainer's rollout pool",
+        "algorithm.filter_groups.enable=True: is not built for the one-step-off trainer's rollout pool yet",
+    ):
+        assert expected in line
+    wrong = [*off[:6], "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=3"]
+    result = subprocess.run(wrong, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert result.returncode == 2
+    assert (
+        "trainer.n_gpus_per_node=3: this launch has 3 processes per node, 1 of them the rollout pool's "
+        "(rollout.n_gpus_per_node), so 2 train; start it with torchrun --nproc_per_node 4 or set "
+        "trainer.n_gpus_per_node=2"
+    ) in result.stderr
+    fine = [*off[:6], "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=2", "actor_rollout_ref.hybrid_engine=False"]
+    result = subprocess.run(fine, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert "bypass_mode: true" in result.stdout  # verl's one-step-off default
+
+
+def started_run(tmp_path: Path, steps_done: int) -> tuple[subprocess.Popen, dict[int, psutil.Process]]:
+    """A long one-step-off run (2 train, 1 generates) once it logged ``steps_done`` steps, with its processes by
+    launch rank (read from each one's environment as torchrun started it)."""
+    command = one_step_off_command(tmp_path, "rollout.n_gpus_per_node=1", "trainer.total_training_steps=100000")
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+        cwd=ROOT,
+        preexec_fn=foreground_sigint,  # noqa: PLW1509  (one call before exec)
+        start_new_session=True,
+    )
+    metrics = tmp_path / "logs" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= steps_done):
+        assert process.poll() is None and time.time() < deadline, "the run did not reach its steps"
+        time.sleep(0.5)
+    ranks = {}
+    for child in psutil.Process(process.pid).children(recursive=True):
+        rank = child.environ().get("RANK")
+        if rank is not None and "one_step_off_policy" in " ".join(child.cmdline()):
+            ranks[int(rank)] = child
+    assert sorted(ranks) == [0, 1, 2]
+    return process, ranks
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_process_ends_the_launch_with_nothing_left(tmp_path):
+    process, ranks = started_run(tmp_path, 3)
+    ranks[1].kill()
+    process.communicate(timeout=120)
+    assert process.returncode != 0
+    assert not [p for p in ranks.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.slow
+def test_a_killed_rollout_process_stops_the_trainer_naming_it(tmp_path):
+    """kill -9 of the rollout process: every trainer rank stops within seconds with one line naming it (its pool
+    rank, launch rank, pid and host) and what the rank was waiting for; the launch exits non-zero, nothing left."""
+    process, ranks = started_run(tmp_path, 3)
+    everyone = list(ranks.values())
+    killed = ranks[2].pid
+    ranks[2].kill()
+    began = time.time()
+    _, stderr = process.communicate(timeout=120)
+    took = time.time() - began
+    print(f"\nthe launch ended {took:.1f} s after kill -9 of the rollout process, exit {process.returncode}")
+    assert process.returncode != 0 and took < 30
+    named = (
+        f"the rollout pool (rollout rank 0 (launch rank 2, pid {killed} on {socket.gethostname()})) stopped answering"
+    )
+    for rank in (0, 1):
+        (line,) = [line for line in stderr.splitlines() if line.startswith(f"error on rank {rank}: ")]
+        assert line.startswith(f"error on rank {rank}: PoolLost: {named} while this process "), line
+    assert not [p for p in everyone if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.slow
+def test_ctrl_c_leaves_no_process_of_either_pool(tmp_path):
+    """Ctrl-C (SIGINT to the launch's process group, as a terminal sends it): both pools' processes end."""
+    process, ranks = started_run(tmp_path, 2)
+    os.killpg(process.pid, signal.SIGINT)
+    process.communicate(timeout=120)
+    assert process.returncode != 0
+    assert not [p for p in ranks.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
