@@ -82,7 +82,9 @@ def main(argv: Optional[list[str]] = None, one_step_off: bool = False) -> int:
         say = (lambda line: print(f"[INFO] rollout: {line}", file=sys.stderr, flush=True)) if pool.rank == 0 else quiet
         return finish(train(lambda: serve(cfg, pool, link, env.device, say), pool.global_rank, progress), progress)
     run_id = env.gather(new_run_id())[0]
-    rlprof.init(as_dict(cfg), run_id=run_id)
+    rlprof.init(  # the ranks rlprof records are the launch's (a pool's group numbers its own)
+        as_dict(cfg), run_id=run_id, **({"rank": pool.global_rank, "world_size": pool.world_size} if pool else {})
+    )
     log: Callable[[str], None] = (
         (lambda line: print(f"[INFO] {line}", file=sys.stderr, flush=True)) if env.is_main else (lambda line: None)
     )

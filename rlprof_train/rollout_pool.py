@@ -59,7 +59,11 @@ class Generate:
     prompts: list[Example]
     sampling: SamplingParams
     step: Optional[int]
-    """The training step the batch is for (its rollout processes record it as that rlprof step); None: validation."""
+    """The training step the batch is for (None: validation)."""
+    beside: Optional[int]
+    """The training step it is sampled beside, the rlprof step the rollout processes record it in (what they did
+    during that step, on one clock with the trainer's window; verl hands its rollout the same step); None: before
+    the first step, or validation."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,7 @@ def part(items: list[Any], rank: int, size: int) -> list[Any]:
 
 def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log: Callable[[str], None]) -> None:
     """A rollout process: load the policy when told, then load weights and generate as trainer rank 0 orders,
-    until it says stop. Each training batch is sampled inside ``rlprof.step(step)`` (the step it trains at), in the
+    until it says stop. Each training batch is sampled inside ``rlprof.step(beside)`` (the step it runs beside), in the
     ``rollout/generate_async`` range."""
     with _lost("waited for the trainer's first order", "trainer rank 0 (launch rank 0)"):
         start = link.receive()
@@ -183,7 +187,7 @@ def generate(rollout: Rollout, order: Generate, pool: Pool, version: int) -> Gen
     prompts = part(order.prompts, pool.rank, pool.size)
     if not prompts:
         return Generated(None, 0.0, version)
-    step = rlprof.step(order.step) if order.step is not None else contextlib.nullcontext()
+    step = rlprof.step(order.beside) if order.beside is not None else contextlib.nullcontext()
     with step, rlprof.profile_range("generate_async", role="rollout"):
         began = time.perf_counter()
         batch = rollout.generate(prompts, order.sampling).to(torch.device("cpu"))
@@ -251,14 +255,16 @@ class PooledRollout(Rollout):
             return deepspeed.zero.GatheredParameters(list(module.parameters()))
         return contextlib.nullcontext()
 
-    def submit(self, prompts: list[Example], sampling: SamplingParams, step: Optional[int]) -> None:
+    def submit(
+        self, prompts: list[Example], sampling: SamplingParams, step: Optional[int], beside: Optional[int] = None
+    ) -> None:
         """Every trainer rank's ``prompts`` to the rollout pool; their rows come back with :meth:`collect`."""
         assert not self.in_flight, "collect the batch in flight first"
         parts = self.env.gather(prompts)
         self.counts = [len(p) for p in parts]
         if self.env.is_main:
             with self._lost(f"sent the prompts of step {step}"):
-                self.link.send(Generate([example for p in parts for example in p], sampling, step))
+                self.link.send(Generate([example for p in parts for example in p], sampling, step, beside))
         self.in_flight = True
         self.step_in_flight = step
 

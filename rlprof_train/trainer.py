@@ -299,11 +299,11 @@ class PPOTrainer:
 
     def submit_round(self, step: int) -> None:
         """One-step-off: step ``step``'s prompts to the rollout pool (none after the last step, or once the prompt
-        stream is used up: one generation round a step)."""
+        stream is used up: one generation round a step), sampled beside step ``step - 1``."""
         assert self.pooled is not None
         if step <= self.total_steps and step <= self.rounds_total:
             prompts = shard(self.prompts.batch(step), self.env.rank, self.env.world_size)
-            self.pooled.submit(prompts, self.sampling, step)
+            self.pooled.submit(prompts, self.sampling, step, step - 1 if step > self.start_step else None)
 
     def collect(self, workers: MetricAggregator) -> RolloutBatch:
         """One-step-off: this step's batch from the rollout pool, with what the pool measured: its sampling time

@@ -103,6 +103,10 @@ def test_two_train_while_one_generates_the_next_batch_a_version_behind(tmp_path)
         "trainer.total_training_steps=3",
         "trainer.val_before_train=true",
         "trainer.test_freq=2",
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[2]",
+        f"global_profiler.save_path={tmp_path / 'profile'}",
+        "actor_rollout_ref.rollout.profiler.all_ranks=true",
     )
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
     assert result.returncode == 0, result.stderr[:3000]
@@ -132,6 +136,31 @@ def test_two_train_while_one_generates_the_next_batch_a_version_behind(tmp_path)
     assert {row["metric"] for row in document["pipeline"]} >= {"training/off_policy/trajectory_staleness/mean"}
     (sampling,) = [p for p in document["breakdown"]["phases"] if p["phase"] == "generate_async"]
     assert sampling["group"] == "concurrent"
+
+    # every process of both pools records step 2's window, under its launch rank: on one clock, the rollout
+    # process samples batch 3 while trainer rank 0 runs step 2
+    entries = [json.loads(line) for line in (tmp_path / "profile" / "manifest.jsonl").read_text().splitlines()]
+    sessions = [e for e in entries if e.get("kind") == "session"]
+    assert sorted((e["rank"], e["world_size"]) for e in sessions) == [(0, 3), (1, 3), (2, 3)]
+    timeline = tmp_path / "timeline.json"
+    merged = subprocess.run(
+        [sys.executable, "-m", "rlprof.cli", "timeline", str(tmp_path / "profile"), "-o", str(timeline)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=subprocess_env(),
+        cwd=ROOT,
+    )
+    assert merged.returncode == 0, merged.stderr
+    events = json.loads(timeline.read_text())["traceEvents"]
+    lanes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    spans = {
+        (lanes[e["pid"]].split(" ")[1], e["name"]): (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("ph") == "X" and e["name"] in ("trainer/step", "rollout/generate_async")
+    }
+    step, sampled = spans[("0", "trainer/step")], spans[("2", "rollout/generate_async")]
+    assert step[0] < sampled[0] < sampled[1] < step[1]
 
 
 def test_the_rollout_pools_sampling_beside_the_step_is_in_no_share_of_it():
