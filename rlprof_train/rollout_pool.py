@@ -132,7 +132,7 @@ def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log:
     rlprof.init(as_dict(cfg), rank=pool.global_rank, world_size=pool.world_size, run_id=start.run_id)
     arr = cfg.actor_rollout_ref
     tokenizer = load_tokenizer(start.model_path)
-    model = load_causal_lm(start.model_path, arr.model.dtype, device=device).eval()
+    model = load_causal_lm(start.model_path, arr.model.dtype, device=device, overrides=arr.model.override_config)
     parameters = dict(model.named_parameters())
     rollout = HFRollout(
         lambda: model,
@@ -144,8 +144,8 @@ def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log:
         compiled=not arr.rollout.enforce_eager,
         log=log,
     )
-    version = 0
-    trainer = "the trainer pool (its processes, launch ranks 0.. before this pool's)"
+    version, generated_so_far = 0, 0
+    trainer = f"the trainer pool (launch ranks 0-{pool.world_size - pool.size - 1})"
     try:
         while True:
             with _lost("waited for the trainer's next order", trainer):
@@ -162,6 +162,8 @@ def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log:
                     link.receive_weights(list(parameters.values()))
                 version = order.version
             elif isinstance(order, Generate):
+                generated_so_far += 1  # each sampling seeded as the trainer seeds its steps: a run repeats
+                torch.manual_seed(cfg.trainer.seed * 100_003 + generated_so_far * pool.world_size + pool.global_rank)
                 generated = generate(rollout, order, pool, version)
                 with _lost(f"handed over the batch of step {order.step}", trainer):
                     link.exchange(generated)
@@ -215,7 +217,6 @@ class PooledRollout(Rollout):
         self.step_in_flight: Optional[int] = None
         self.lost = False
         self.version = 0
-        self.bytes_sent = 0
 
     def start(self, model_path: str, run_id: str, log_probs: bool) -> None:
         """Have the rollout processes load the policy; learn who they are (to name one that stops answering)."""
@@ -245,7 +246,7 @@ class PooledRollout(Rollout):
                 named = list(module.named_parameters())
                 with self._lost(f"sent the weights of version {self.version}"):
                     self.link.send(Weights(self.version, tuple(name for name, _ in named)))
-                    self.bytes_sent = self.link.send_weights([p for _, p in named])
+                    self.link.send_weights([p for _, p in named])
         self.env.barrier()  # every trainer rank's sync phase ends once the weights are sent, not only rank 0's
 
     def _gathered(self, module: Any) -> Any:
@@ -278,11 +279,8 @@ class PooledRollout(Rollout):
     def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch:
         """``prompts`` sampled now, the batch in flight kept for its :meth:`collect`."""
         self._settle()
-        counts = self.counts
         self.submit(prompts, sampling, None)
-        batch = self._receive().batch
-        self.counts = counts
-        return batch
+        return self._receive().batch
 
     def _receive(self) -> Collected:
         assert self.in_flight, "submit a batch first"

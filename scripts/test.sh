@@ -3,7 +3,8 @@
 # --strict: a broken link fails), run every test, the slow end-to-end ones included, then the benchmarks, all but the
 # long runs (TRL, the knob table, LoRA's costs and learning, the host allocation timeline's cost, the vLLM tune, four
 # of verl's scripts that differ from a trained one by the estimator or the rollout correction, the
-# 5000-window soak, tune's speed target, ten of verl's DAPO scripts, vLLM's series and the dashboard in Prometheus;
+# 5000-window soak, tune's speed target, ten of verl's DAPO scripts, vLLM's series and the dashboard in Prometheus,
+# the one-step-off trainer's learning against the synchronous one;
 # .venv/bin/python -m pytest tests -m long -s; .venv/bin/python -m pytest benchmarks -m long -s: two sessions, as each
 # folder has its own conftest). A speed target the benchmarks still miss after their retries is listed as MISSED in
 # their summary, not failed (RLPROF_SPEED_TARGETS=report: a busy machine must not turn this command red).

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -163,6 +164,27 @@ def test_two_train_while_one_generates_the_next_batch_a_version_behind(tmp_path)
     assert step[0] < sampled[0] < sampled[1] < step[1]
 
 
+@pytest.mark.slow
+def test_the_same_seed_samples_the_same_batches(tmp_path):
+    """Two runs of one config (one process trains, one generates): every step's rewards and response lengths agree,
+    as two runs of the synchronous trainer do (the rollout process seeds each sampling as the trainer seeds steps)."""
+    runs = []
+    for name in ("first", "second"):
+        command = trainer_command(
+            tmp_path / name,
+            *SMALL_RUN,
+            "rollout.n_gpus_per_node=1",
+            "trainer.total_training_steps=4",
+            prefix=(*torchrun(2), "-m"),
+        )
+        command[command.index("rlprof_train.main_ppo")] = "rlprof_train.one_step_off_policy"
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
+        assert result.returncode == 0, result.stderr[-3000:]
+        records = [json.loads(line) for line in (tmp_path / name / "logs" / "metrics.jsonl").read_text().splitlines()]
+        runs.append([(r["step"], r["critic/score/mean"], r["response_length/mean"]) for r in records])
+    assert len(runs[0]) == 4 and runs[0] == runs[1]
+
+
 def test_the_rollout_pools_sampling_beside_the_step_is_in_no_share_of_it():
     shares = timing_shares({"step": 1.0, "gen": 0.2, "generate_async": 0.9, "update_actor": 0.5})
     assert shares == pytest.approx(
@@ -300,3 +322,51 @@ def test_ctrl_c_leaves_no_process_of_either_pool(tmp_path):
     process.communicate(timeout=120)
     assert process.returncode != 0
     assert not [p for p in ranks.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+LEARNING_STEPS = 60
+SYNC_SEEDS = (1, 2, 3)
+ONE_STEP_OFF_SEEDS = (1, 2)
+VAL_KEY = "val-core/rlprof/arithmetic/reward/mean@1"
+
+
+def learning_run(folder: Path, seed: int, one_step_off: bool) -> list[dict]:
+    """The demo's GRPO for :data:`LEARNING_STEPS` steps, validated at the end: one process, or one that trains and
+    one that generates (the same trainer, the same samples a step)."""
+    overrides = (f"trainer.total_training_steps={LEARNING_STEPS}", f"trainer.test_freq={LEARNING_STEPS}")
+    base = ("trainer.val_before_train=false", f"trainer.seed={seed}", *overrides)
+    if one_step_off:
+        command = trainer_command(folder, *base, "rollout.n_gpus_per_node=1", prefix=(*torchrun(2), "-m"))
+        command[command.index("rlprof_train.main_ppo")] = "rlprof_train.one_step_off_policy"
+    else:
+        command = trainer_command(folder, *base)
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=900, env=subprocess_env(OMP_NUM_THREADS="1"), cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [json.loads(line) for line in (folder / "logs" / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.long  # five 60-step runs, about 4 minutes on 2 cores
+def test_one_step_off_learns_as_the_synchronous_trainer_within_the_run_to_run_spread(tmp_path):
+    """The demo's GRPO, 60 steps: three seeds of the synchronous trainer give the run-to-run spread of the final
+    validation reward; two seeds of the one-step-off trainer (each batch sampled by weights one update old, the
+    rollout's log-probs as the old ones) land within it, widened by the spread itself, and their mean training reward
+    is no lower than the synchronous runs' lowest less their spread (measured: 0.172-0.175 against 0.165-0.166)."""
+    sync = [learning_run(tmp_path / f"sync{seed}", seed, one_step_off=False) for seed in SYNC_SEEDS]
+    off = [learning_run(tmp_path / f"off{seed}", seed, one_step_off=True) for seed in ONE_STEP_OFF_SEEDS]
+
+    def figures(records: list[dict]) -> tuple[float, float]:
+        rewards = [r["critic/score/mean"] for r in records if r["step"] > 0 and "critic/score/mean" in r]
+        assert len(rewards) == LEARNING_STEPS
+        (last,) = [r[VAL_KEY] for r in records if VAL_KEY in r]
+        return statistics.fmean(rewards), last
+
+    sync_figures, off_figures = [figures(r) for r in sync], [figures(r) for r in off]
+    print(f"\n(mean reward, final validation reward): synchronous {sync_figures}; one-step-off {off_figures}")
+    means, finals = [f[0] for f in sync_figures], [f[1] for f in sync_figures]
+    spread = max(finals) - min(finals)
+    for mean, final in off_figures:
+        assert min(finals) - spread <= final <= max(finals) + spread, (final, finals)
+        assert mean >= min(means) - (max(means) - min(means)), (mean, means)
+    assert all(r["training/off_policy/trajectory_staleness/max"] == 1.0 for r in off[0] if r["step"] > 1)
