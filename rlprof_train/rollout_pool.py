@@ -19,12 +19,13 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 
 import rlprof
+from rlprof.metrics.pipeline import RolloutMeter
 from rlprof_train.batch import RolloutBatch, concat_batches
 from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.data import Example
@@ -93,11 +94,13 @@ class PoolLost(RuntimeError):
 @dataclass(frozen=True)
 class Generated:
     """One rollout process's part of a ``Generate``: its rows (None when it had no prompts), the seconds it sampled
-    them in and the weights' version it sampled them with."""
+    them in, the weights' version it sampled them with, and its rollouter metrics of the window that its last
+    weights ended (:class:`~rlprof.metrics.pipeline.RolloutMeter`)."""
 
     batch: Optional[RolloutBatch]
     seconds: float
     version: int
+    pipeline: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,8 @@ class Collected:
     """The longest of the rollout processes' sampling (verl's ``timing_s/generate_async``)."""
     version: int
     """The weights' version the rows were sampled with (updates before them)."""
+    pipeline: dict[str, float]
+    """Rollout rank 0's rollouter metrics of the window its last weights ended (``fully_async/rollouter/*``)."""
 
 
 def part(items: list[Any], rank: int, size: int) -> list[Any]:
@@ -144,11 +149,12 @@ def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log:
         compiled=not arr.rollout.enforce_eager,
         log=log,
     )
-    version, generated_so_far = 0, 0
+    version, generated_so_far, window = 0, 0, {}
+    meter = RolloutMeter()  # its waits: for the trainer to take the batch and ask for the next, for weights
     trainer = f"the trainer pool (launch ranks 0-{pool.world_size - pool.size - 1})"
     try:
         while True:
-            with _lost("waited for the trainer's next order", trainer):
+            with _lost("waited for the trainer's next order", trainer), meter.waiting("queue_full"):
                 order = link.receive()
             if isinstance(order, Stop):
                 break
@@ -158,14 +164,16 @@ def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log:
                         f"the trainer's policy has other parameters than {start.model_path} loaded here: "
                         f"{sorted(set(order.names) ^ set(parameters))[:5]}"
                     )
-                with _lost(f"received the weights of version {order.version}", trainer):
+                with _lost(f"received the weights of version {order.version}", trainer), meter.waiting("weights"):
                     link.receive_weights(list(parameters.values()))
-                version = order.version
+                version, window = order.version, meter.synced(order.version)
             elif isinstance(order, Generate):
                 generated_so_far += 1  # each sampling seeded as the trainer seeds its steps: a run repeats
                 torch.manual_seed(cfg.trainer.seed * 100_003 + generated_so_far * pool.world_size + pool.global_rank)
-                generated = generate(rollout, order, pool, version)
-                with _lost(f"handed over the batch of step {order.step}", trainer):
+                generated = generate(rollout, order, pool, version, window)
+                if generated.batch is not None and order.step is not None:
+                    meter.finished(generated.batch.size)
+                with _lost(f"handed over the batch of step {order.step}", trainer), meter.waiting("queue_full"):
                     link.exchange(generated)
             else:
                 raise RuntimeError(f"unknown order from the trainer: {order!r}")
@@ -184,17 +192,17 @@ def _lost(doing: str, peers: str) -> Iterator[None]:
         raise PoolLost(f"{peers} stopped answering while this process {doing} (see the error above)") from exc
 
 
-def generate(rollout: Rollout, order: Generate, pool: Pool, version: int) -> Generated:
+def generate(rollout: Rollout, order: Generate, pool: Pool, version: int, window: dict[str, float]) -> Generated:
     """This process's part of ``order``'s prompts, sampled (on the host: the batches cross over gloo)."""
     prompts = part(order.prompts, pool.rank, pool.size)
     if not prompts:
-        return Generated(None, 0.0, version)
+        return Generated(None, 0.0, version, window)
     step = rlprof.step(order.beside) if order.beside is not None else contextlib.nullcontext()
     with step, rlprof.profile_range("generate_async", role="rollout"):
         began = time.perf_counter()
         batch = rollout.generate(prompts, order.sampling).to(torch.device("cpu"))
         seconds = time.perf_counter() - began
-    return Generated(batch, seconds, version)
+    return Generated(batch, seconds, version, window)
 
 
 # ----------------------------------------------------------------------------------------------- the trainer's side
@@ -294,6 +302,7 @@ class PooledRollout(Rollout):
             joined.select(rows).to(self.env.device),
             max(g.seconds for g in generated),
             min(g.version for g in generated),
+            generated[0].pipeline,
         )
 
     def _settle(self) -> None:

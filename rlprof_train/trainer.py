@@ -29,6 +29,7 @@ import torch
 import rlprof
 from rlprof.live_gpu_idle import WindowGpuIdle
 from rlprof.metrics import MetricAggregator, Reduce
+from rlprof.metrics.pipeline import TrainerMeter
 from rlprof.watchdog import Watchdog
 from rlprof_train import algos, checkpoint, prepare, rollout_correction
 from rlprof_train.batch import MicroBatching, RolloutBatch
@@ -147,6 +148,7 @@ class PPOTrainer:
                 self._log({**self.validate(0), "training/global_step": 0.0}, step=0)
             if self.pooled is not None:
                 self.submit_round(self.start_step)
+                self.pipeline = TrainerMeter()  # the trainer's waits for samples, over each step from here
             for step in range(self.start_step, self.total_steps + 1):
                 torch.manual_seed(trainer.seed * 100_003 + step * self.env.world_size + self.env.rank)
                 with rlprof.step(step):
@@ -234,6 +236,9 @@ class PPOTrainer:
                 if self.pooled is None:  # one-step-off: at the next step, once its batch is in
                     with self._phase("update_weights", timing, role="rollout"):
                         self.rollout.sync_weights()
+        if self.pooled is not None:
+            for key, value in self.pipeline.step_done().items():
+                workers.add(key, value, Reduce.MEAN)
         return step_metrics(self.env, self._facts(step), batch, timing, workers)
 
     def sample(self, timing: dict[str, float], workers: MetricAggregator) -> Optional[RolloutBatch]:
@@ -310,8 +315,11 @@ class PPOTrainer:
         (``timing_s/generate_async``, beside the step) and the batch's staleness, the policy's updates since the
         weights that sampled it (verl's ``training/off_policy/trajectory_staleness/*``)."""
         assert self.pooled is not None
-        collected = self.pooled.collect()
+        with self.pipeline.waiting("samples"):
+            collected = self.pooled.collect()
         workers.add("timing_s/generate_async", collected.seconds, Reduce.MAX)
+        for key, value in collected.pipeline.items():  # the rollout pool's window before this batch's weights
+            workers.add(key, value, Reduce.LAST)
         staleness = float(self.updates_before(self.step) - collected.version)
         for stat, reduce in (("mean", Reduce.MEAN), ("max", Reduce.MAX), ("min", Reduce.MIN)):
             workers.add(f"training/off_policy/trajectory_staleness/{stat}", staleness, reduce)

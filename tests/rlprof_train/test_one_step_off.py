@@ -108,6 +108,7 @@ def test_two_train_while_one_generates_the_next_batch_a_version_behind(tmp_path)
         "global_profiler.steps=[2]",
         f"global_profiler.save_path={tmp_path / 'profile'}",
         "actor_rollout_ref.rollout.profiler.all_ranks=true",
+        "actor_rollout_ref.actor.ppo_epochs=8",  # an update far longer than a generation: the trainer sets the pace
     )
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
     assert result.returncode == 0, result.stderr[:3000]
@@ -134,7 +135,16 @@ def test_two_train_while_one_generates_the_next_batch_a_version_behind(tmp_path)
     )
     document = json.loads(report.stdout)
     assert document["breakdown"]["overlap_gain"] is None  # it overlaps already
-    assert {row["metric"] for row in document["pipeline"]} >= {"training/off_policy/trajectory_staleness/mean"}
+    pipeline = {row["metric"]: row["median"] for row in document["pipeline"]}
+    assert {
+        "training/off_policy/trajectory_staleness/mean",
+        "fully_async/trainer/idle_ratio",
+        "fully_async/rollouter/idle_ratio",
+        "fully_async/rollouter/wait_s/queue_full",
+    } <= set(pipeline)
+    (bound,) = [f for f in document["findings"] if f["rule"].startswith("async-")]
+    assert bound["rule"] == "async-train-bound", document["findings"]  # the rollout waits, its batch handed over
+    assert bound["evidence"]["rollouter_idle_ratio"] > 0.5 > bound["evidence"]["trainer_idle_ratio"]
     (sampling,) = [p for p in document["breakdown"]["phases"] if p["phase"] == "generate_async"]
     assert sampling["group"] == "concurrent"
 
