@@ -212,36 +212,27 @@ def test_a_rollout_pool_is_the_one_step_off_trainers_and_its_limits_are_named(tm
     trainer names each setting its rollout pool does not run yet, with its pool size checked against the launch,
     all in one line."""
     env = subprocess_env(RANK="0", WORLD_SIZE="3", LOCAL_RANK="0", LOCAL_WORLD_SIZE="3")
-    sync = [
-        sys.executable,
-        "-m",
-        "rlprof_train.main_ppo",
-        "--config-name=demo",
-        "--cfg",
-        "job",
-        "rollout.n_gpus_per_node=1",
-        "actor_rollout_ref.hybrid_engine=False",
-    ]
-    result = subprocess.run(sync, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+
+    def checked(module: str, *overrides: str) -> subprocess.CompletedProcess:
+        """The config of a launch of 3 processes, checked and printed (``--cfg job``), nothing run."""
+        command = [sys.executable, "-m", module, "--config-name=demo", "--cfg", "job", *overrides]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+
+    result = checked("rlprof_train.main_ppo", "rollout.n_gpus_per_node=1", "actor_rollout_ref.hybrid_engine=False")
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     for key in ("rollout.n_gpus_per_node=1", "actor_rollout_ref.hybrid_engine=False"):
         assert f"{key}: a rollout pool apart from the trainer's is verl's one-step-off and fully-async" in line
     assert "the one-step-off one is python -m rlprof_train.one_step_off_policy" in line
-    off = [
-        sys.executable,
-        "-m",
-        "rlprof_train.one_step_off_policy",
-        "--config-name=demo",
-        "--cfg",
-        "job",
+    off = "rlprof_train.one_step_off_policy"
+    result = checked(
+        off,
         "rollout.n_gpus_per_node=3",
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.multi_turn.enable=true",
         "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.metric=acc",
-    ]
-    result = subprocess.run(off, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    )
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     for expected in (
@@ -251,16 +242,16 @@ def test_a_rollout_pool_is_the_one_step_off_trainers_and_its_limits_are_named(tm
         "algorithm.filter_groups.enable=True: is not built for the one-step-off trainer's rollout pool yet",
     ):
         assert expected in line
-    wrong = [*off[:6], "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=3"]
-    result = subprocess.run(wrong, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    result = checked(off, "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=3")
     assert result.returncode == 2
     assert (
         "trainer.n_gpus_per_node=3: this launch has 3 processes per node, 1 of them the rollout pool's "
         "(rollout.n_gpus_per_node), so 2 train; start it with torchrun --nproc_per_node 4 or set "
         "trainer.n_gpus_per_node=2"
     ) in result.stderr
-    fine = [*off[:6], "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=2", "actor_rollout_ref.hybrid_engine=False"]
-    result = subprocess.run(fine, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    result = checked(
+        off, "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=2", "actor_rollout_ref.hybrid_engine=False"
+    )
     assert result.returncode == 0, result.stderr
     assert "bypass_mode: true" in result.stdout  # verl's one-step-off default
 
