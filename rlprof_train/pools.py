@@ -114,24 +114,23 @@ class Link:
 
     def send(self, message: Any) -> None:
         """Trainer rank 0: ``message`` to every rollout process."""
-        self._broadcast_object(message)
+        self._broadcast_bytes(pickle.dumps(message))
 
     def receive(self) -> Any:
         """A rollout process: the next message trainer rank 0 sent."""
-        return self._broadcast_object(None)
+        return pickle.loads(self._broadcast_bytes(None))
 
-    def _broadcast_object(self, message: Any) -> Any:
-        assert self.orders is not None, "only trainer rank 0 and the rollout processes are in the orders group"
-        data = pickle.dumps(message) if message is not None else b""
-        length = torch.tensor([len(data)], dtype=torch.int64)
+    def _broadcast_bytes(self, data: Optional[bytes]) -> bytes:
+        """``data`` from the sender (rank 0 of ``orders``); every other member passes None and gets them."""
+        length = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
         self._broadcast(length)
         buffer = (
-            torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            if data
-            else torch.empty(int(length), dtype=torch.uint8)
+            torch.empty(int(length), dtype=torch.uint8)
+            if data is None
+            else torch.frombuffer(bytearray(data), dtype=torch.uint8)
         )
         self._broadcast(buffer)
-        return message if message is not None else pickle.loads(buffer.numpy().tobytes())
+        return buffer.numpy().tobytes()
 
     def send_weights(self, tensors: Sequence[torch.Tensor]) -> int:
         """Trainer rank 0: ``tensors`` (the policy's parameters, in ``named_parameters`` order) to every rollout
@@ -162,9 +161,9 @@ class Link:
     def _broadcast(self, tensor: torch.Tensor) -> None:
         import torch.distributed as dist
 
+        assert self.orders is not None, "only trainer rank 0 and the rollout processes are in the orders group"
         options = dist.BroadcastOptions()
         options.rootRank = 0
-        assert self.orders is not None
         self.orders.broadcast([tensor], options).wait()
 
     # ------------------------------------------------------------------------------------------------ batches

@@ -31,7 +31,7 @@ from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.data import Example
 from rlprof_train.models import load_causal_lm, load_tokenizer
 from rlprof_train.pools import Link, Pool
-from rlprof_train.workers.engine import DistEnv
+from rlprof_train.workers.engine import DistEnv, gathered_parameters
 from rlprof_train.workers.rollout.base import Rollout, SamplingParams
 from rlprof_train.workers.rollout.hf import HFRollout
 
@@ -249,20 +249,13 @@ class PooledRollout(Rollout):
         self._settle()
         self.version = self.version if version is None else version
         module = self.module()
-        with self._gathered(module):
+        with gathered_parameters(module, self.zero_stage):
             if self.env.is_main:
                 named = list(module.named_parameters())
                 with self._lost(f"sent the weights of version {self.version}"):
                     self.link.send(Weights(self.version, tuple(name for name, _ in named)))
                     self.link.send_weights([p for _, p in named])
         self.env.barrier()  # every trainer rank's sync phase ends once the weights are sent, not only rank 0's
-
-    def _gathered(self, module: Any) -> Any:
-        if self.zero_stage == 3:
-            import deepspeed
-
-            return deepspeed.zero.GatheredParameters(list(module.parameters()))
-        return contextlib.nullcontext()
 
     def submit(
         self, prompts: list[Example], sampling: SamplingParams, step: Optional[int], beside: Optional[int] = None

@@ -231,7 +231,7 @@ class PPOTrainer:
                     workers.merge(self.critic.update(batch, self.critic_lr.lr(step)))
             if step >= self.cfg.trainer.critic_warmup:  # before it, only the critic trains (verl's critic_warmup)
                 with self._phase("update_actor", timing, role="actor"):
-                    actor_update = step - max(self.cfg.trainer.critic_warmup, 1) + 1
+                    actor_update = self.updates_before(step) + 1
                     workers.merge(self.actor.update(batch, self.actor_lr.lr(actor_update)))
                 if self.pooled is None:  # one-step-off: at the next step, once its batch is in
                     with self._phase("update_weights", timing, role="rollout"):

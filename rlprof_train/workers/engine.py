@@ -138,6 +138,17 @@ def init_distributed(
 _KEEP_ALIVE: list[Any] = []  # the single-process run's store lives as long as the process
 
 
+def gathered_parameters(module: Any, zero_stage: int) -> contextlib.AbstractContextManager[Any]:
+    """``module``'s whole parameters for the ``with`` block: under ZeRO 3 each rank holds a shard, gathered here
+    (a collective of the engine's ranks); otherwise they are whole already."""
+    if zero_stage != 3:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    gathered: contextlib.AbstractContextManager[Any] = deepspeed.zero.GatheredParameters(list(module.parameters()))
+    return gathered
+
+
 def zero_stage_to_run(
     zero_stage: int, world_size: int, dtype: str, offload: bool, zero_checkpoint: bool = False
 ) -> int:

@@ -5,7 +5,6 @@ by ``generate`` itself for models whose generation config asks for more."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
@@ -15,6 +14,7 @@ import torch
 from rlprof_train.batch import RolloutBatch
 from rlprof_train.config.schema import TrainerConfig
 from rlprof_train.data import Example, left_pad
+from rlprof_train.workers.engine import gathered_parameters
 from rlprof_train.workers.rollout.base import (
     Completion,
     Completions,
@@ -71,13 +71,6 @@ class HFRollout(ContinuingRollout):
         self.complete([p.prompt_ids for p in prompts], sampling.n, budgets, sampling, steps=2)
         return True
 
-    def _gathered(self, model: Any) -> Any:
-        if self.zero_stage == 3:
-            import deepspeed
-
-            return deepspeed.zero.GatheredParameters(list(model.parameters()))
-        return contextlib.nullcontext()
-
     def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch:
         contexts, budgets = [p.prompt_ids for p in prompts], [sampling.response_length] * len(prompts)
         sampled = self.complete(contexts, sampling.n, budgets, sampling)
@@ -110,7 +103,7 @@ class HFRollout(ContinuingRollout):
         sampled, row_steps = 0, 0
         arrival = time.perf_counter()
         try:
-            with self._gathered(model):
+            with gathered_parameters(model, self.zero_stage):
                 chunk_size = self.micro_batch_size or len(contexts)
                 for start in range(0, len(contexts), chunk_size):
                     chunk = contexts[start : start + chunk_size]

@@ -41,6 +41,7 @@ from rlprof_train.batch import RolloutBatch
 from rlprof_train.config.schema import RolloutConfig, TrainerConfig
 from rlprof_train.data import Example
 from rlprof_train.models import merged_state_dict
+from rlprof_train.workers.engine import gathered_parameters
 from rlprof_train.workers.rollout.base import (
     Completion,
     Completions,
@@ -341,13 +342,7 @@ class VLLMRollout(ContinuingRollout, WindowListener):
         from safetensors.torch import save_file
 
         module = self.actor.module
-        gathered: Any = None
-        if self.zero_stage == 3:
-            import deepspeed
-
-            gathered = deepspeed.zero.GatheredParameters(list(module.parameters()))
-            gathered.__enter__()
-        try:
+        with gathered_parameters(module, self.zero_stage):
             paths: list[Path] = []
             bucket: dict[str, torch.Tensor] = {}
             size = 0
@@ -362,9 +357,6 @@ class VLLMRollout(ContinuingRollout, WindowListener):
                 paths.append(folder / f"bucket{len(paths)}.safetensors")
                 save_file(bucket, str(paths[-1]))
             return paths
-        finally:
-            if gathered is not None:
-                gathered.__exit__(None, None, None)
 
     # rlprof's windows: while its torch tool records the rollout role, vLLM's own torch profiler records the engine.
 
