@@ -26,6 +26,7 @@ import torch
 
 import rlprof
 from rlprof.metrics.pipeline import RolloutMeter
+from rlprof.metrics.pipeline_records import PipelineLog
 from rlprof_train.batch import RolloutBatch, concat_batches
 from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.data import Example
@@ -44,6 +45,8 @@ class Start:
     run_id: str
     log_probs: bool
     """Return the sampling distribution's log-probs (the trainer's rollout correction, verl's bypass mode)."""
+    resumed: bool
+    """The run resumes from a checkpoint: its pipeline records continue the earlier run's."""
 
 
 @dataclass(frozen=True)
@@ -93,10 +96,11 @@ class PoolLost(RuntimeError):
 
 @dataclass(frozen=True)
 class Generated:
-    """One rollout process's part of a ``Generate``: its rows (None when it had no prompts), the seconds it sampled
-    them in, the weights' version it sampled them with, and its rollouter metrics of the window that its last
-    weights ended (:class:`~rlprof.metrics.pipeline.RolloutMeter`)."""
+    """One rollout process's part of a ``Generate``: its rank in the pool, its rows (None when it had no prompts),
+    the seconds it sampled them in, the weights' version it sampled them with, and its rollouter metrics of the
+    window that its last weights ended (:class:`~rlprof.metrics.pipeline.RolloutMeter`)."""
 
+    rank: int
     batch: Optional[RolloutBatch]
     seconds: float
     version: int
@@ -110,8 +114,10 @@ class Collected:
     batch: RolloutBatch
     seconds: float
     """The longest of the rollout processes' sampling (verl's ``timing_s/generate_async``)."""
-    version: int
-    """The weights' version the rows were sampled with (updates before them)."""
+    versions: list[int]
+    """Each row's weights' version, the updates before the weights that sampled it."""
+    rollout_ranks: list[int]
+    """Each row's rollout process (its rank in the rollout pool)."""
     pipeline: dict[str, float]
     """Rollout rank 0's rollouter metrics of the window its last weights ended (``fully_async/rollouter/*``)."""
 
@@ -135,6 +141,7 @@ def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log:
         assert isinstance(start, Start), f"the trainer's first order must be Start, not {start!r}"
         link.exchange(Member(pool.rank, pool.global_rank, socket.gethostname(), os.getpid()))
     rlprof.init(as_dict(cfg), rank=pool.global_rank, world_size=pool.world_size, run_id=start.run_id)
+    records = PipelineLog(cfg.trainer.log_dir, pool.global_rank, "rollouter", start.resumed)
     arr = cfg.actor_rollout_ref
     tokenizer = load_tokenizer(start.model_path)
     model = load_causal_lm(start.model_path, arr.model.dtype, device=device, overrides=arr.model.override_config)
@@ -150,7 +157,8 @@ def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log:
         log=log,
     )
     version, generated_so_far, window = 0, 0, {}
-    meter = RolloutMeter()  # its waits: for the trainer to take the batch and ask for the next, for weights
+    meter = RolloutMeter(record=records.write)  # its waits: for the trainer to take its batch and ask for the next,
+    # for weights
     trainer = f"the trainer pool (launch ranks 0-{pool.world_size - pool.size - 1})"
     try:
         while True:
@@ -170,7 +178,7 @@ def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log:
             elif isinstance(order, Generate):
                 generated_so_far += 1  # each sampling seeded as the trainer seeds its steps: a run repeats
                 torch.manual_seed(cfg.trainer.seed * 100_003 + generated_so_far * pool.world_size + pool.global_rank)
-                generated = generate(rollout, order, pool, version, window)
+                generated = generate(rollout, order, pool, version, window, records)
                 if generated.batch is not None and order.step is not None:
                     meter.finished(generated.batch.size)
                 with _lost(f"handed over the batch of step {order.step}", trainer), meter.waiting("queue_full"):
@@ -179,6 +187,7 @@ def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log:
                 raise RuntimeError(f"unknown order from the trainer: {order!r}")
     finally:
         rollout.close()
+        records.close()
 
 
 @contextlib.contextmanager
@@ -192,17 +201,30 @@ def _lost(doing: str, peers: str) -> Iterator[None]:
         raise PoolLost(f"{peers} stopped answering while this process {doing} (see the error above)") from exc
 
 
-def generate(rollout: Rollout, order: Generate, pool: Pool, version: int, window: dict[str, float]) -> Generated:
+def generate(
+    rollout: Rollout, order: Generate, pool: Pool, version: int, window: dict[str, float], records: PipelineLog
+) -> Generated:
     """This process's part of ``order``'s prompts, sampled (on the host: the batches cross over gloo)."""
     prompts = part(order.prompts, pool.rank, pool.size)
     if not prompts:
-        return Generated(None, 0.0, version, window)
+        return Generated(pool.rank, None, 0.0, version, window)
     step = rlprof.step(order.beside) if order.beside is not None else contextlib.nullcontext()
     with step, rlprof.profile_range("generate_async", role="rollout"):
-        began = time.perf_counter()
+        began = time.monotonic()
         batch = rollout.generate(prompts, order.sampling).to(torch.device("cpu"))
-        seconds = time.perf_counter() - began
-    return Generated(batch, seconds, version, window)
+        ended = time.monotonic()
+    records.write(
+        {
+            "event": "generate",
+            "step": order.step,
+            "beside": order.beside,
+            "version": version,
+            "rows": batch.size,
+            "began": began,
+            "ended": ended,
+        }
+    )
+    return Generated(pool.rank, batch, ended - began, version, window)
 
 
 # ----------------------------------------------------------------------------------------------- the trainer's side
@@ -226,11 +248,11 @@ class PooledRollout(Rollout):
         self.lost = False
         self.version = 0
 
-    def start(self, model_path: str, run_id: str, log_probs: bool) -> None:
+    def start(self, model_path: str, run_id: str, log_probs: bool, resumed: bool) -> None:
         """Have the rollout processes load the policy; learn who they are (to name one that stops answering)."""
         with self._lost("started the rollout pool"):
             if self.env.is_main:
-                self.link.send(Start(model_path, run_id, log_probs))
+                self.link.send(Start(model_path, run_id, log_probs, resumed))
             self.members = self.link.exchange(None)
 
     @contextlib.contextmanager
@@ -288,13 +310,16 @@ class PooledRollout(Rollout):
         self.in_flight = False
         with self._lost(f"waited for the batch of step {self.step_in_flight}"):
             generated: list[Generated] = self.link.exchange(None)
-        joined = concat_batches([g.batch for g in generated if g.batch is not None])
+        parts = [g for g in generated if g.batch is not None]
+        joined = concat_batches([g.batch for g in parts if g.batch is not None])
         first = sum(self.counts[: self.env.rank]) * joined.n
         rows = list(range(first, first + self.counts[self.env.rank] * joined.n))
+        origin = [g for g in parts if g.batch is not None for _ in range(g.batch.size)]  # the joined rows' makers
         return Collected(
             joined.select(rows).to(self.env.device),
             max(g.seconds for g in generated),
-            min(g.version for g in generated),
+            [origin[row].version for row in rows],
+            [origin[row].rank for row in rows],
             generated[0].pipeline,
         )
 

@@ -30,6 +30,7 @@ import rlprof
 from rlprof.live_gpu_idle import WindowGpuIdle
 from rlprof.metrics import MetricAggregator, Reduce
 from rlprof.metrics.pipeline import TrainerMeter
+from rlprof.metrics.pipeline_records import PipelineLog
 from rlprof.watchdog import Watchdog
 from rlprof_train import algos, checkpoint, prepare, rollout_correction
 from rlprof_train.batch import MicroBatching, RolloutBatch
@@ -99,6 +100,8 @@ class PPOTrainer:
         self.critic = prepare.make_critic(cfg, env, model_path, resumed_from, self.estimator)
         prepare.note_zero_stages(cfg, self.actor, self.critic, log)
         self.pooled: Optional[PooledRollout] = None
+        self.records: Optional[PipelineLog] = None
+        """The one-step-off trainer's pipeline records (:mod:`rlprof.metrics.pipeline_records`)."""
         """The one-step-off trainer's rollout pool: the next step's batch generates there while this one trains."""
         if link is None:
             self.rollout: Rollout = prepare.make_rollout(
@@ -106,7 +109,7 @@ class PPOTrainer:
             )
         else:
             self.rollout = self.pooled = PooledRollout(link, env, lambda: self.actor.module, arr.actor.zero_stage)
-            self.pooled.start(model_path, run_id, self.correction.active)
+            self.pooled.start(model_path, run_id, self.correction.active, resumed_from is not None)
         self.reuse_log_probs = prepare.reuses_on_policy_log_probs(cfg, log)
         self.kl_ctrl = algos.KLController(
             algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.type, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon
@@ -148,7 +151,8 @@ class PPOTrainer:
                 self._log({**self.validate(0), "training/global_step": 0.0}, step=0)
             if self.pooled is not None:
                 self.submit_round(self.start_step)
-                self.pipeline = TrainerMeter()  # the trainer's waits for samples, over each step from here
+                self.records = PipelineLog(trainer.log_dir, self.env.rank, "trainer", self.start_step > 1)
+                self.pipeline = TrainerMeter(record=self.records.write)  # its waits for samples, each step from here
             for step in range(self.start_step, self.total_steps + 1):
                 torch.manual_seed(trainer.seed * 100_003 + step * self.env.world_size + self.env.rank)
                 with rlprof.step(step):
@@ -237,7 +241,7 @@ class PPOTrainer:
                     with self._phase("update_weights", timing, role="rollout"):
                         self.rollout.sync_weights()
         if self.pooled is not None:
-            for key, value in self.pipeline.step_done().items():
+            for key, value in self.pipeline.step_done(step).items():
                 workers.add(key, value, Reduce.MEAN)
         return step_metrics(self.env, self._facts(step), batch, timing, workers)
 
@@ -312,18 +316,36 @@ class PPOTrainer:
 
     def collect(self, workers: MetricAggregator) -> RolloutBatch:
         """One-step-off: this step's batch from the rollout pool, with what the pool measured: its sampling time
-        (``timing_s/generate_async``, beside the step) and the batch's staleness, the policy's updates since the
-        weights that sampled it (verl's ``training/off_policy/trajectory_staleness/*``)."""
-        assert self.pooled is not None
+        (``timing_s/generate_async``, beside the step) and each trajectory's staleness ``V - v``, the policy's updates
+        ``V`` before this step less those ``v`` before the weights that sampled it (verl's
+        ``training/off_policy/trajectory_staleness/*``), each trajectory recorded."""
+        assert self.pooled is not None and self.records is not None
         with self.pipeline.waiting("samples"):
             collected = self.pooled.collect()
         workers.add("timing_s/generate_async", collected.seconds, Reduce.MAX)
         for key, value in collected.pipeline.items():  # the rollout pool's window before this batch's weights
             workers.add(key, value, Reduce.LAST)
-        staleness = float(self.updates_before(self.step) - collected.version)
-        for stat, reduce in (("mean", Reduce.MEAN), ("max", Reduce.MAX), ("min", Reduce.MIN)):
-            workers.add(f"training/off_policy/trajectory_staleness/{stat}", staleness, reduce)
-        return collected.batch
+        consumed = self.updates_before(self.step)
+        batch = collected.batch
+        tokens = batch.response_mask.sum(dim=1).tolist()
+        for row, (version, rollout_rank) in enumerate(zip(collected.versions, collected.rollout_ranks, strict=True)):
+            self.records.write(
+                {
+                    "event": "sample",
+                    "step": self.step,
+                    "uid": batch.uid[row],
+                    "version": version,
+                    "consumed_version": consumed,
+                    "rollout_rank": rollout_rank,
+                    "response_tokens": int(tokens[row]),
+                }
+            )
+        staleness = [float(consumed - version) for version in collected.versions]
+        prefix = "training/off_policy/trajectory_staleness"
+        workers.add(f"{prefix}/mean", sum(staleness) / len(staleness), Reduce.WEIGHTED_MEAN, len(staleness))
+        workers.add(f"{prefix}/max", max(staleness), Reduce.MAX)
+        workers.add(f"{prefix}/min", min(staleness), Reduce.MIN)
+        return batch
 
     def updates_before(self, step: int) -> int:
         """The policy's updates before step ``step`` (none before ``trainer.critic_warmup``): its weights' version."""
@@ -502,6 +524,8 @@ class PPOTrainer:
 
     def close(self) -> None:
         self.rollout.close()
+        if self.records is not None:
+            self.records.close()
         if self.tracker is not None:
             self.tracker.close()
             self.tracker = None

@@ -38,6 +38,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import numpy as np
 
@@ -61,9 +62,16 @@ class PipelineSide:
     """One side's waits over the current window (thread-safe): ``with side.waiting(reason)`` around each wait,
     :meth:`window` at the window's end (a sync on the rollouter, a step on the trainer)."""
 
-    def __init__(self, name: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        name: str,
+        clock: Callable[[], float] = time.monotonic,
+        record: Optional[Callable[[dict[str, Any]], None]] = None,
+    ) -> None:
         self.name = name
         self.clock = clock
+        self.record = record
+        """Where each wait and window goes as it ends (:class:`~rlprof.metrics.pipeline_records.PipelineLog`)."""
         self.lock = threading.Lock()
         self._started = clock()
         self._waits: dict[str, float] = defaultdict(float)
@@ -74,33 +82,41 @@ class PipelineSide:
     def waiting(self, reason: str) -> Iterator[None]:
         token = object()
         with self.lock:
-            self._open[id(token)] = (reason, self.clock())
+            began = self.clock()
+            self._open[id(token)] = (reason, began)
         try:
             yield
         finally:
             with self.lock:
-                reason, since = self._open.pop(id(token))
-                self._waits[reason] += self.clock() - since
+                reason, since = self._open.pop(id(token))  # since: this window's start, if it began in an earlier
+                ended = self.clock()
+                self._waits[reason] += ended - since
+            if self.record is not None:
+                self.record({"event": "wait", "side": self.name, "reason": reason, "began": began, "ended": ended})
 
-    def window(self) -> tuple[float, dict[str, float]]:
+    def window(self, **labels: int) -> tuple[float, dict[str, float]]:
         """(the window's wall time, its waits by reason), and a new window starts now. A wait still in progress
-        counts up to now here and from now in the next window."""
+        counts up to now here and from now in the next window. ``labels`` name the window in its record."""
         with self.lock:
             now = self.clock()
             waits = dict(self._waits)
             for key, (reason, since) in list(self._open.items()):
                 waits[reason] = waits.get(reason, 0.0) + now - since
                 self._open[key] = (reason, now)
-            elapsed, self._started = now - self._started, now
+            began, elapsed, self._started = self._started, now - self._started, now
             self._waits = defaultdict(float)
+        if self.record is not None:
+            self.record({"event": "window", "side": self.name, "began": began, "ended": now, **labels})
         return elapsed, waits
 
 
 class _Meter:
     """One side's meter: its :class:`PipelineSide` and ``with meter.waiting(reason):`` around each wait."""
 
-    def __init__(self, side: str, clock: Callable[[], float]) -> None:
-        self.side = PipelineSide(side, clock)
+    def __init__(
+        self, side: str, clock: Callable[[], float], record: Optional[Callable[[dict[str, Any]], None]]
+    ) -> None:
+        self.side = PipelineSide(side, clock, record)
 
     def waiting(self, reason: str) -> contextlib.AbstractContextManager[None]:
         return self.side.waiting(reason)
@@ -109,8 +125,10 @@ class _Meter:
 class RolloutMeter(_Meter):
     """The rollouter's accounting: its waits, what it generated and dropped; :meth:`synced` at each sync."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__("rollouter", clock)
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, record: Optional[Callable[[dict[str, Any]], None]] = None
+    ) -> None:
+        super().__init__("rollouter", clock, record)
         self.generated = 0
         self.dropped_stale = 0
         self.version = 0
@@ -125,7 +143,7 @@ class RolloutMeter(_Meter):
     def synced(self, version: int) -> dict[str, float]:
         """The window since the previous sync, as verl's rollouter reports it at ``reset_staleness``, every wait
         counted; ``version``: the parameter version it generates under from now."""
-        elapsed, waits = self.side.window()
+        elapsed, waits = self.side.window(version=version)
         self.version = version
         waited = sum(waits.values())
         active = max(elapsed - waited, 0.0)
@@ -144,8 +162,10 @@ class TrainerMeter(_Meter):
     """The trainer's accounting: its waits, the staleness of what it consumed; :meth:`consumed` for each batch,
     :meth:`step_done` at each step's end."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__("trainer", clock)
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, record: Optional[Callable[[dict[str, Any]], None]] = None
+    ) -> None:
+        super().__init__("trainer", clock, record)
         self.version = 0
         """The version of the weights the next update starts from (one more at each sync)."""
         self.stale_trajectories = 0
@@ -185,9 +205,10 @@ class TrainerMeter(_Meter):
         """The trainer published its weights: updates from now start from the next version."""
         self.version += 1
 
-    def step_done(self) -> dict[str, float]:
-        """The trainer's waits over the step's window: its idle ratio, its wait for samples, the rest by reason."""
-        elapsed, waits = self.side.window()
+    def step_done(self, step: int) -> dict[str, float]:
+        """The trainer's waits over step ``step``'s window: its idle ratio, its wait for samples, the rest by
+        reason."""
+        elapsed, waits = self.side.window(step=step)
         metrics = {
             "fully_async/trainer/idle_ratio": sum(waits.values()) / elapsed if elapsed > 0 else 0.0,
             "fully_async/total_wait_time": waits.get("samples", 0.0),

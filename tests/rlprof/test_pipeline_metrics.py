@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from rlprof.metrics.pipeline import PipelineSide, RolloutMeter, TrainerMeter, TrajectoryRecord
+from rlprof.metrics.pipeline_records import PipelineLog
+from rlprof.tracking.jsonl import read_jsonl
 
 
 class Clock:
@@ -199,7 +201,7 @@ class AsyncLoop:
                         version[0] += 1
                         trainer.synced()
                         time.sleep(self.sync_s)
-                metrics |= closed("trainer", trainer.step_done)
+                metrics |= closed("trainer", lambda s=step: trainer.step_done(s))
                 rollouter_windows = self.windows["rollouter"]
                 records.append(
                     {
@@ -240,3 +242,36 @@ def test_a_two_thread_pipeline_reports_the_waits_its_threads_logged():
                 assert metrics["fully_async/rollouter/active_time"] == pytest.approx(version_time - waited)
             else:
                 assert metrics["fully_async/total_wait_time"] == waited
+
+
+def test_each_wait_and_window_is_recorded_whole_as_it_ends_and_a_new_run_keeps_the_old_records(tmp_path):
+    """The records (rlprof.metrics.pipeline_records) of a trainer's two steps with a wait across their boundary:
+    the clock line first, the wait once with its whole span, each window with its step; the wait's part in each window
+    is what that window's metrics counted. A new run moves the file aside (kept); a resumed one appends a segment."""
+    clock = Clock()
+    log = PipelineLog(tmp_path, 3, "trainer", clock=clock)
+    trainer = TrainerMeter(clock, record=log.write)
+    clock.now = 1.0
+    with trainer.waiting("samples"):
+        clock.now = 4.0
+        first = trainer.step_done(1)
+        clock.now = 6.0
+    clock.now = 8.0
+    second = trainer.step_done(2)
+    log.close()
+    path = tmp_path / "pipeline" / "rank3.jsonl"
+    records = read_jsonl(path)
+    assert records[0]["event"] == "clock" and records[0]["rank"] == 3 and records[0]["monotonic"] == 0.0
+    assert records[1:] == [
+        {"event": "window", "side": "trainer", "began": 0.0, "ended": 4.0, "step": 1},
+        {"event": "wait", "side": "trainer", "reason": "samples", "began": 1.0, "ended": 6.0},
+        {"event": "window", "side": "trainer", "began": 4.0, "ended": 8.0, "step": 2},
+    ]
+    assert first["fully_async/trainer/idle_ratio"] == 3.0 / 4.0 and second["fully_async/trainer/idle_ratio"] == 0.5
+    PipelineLog(tmp_path, 3, "trainer", resumed=True, clock=clock).close()
+    assert [r["event"] for r in read_jsonl(path)] == ["clock", "window", "wait", "window", "clock"]
+    with pytest.warns(RuntimeWarning, match="held the records of an earlier run"):
+        PipelineLog(tmp_path, 3, "trainer", clock=clock).close()
+    assert [r["event"] for r in read_jsonl(path)] == ["clock"]
+    (kept,) = (tmp_path / "pipeline" / "previous").glob("rank3.*.jsonl")
+    assert len(read_jsonl(kept)) == 5

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from rlprof.metrics.timing import timing_shares
+from rlprof.tracking.jsonl import read_jsonl
 from rlprof.typed_config import ConfigError
 from rlprof_train.pools import Link, pool_of, rollout_pool_size
 from rlprof_train.rollout_pool import part
@@ -172,6 +173,57 @@ def test_two_train_while_one_generates_the_next_batch_a_version_behind(tmp_path)
     }
     step, sampled = spans[("0", "trainer/step")], spans[("2", "rollout/generate_async")]
     assert step[0] < sampled[0] < sampled[1] < step[1]
+
+    # the pipeline's metrics are what an independent count of the run's own records gives
+    recounted = recount(tmp_path / "logs" / "pipeline", trainer_ranks=(0, 1), rollout_rank0=2)
+    for s in (1, 2, 3):
+        assert {k: steps[s][k] for k in recounted[s]} == pytest.approx(recounted[s], abs=1e-9), s
+
+
+def overlap(waits: list[dict], window: dict) -> float:
+    """The seconds of ``waits`` inside ``window`` (records of one process: one clock)."""
+    return sum(max(0.0, min(w["ended"], window["ended"]) - max(w["began"], window["began"])) for w in waits)
+
+
+def recount(folder: Path, trainer_ranks: tuple[int, ...], rollout_rank0: int) -> dict[int, dict[str, float]]:
+    """Each step's staleness and idle ratios counted again from the run's pipeline records
+    (rlprof.metrics.pipeline_records), by their definitions in rlprof.metrics.pipeline: staleness over every
+    trajectory the step consumed, the trainer's idle ratio each trainer rank's waits inside its step's window over the
+    window (their mean over the ranks), the rollouter's: rollout rank 0's waits inside its window that the weights
+    which sampled the step's batch ended, over that window. Every trajectory is consumed once, by the step its rows
+    were sampled for, and was drawn under the weights the rollout process had."""
+    records = {int(path.stem.removeprefix("rank")): read_jsonl(path) for path in folder.glob("rank*.jsonl")}
+    assert sorted(records) == sorted((*trainer_ranks, rollout_rank0))
+    samples = [r for rank in trainer_ranks for r in records[rank] if r["event"] == "sample"]
+    assert len({(r["step"], r["uid"], i) for i, r in enumerate(samples)}) == len(samples)
+    generated = [r for r in records[rollout_rank0] if r["event"] == "generate" and r["step"] is not None]
+    out: dict[int, dict[str, float]] = {}
+    for step in sorted({r["step"] for r in samples}):
+        consumed = [r for r in samples if r["step"] == step]
+        assert sum(g["rows"] for g in generated if g["step"] == step) == len(consumed)  # one rollout process here
+        staleness = [r["consumed_version"] - r["version"] for r in consumed]
+        ratios = []
+        for rank in trainer_ranks:
+            (window,) = [r for r in records[rank] if r["event"] == "window" and r["step"] == step]
+            waits = [r for r in records[rank] if r["event"] == "wait"]
+            ratios.append(overlap(waits, window) / (window["ended"] - window["began"]))
+        (sampling,) = [g for g in generated if g["step"] == step]
+        assert {r["version"] for r in consumed} == {sampling["version"]}
+        rollouter = max(  # its window before it sampled the batch: the one its last weights ended
+            (r for r in records[rollout_rank0] if r["event"] == "window" and r["ended"] <= sampling["began"]),
+            key=lambda r: r["ended"],
+        )
+        rollouter_waits = [r for r in records[rollout_rank0] if r["event"] == "wait"]
+        version_time = rollouter["ended"] - rollouter["began"]
+        out[step] = {
+            "training/off_policy/trajectory_staleness/mean": statistics.fmean(staleness),
+            "training/off_policy/trajectory_staleness/max": max(staleness),
+            "training/off_policy/trajectory_staleness/min": min(staleness),
+            "fully_async/trainer/idle_ratio": statistics.fmean(ratios),
+            "fully_async/rollouter/version_time": version_time,
+            "fully_async/rollouter/idle_ratio": overlap(rollouter_waits, rollouter) / version_time,
+        }
+    return out
 
 
 @pytest.mark.slow
