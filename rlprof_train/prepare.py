@@ -90,9 +90,17 @@ def open_run_directory(cfg: TrainerConfig, env: DistEnv, log: Log) -> RunDirecto
 
 
 def record_run(
-    cfg: TrainerConfig, env: DistEnv, run_id: str, start_step: int, total_steps: int, resumed_from: Optional[Path]
+    cfg: TrainerConfig,
+    env: DistEnv,
+    run_id: str,
+    start_step: int,
+    total_steps: int,
+    resumed_from: Optional[Path],
+    rollout_processes: int,
 ) -> None:
-    """``run.json`` and ``config.yaml`` in ``trainer.log_dir``: what ``rlprof report`` reads (rank 0)."""
+    """``run.json`` and ``config.yaml`` in ``trainer.log_dir``: what ``rlprof report`` and ``rlprof compare`` read
+    (rank 0). ``rollout_processes``: the rollout pool's processes, beside the trainer's (0: none, the rollout runs in
+    the trainer's processes)."""
     if not env.is_main:
         return
     profiler = cfg.global_profiler or {}
@@ -102,6 +110,7 @@ def record_run(
         as_dict(cfg),
         run_id=run_id,
         world_size=env.world_size,
+        processes={"trainer": env.world_size, "rollout": rollout_processes},
         project=cfg.trainer.project_name,
         experiment=cfg.trainer.experiment_name,
         profile_save_path=str(Path(profiler.get("save_path") or "outputs/profile").resolve()),

@@ -117,7 +117,8 @@ class PPOTrainer:
         self.guard = prepare.nonfinite_guard(cfg, self.critic is not None)
 
         self.start_step = self.resume(resumed_from) if resumed_from else 1
-        prepare.record_run(cfg, env, run_id, self.start_step, self.total_steps, resumed_from)
+        rollout_processes = link.pool.rollout_size if link is not None else 0
+        prepare.record_run(cfg, env, run_id, self.start_step, self.total_steps, resumed_from, rollout_processes)
         self.tracker = prepare.make_tracker(cfg, env, self.total_steps, self.start_step if resumed_from else None)
         prepare.write_rollout_scrape_config(cfg, env, log)
         for note in notes:

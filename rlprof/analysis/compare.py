@@ -17,8 +17,9 @@ from typing import Any, Optional
 
 from rlprof.analysis.run import Run
 from rlprof.analysis.step_series import series, training_records, warmup_steps
+from rlprof.metrics.pipeline import PIPELINE_KEYS
 
-SCHEMA = "rlprof-compare/1"
+SCHEMA = "rlprof-compare/2"
 LEARNING_KEYS = (
     "critic/score/mean",
     "critic/rewards/mean",
@@ -109,6 +110,14 @@ class Comparison:
     """Metrics one run has and another lacks, and runs without a saved config."""
     step_counts: list[int] = field(default_factory=list)
     """How many training steps each run logged."""
+    processes: list[Optional[dict[str, int]]] = field(default_factory=list)
+    """Each run's processes, ``{"trainer": T, "rollout": R}`` (``R`` > 0: an asynchronous run, its rollout in a pool
+    of its own), from its ``run.json``; None where it has none."""
+    pipeline: list[SpeedVerdict] = field(default_factory=list)
+    """An asynchronous run's pipeline metrics (:data:`~rlprof.metrics.pipeline.PIPELINE_KEYS`, who waited for whom
+    and how stale), median over steps, ratios to the first run's where it has them."""
+    notes: list[str] = field(default_factory=list)
+    """What makes the runs unequal beyond their configs (their processes)."""
 
 
 # --------------------------------------------------------------------------------------------- statistics
@@ -197,6 +206,16 @@ def compare(runs: list[Run], targets: Optional[dict[str, float]] = None, smooth_
         if any(series(rows, key) for rows in steady)
     ]
     memory = [_speed(key, steady) for key in MEMORY_KEYS if any(series(rows, key) for rows in steady)]
+    pipeline = [_speed(key, steady) for key in PIPELINE_KEYS if any(series(rows, key) for rows in steady)]
+    processes = [_processes(run) for run in runs]
+    notes = []
+    totals = {sum(p.values()) for p in processes if p is not None}
+    if len(totals) > 1:
+        notes.append(
+            "the runs ran on different numbers of processes ("
+            + ", ".join(f"{run.name}: {sum(p.values())}" for run, p in zip(runs, processes, strict=True) if p)
+            + "): their speed compares unequal resources"
+        )
     for key in sorted(
         {
             k
@@ -219,7 +238,21 @@ def compare(runs: list[Run], targets: Optional[dict[str, float]] = None, smooth_
         memory,
         missing,
         [len(rows) for rows in records],
+        processes,
+        pipeline,
+        notes,
     )
+
+
+def _processes(run: Run) -> Optional[dict[str, int]]:
+    """The run's processes as its ``run.json`` says (a run recorded before the rollout pool: its world size, all
+    training)."""
+    record = run.record or {}
+    if isinstance(record.get("processes"), dict):
+        return {side: int(count) for side, count in record["processes"].items()}
+    if isinstance(record.get("world_size"), int):
+        return {"trainer": record["world_size"], "rollout": 0}
+    return None
 
 
 def _config_diff(runs: list[Run], missing: list[str]) -> tuple[list[ConfigDiff], list[ConfigDiff]]:

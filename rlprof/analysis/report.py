@@ -37,6 +37,7 @@ from rlprof.analysis.sources.host_memory import read_host_rss
 from rlprof.analysis.stalls import listed_stalls, read_stalls
 from rlprof.analysis.step_series import STEP_KEY, growth, quantile, series, training_records, warmup_steps
 from rlprof.analysis.trace_model import ANNOTATION, OPERATOR, RANGE, STEP, TraceScan
+from rlprof.metrics.pipeline import PIPELINE_KEYS
 from rlprof.metrics.timing import phase_group
 
 GROWTH_FLAG = 0.2
@@ -245,24 +246,6 @@ def _tools(records: list[dict[str, Any]], breakdown: Optional[Breakdown]) -> lis
     if not any("num_turns/mean" in r for r in records):
         return []
     return _medians(records, breakdown, TOOL_KEYS, "tools/")
-
-
-PIPELINE_KEYS = (
-    "fully_async/trainer/idle_ratio",
-    "fully_async/total_wait_time",
-    "fully_async/rollouter/idle_ratio",
-    "fully_async/rollouter/active_time",
-    "fully_async/rollouter/version_time",
-    "training/off_policy/trajectory_staleness/mean",
-    "training/off_policy/trajectory_staleness/max",
-    "training/off_policy/trajectory_staleness_worst/max",
-    "training/off_policy/trajectory_spans/max",
-    "fully_async/partial/partial_ratio",
-    "fully_async/count/dropped_stale_samples",
-    "fully_async/count/total_generated_samples",
-)
-"""An asynchronous pipeline's metrics (:mod:`rlprof.metrics.pipeline`, verl's fully-async and v1 trainers), listed
-before every other ``fully_async/*`` key."""
 
 
 def _overlap_gain(rollout_share: float) -> Optional[float]:

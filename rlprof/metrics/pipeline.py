@@ -42,6 +42,23 @@ from typing import Any, Optional
 
 import numpy as np
 
+PIPELINE_KEYS = (
+    "fully_async/trainer/idle_ratio",
+    "fully_async/total_wait_time",
+    "fully_async/rollouter/idle_ratio",
+    "fully_async/rollouter/active_time",
+    "fully_async/rollouter/version_time",
+    "training/off_policy/trajectory_staleness/mean",
+    "training/off_policy/trajectory_staleness/max",
+    "training/off_policy/trajectory_staleness_worst/max",
+    "training/off_policy/trajectory_spans/max",
+    "fully_async/partial/partial_ratio",
+    "fully_async/count/dropped_stale_samples",
+    "fully_async/count/total_generated_samples",
+)
+"""The pipeline's metrics that ``rlprof report`` and ``rlprof compare`` list first (before every other
+``fully_async/*`` key in the report)."""
+
 
 @dataclass(frozen=True)
 class TrajectoryRecord:

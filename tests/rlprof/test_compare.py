@@ -128,7 +128,7 @@ def test_the_json_follows_its_schema(tmp_path, capsys):
     assert main(["compare", *map(str, runs), "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     jsonschema.validate(data, schema("compare"))
-    assert data["schema"] == "rlprof-compare/1" and data["config_diff"] == [] and len(data["runs"]) == 3
+    assert data["schema"] == "rlprof-compare/2" and data["config_diff"] == [] and len(data["runs"]) == 3
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(dict(data, runs=["only one"]), schema("compare"))
 
@@ -228,3 +228,35 @@ def test_the_html_overlays_the_runs_curves_offline(trainer_runs, tmp_path):
     png = screenshot(page, tmp_path / "compare.png", height=5000)
     for colour in (PLOTLY_BLUE, PLOTLY_RED, PLOTLY_GREEN):  # A, B and C: curves and the bars of median phase times
         assert plotly_pixels(png, colour) > 2000, f"run {colour} was not drawn"
+
+
+def test_each_runs_processes_are_named_unequal_totals_are_a_note_and_a_pipeline_has_its_table(tmp_path, capsys):
+    """A synchronous run recorded before run.json named its processes (its world size: all training) against a
+    one-step-off run (one trainer, one rollout process): each run's layout, a note that they ran on 1 and 2
+    processes, and the asynchronous run's pipeline metrics in a table of their own (none for the synchronous run)."""
+    sync = write_run(tmp_path / "sync", 12, score=lambda s: 0.1, step_time=lambda s: 1.0 + s % 3 / 10)
+    (sync / "run.json").write_text(json.dumps({"world_size": 1}))
+    pipeline = {"fully_async/trainer/idle_ratio": 0.1, "training/off_policy/trajectory_staleness/mean": 1.0}
+    pooled = write_run(
+        tmp_path / "async",
+        12,
+        score=lambda s: 0.1,
+        step_time=lambda s: 0.8 + s % 3 / 10,
+        extra={s: pipeline for s in range(1, 13)},
+    )
+    (pooled / "run.json").write_text(json.dumps({"world_size": 1, "processes": {"trainer": 1, "rollout": 1}}))
+    assert main(["compare", str(sync), str(pooled), "--format", "md"]) == 0
+    text = capsys.readouterr().out
+    assert f"A: {sync} (12 steps; synchronous: 1 process)" in text
+    assert f"B: {pooled} (12 steps; asynchronous: 1 trainer + 1 rollout process)" in text
+    assert (
+        f"note: the runs ran on different numbers of processes ({sync}: 1, {pooled}: 2): their speed compares "
+        "unequal resources"
+    ) in text
+    assert "| fully_async/trainer/idle_ratio | - | 0.1 | - |" in text
+    assert main(["compare", str(sync), str(pooled), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    jsonschema.validate(data, schema("compare"))
+    assert data["processes"] == [{"trainer": 1, "rollout": 0}, {"trainer": 1, "rollout": 1}]
+    assert [row["metric"] for row in data["pipeline"]] == list(pipeline)
+    assert [row["medians"] for row in data["pipeline"]] == [[None, 0.1], [None, 1.0]]

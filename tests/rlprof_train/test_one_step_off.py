@@ -227,6 +227,49 @@ def recount(folder: Path, trainer_ranks: tuple[int, ...], rollout_rank0: int) ->
 
 
 @pytest.mark.slow
+def test_compare_sets_a_synchronous_run_beside_a_one_step_off_run_of_the_same_config(tmp_path):
+    """The same config on two processes each: synchronous (both train and generate) and one-step-off (one trains,
+    one generates; verl's bypass mode in both). ``rlprof compare`` names each run's processes, finds the rollout
+    pool's key alone in the config diff, no note (equal processes), the step time's ratio with its interval, and the
+    asynchronous run's pipeline metrics beside none for the synchronous one."""
+    same = (*SMALL_RUN, "trainer.total_training_steps=6", "algorithm.rollout_correction.bypass_mode=true")
+    runs = {
+        "sync": trainer_command(tmp_path / "sync", *same, prefix=(*torchrun(2), "-m")),
+        "async": one_step_off_command(tmp_path / "async", *same, "rollout.n_gpus_per_node=1", processes=2),
+    }
+    for name, command in runs.items():
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
+        assert result.returncode == 0, (name, result.stderr[-3000:])
+    compared = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlprof.cli",
+            "compare",
+            *(str(tmp_path / name / "logs") for name in runs),
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=subprocess_env(),
+        cwd=ROOT,
+    )
+    assert compared.returncode == 0, compared.stderr
+    data = json.loads(compared.stdout)
+    assert data["processes"] == [{"trainer": 2, "rollout": 0}, {"trainer": 1, "rollout": 1}]
+    assert data["notes"] == []
+    assert [d["key"] for d in data["config_diff"]] == ["rollout.n_gpus_per_node"]
+    (step,) = [v for v in data["speed"] if v["metric"] == "timing_s/step"]
+    assert step["versus_first"][1]["low"] <= step["versus_first"][1]["value"] <= step["versus_first"][1]["high"]
+    pipeline = {row["metric"]: row["medians"] for row in data["pipeline"]}
+    assert pipeline["training/off_policy/trajectory_staleness/mean"] == [None, 1.0]
+    assert pipeline["fully_async/trainer/idle_ratio"][0] is None and pipeline["fully_async/trainer/idle_ratio"][1] >= 0
+    assert f"timing_s/generate_async: not logged by {tmp_path / 'sync' / 'logs'}" in data["missing"]
+
+
+@pytest.mark.slow
 def test_the_same_seed_samples_the_same_batches(tmp_path):
     """Two runs of one config (one process trains, one generates): every step's rewards and response lengths agree,
     as two runs of the synchronous trainer do (the rollout process seeds each sampling as the trainer seeds steps)."""

@@ -23,6 +23,15 @@ def _reached(step: object) -> str:
     return "never" if step is None else str(step)
 
 
+def _layout(processes: dict[str, int] | None) -> str:
+    if processes is None:
+        return ""
+    trainer, rollout = processes.get("trainer", 0), processes.get("rollout", 0)
+    if rollout:
+        return f"; asynchronous: {trainer} trainer + {rollout} rollout process{'es' if rollout > 1 else ''}"
+    return f"; synchronous: {trainer} process{'es' if trainer > 1 else ''}"
+
+
 def document(comparison: Comparison) -> Document:
     return Document(
         f"rlprof compare: {' vs '.join(comparison.runs)}", sections(comparison), comparison, lambda: charts(comparison)
@@ -31,12 +40,16 @@ def document(comparison: Comparison) -> Document:
 
 def sections(comparison: Comparison) -> list[Section]:
     labels = [f"{chr(ord('A') + i)}" for i in range(len(comparison.runs))]
+    processes = comparison.processes or [None] * len(comparison.runs)
     runs = Section(
         "Runs",
         [
-            f"{label}: {run} ({count} steps)"
-            for label, run, count in zip(labels, comparison.runs, comparison.step_counts, strict=True)
+            f"{label}: {run} ({count} steps{_layout(layout)})"
+            for label, run, count, layout in zip(
+                labels, comparison.runs, comparison.step_counts, processes, strict=True
+            )
         ]
+        + [f"note: {line}" for line in comparison.notes]
         + [f"missing: {line}" for line in comparison.missing],
     )
     return [
@@ -88,7 +101,11 @@ def _learning_section(comparison: Comparison, labels: list[str]) -> Section:
 def _speed_section(comparison: Comparison, labels: list[str]) -> Section:
     speed = Section(SPEED_TITLE)
     header = [*labels, *[f"{label} vs A" for label in labels[1:]]]
-    for title, first, verdicts in (("", "metric", comparison.speed), ("Memory", "memory (GB)", comparison.memory)):
+    for title, first, verdicts in (
+        ("", "metric", comparison.speed),
+        ("Memory", "memory (GB)", comparison.memory),
+        ("Pipeline (asynchronous runs: idle ratios, waits, staleness)", "pipeline", comparison.pipeline),
+    ):
         if verdicts or not title:
             rows = [[v.metric, *map(_value, v.medians), *[verdict(i) for i in v.versus_first[1:]]] for v in verdicts]
             speed.tables.append(Table([first, *header], rows, title))

@@ -1,5 +1,5 @@
 """A document's data as JSON. Reports and comparisons follow the schemas ``rlprof-report/2`` and
-``rlprof-compare/1`` documented by ``rlprof/analysis/{report,compare}.schema.json``; non-finite numbers are written
+``rlprof-compare/2`` documented by ``rlprof/analysis/{report,compare}.schema.json``; non-finite numbers are written
 as null, so the output is strict JSON."""
 
 from __future__ import annotations
