@@ -226,30 +226,47 @@ def recount(folder: Path, trainer_ranks: tuple[int, ...], rollout_rank0: int) ->
     return out
 
 
-@pytest.mark.slow
-def test_compare_sets_a_synchronous_run_beside_a_one_step_off_run_of_the_same_config(tmp_path):
-    """The same config on two processes each: synchronous (both train and generate) and one-step-off (one trains,
-    one generates; verl's bypass mode in both). ``rlprof compare`` names each run's processes, finds the rollout
-    pool's key alone in the config diff, no note (equal processes), the step time's ratio with its interval, and the
-    asynchronous run's pipeline metrics beside none for the synchronous one."""
-    same = (*SMALL_RUN, "trainer.total_training_steps=6", "algorithm.rollout_correction.bypass_mode=true")
+SAME = (*SMALL_RUN, "trainer.total_training_steps=6", "algorithm.rollout_correction.bypass_mode=true")
+"""One config for the runs of :func:`small_runs` (verl's one-step-off bypass mode, set for the synchronous run too)."""
+
+
+@pytest.fixture(scope="module")
+def small_runs(tmp_path_factory) -> Path:
+    """The config SAME run three times, on two processes each: ``first`` and ``second`` one-step-off (one trains,
+    one generates), ``sync`` synchronous (both train and generate); their log folders under the returned folder."""
+    root = tmp_path_factory.mktemp("runs")
     runs = {
-        "sync": trainer_command(tmp_path / "sync", *same, prefix=(*torchrun(2), "-m")),
-        "async": one_step_off_command(tmp_path / "async", *same, "rollout.n_gpus_per_node=1", processes=2),
+        "first": one_step_off_command(root / "first", *SAME, "rollout.n_gpus_per_node=1", processes=2),
+        "second": one_step_off_command(root / "second", *SAME, "rollout.n_gpus_per_node=1", processes=2),
+        "sync": trainer_command(root / "sync", *SAME, prefix=(*torchrun(2), "-m")),
     }
     for name, command in runs.items():
         result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
         assert result.returncode == 0, (name, result.stderr[-3000:])
+    return root
+
+
+@pytest.mark.slow
+def test_the_same_seed_samples_the_same_batches(small_runs):
+    """Two runs of one config (one process trains, one generates): every step's rewards and response lengths agree,
+    as two runs of the synchronous trainer do (the rollout process seeds each sampling as the trainer seeds steps)."""
+    runs = []
+    for name in ("first", "second"):
+        records = read_jsonl(small_runs / name / "logs" / "metrics.jsonl")
+        runs.append([(r["step"], r["critic/score/mean"], r["response_length/mean"]) for r in records])
+    assert len(runs[0]) == 6 and runs[0] == runs[1]
+
+
+@pytest.mark.slow
+def test_compare_sets_a_synchronous_run_beside_a_one_step_off_run_of_the_same_config(small_runs):
+    """The same config on two processes each: synchronous (both train and generate) and one-step-off (one trains,
+    one generates; verl's bypass mode in both). ``rlprof compare`` names each run's processes, finds the rollout
+    pool's key alone in the config diff, no note (equal processes), the step time's ratio with its interval, and the
+    asynchronous run's pipeline metrics beside none for the synchronous one."""
     compared = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlprof.cli",
-            "compare",
-            *(str(tmp_path / name / "logs") for name in runs),
-            "--format",
-            "json",
-        ],
+        [sys.executable, "-m", "rlprof.cli", "compare"]
+        + [str(small_runs / name / "logs") for name in ("sync", "first")]
+        + ["--format", "json"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -266,28 +283,7 @@ def test_compare_sets_a_synchronous_run_beside_a_one_step_off_run_of_the_same_co
     pipeline = {row["metric"]: row["medians"] for row in data["pipeline"]}
     assert pipeline["training/off_policy/trajectory_staleness/mean"] == [None, 1.0]
     assert pipeline["fully_async/trainer/idle_ratio"][0] is None and pipeline["fully_async/trainer/idle_ratio"][1] >= 0
-    assert f"timing_s/generate_async: not logged by {tmp_path / 'sync' / 'logs'}" in data["missing"]
-
-
-@pytest.mark.slow
-def test_the_same_seed_samples_the_same_batches(tmp_path):
-    """Two runs of one config (one process trains, one generates): every step's rewards and response lengths agree,
-    as two runs of the synchronous trainer do (the rollout process seeds each sampling as the trainer seeds steps)."""
-    runs = []
-    for name in ("first", "second"):
-        command = trainer_command(
-            tmp_path / name,
-            *SMALL_RUN,
-            "rollout.n_gpus_per_node=1",
-            "trainer.total_training_steps=4",
-            prefix=(*torchrun(2), "-m"),
-        )
-        command[command.index("rlprof_train.main_ppo")] = "rlprof_train.one_step_off_policy"
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
-        assert result.returncode == 0, result.stderr[-3000:]
-        records = [json.loads(line) for line in (tmp_path / name / "logs" / "metrics.jsonl").read_text().splitlines()]
-        runs.append([(r["step"], r["critic/score/mean"], r["response_length/mean"]) for r in records])
-    assert len(runs[0]) == 4 and runs[0] == runs[1]
+    assert f"timing_s/generate_async: not logged by {small_runs / 'sync' / 'logs'}" in data["missing"]
 
 
 def test_the_rollout_pools_sampling_beside_the_step_is_in_no_share_of_it():
