@@ -97,10 +97,11 @@ def record_run(
     total_steps: int,
     resumed_from: Optional[Path],
     rollout_processes: int,
+    per_node: int,
 ) -> None:
     """``run.json`` and ``config.yaml`` in ``trainer.log_dir``: what ``rlprof report`` and ``rlprof compare`` read
     (rank 0). ``rollout_processes``: the rollout pool's processes, beside the trainer's (0: none, the rollout runs in
-    the trainer's processes)."""
+    the trainer's processes); ``per_node``: the launch's processes on a node, both pools'."""
     if not env.is_main:
         return
     profiler = cfg.global_profiler or {}
@@ -110,7 +111,7 @@ def record_run(
         as_dict(cfg),
         run_id=run_id,
         world_size=env.world_size,
-        processes={"trainer": env.world_size, "rollout": rollout_processes},
+        processes={"trainer": env.world_size, "rollout": rollout_processes, "per_node": per_node},
         project=cfg.trainer.project_name,
         experiment=cfg.trainer.experiment_name,
         profile_save_path=str(Path(profiler.get("save_path") or "outputs/profile").resolve()),

@@ -38,6 +38,7 @@ from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.config.schema import ValKwargs
 from rlprof_train.data import Example, PromptBatches, load_datasets, shard
 from rlprof_train.dynamic_sampling import GenerationLimit, Rounds, assemble
+from rlprof_train.launch import launch_world
 from rlprof_train.lr_schedule import LRSchedule
 from rlprof_train.models import load_tokenizer
 from rlprof_train.pools import Link
@@ -117,8 +118,8 @@ class PPOTrainer:
         self.guard = prepare.nonfinite_guard(cfg, self.critic is not None)
 
         self.start_step = self.resume(resumed_from) if resumed_from else 1
-        rollout_processes = link.pool.rollout_size if link is not None else 0
-        prepare.record_run(cfg, env, run_id, self.start_step, self.total_steps, resumed_from, rollout_processes)
+        pools = (link.pool.rollout_size, link.pool.per_node) if link is not None else (0, launch_world().per_node)
+        prepare.record_run(cfg, env, run_id, self.start_step, self.total_steps, resumed_from, *pools)
         self.tracker = prepare.make_tracker(cfg, env, self.total_steps, self.start_step if resumed_from else None)
         prepare.write_rollout_scrape_config(cfg, env, log)
         for note in notes:

@@ -131,11 +131,7 @@ def rollout_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) 
     gen = next((p for p in b.phases if p.phase == "gen"), None)
     evidence = {"rollout_share": share, **({"gen_median_s": gen.median_s} if gen else {})}
     if _rollout_reads(run, "max_num_batched_tokens"):
-        tokens = _int(run, f"{ROLLOUT}.max_num_batched_tokens", 8192)
-        overrides = [f"{ROLLOUT}.max_num_batched_tokens={2 * tokens}"]
-        utilization = run.setting(f"{ROLLOUT}.gpu_memory_utilization", 0.5)
-        if isinstance(utilization, (int, float)) and utilization < 0.85:
-            overrides.append(f"{ROLLOUT}.gpu_memory_utilization={min(0.9, round(utilization + 0.2, 2))}")
+        overrides = _engine_speedups(run)
     else:
         chunk = _int(run, f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu", 64)
         overrides = [f"{ROLLOUT}.name=vllm", f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu={2 * chunk}"]
@@ -147,13 +143,35 @@ def rollout_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) 
     return rule.finding(message, evidence, overrides)
 
 
-def training_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
-    b = report.breakdown
-    share = b.work_split.get("training", 0.0) if b else 0.0
-    if b is None or not _dominant(share, b.work_split.get("rollout", 0.0), rule):
-        return None
-    heaviest = max((p for p in b.phases if p.group == "training"), key=lambda p: p.median_s)
-    evidence = {"training_share": share, f"{heaviest.phase}_share": heaviest.share}
+def _engine_speedups(run: Run) -> list[str]:
+    """A rollout engine's batch of tokens x2 and, below 0.85, more of the device's memory for its cache."""
+    tokens = _int(run, f"{ROLLOUT}.max_num_batched_tokens", 8192)
+    overrides = [f"{ROLLOUT}.max_num_batched_tokens={2 * tokens}"]
+    utilization = run.setting(f"{ROLLOUT}.gpu_memory_utilization", 0.5)
+    if isinstance(utilization, (int, float)) and utilization < 0.85:
+        overrides.append(f"{ROLLOUT}.gpu_memory_utilization={min(0.9, round(utilization + 0.2, 2))}")
+    return overrides
+
+
+def _generation_speedups(run: Run) -> list[str]:
+    """What makes the rollout's generation itself faster: an engine's settings (:func:`_engine_speedups`), or
+    rlprof_train's hf rollout's: twice the prompts per ``generate`` call where it chunks them
+    (``rollout.micro_batch_size``), its compiled decode step where allowed."""
+    if _rollout_reads(run, "max_num_batched_tokens"):
+        return _engine_speedups(run)
+    overrides = []
+    chunk = run.setting(f"{ROLLOUT}.micro_batch_size")
+    if _rollout_reads(run, "micro_batch_size") and isinstance(chunk, int) and not isinstance(chunk, bool):
+        overrides.append(f"{ROLLOUT}.micro_batch_size={2 * chunk}")
+    if run.setting(f"{ROLLOUT}.enforce_eager", True) is True and _compiled_decode_allowed(run):
+        overrides.append(f"{ROLLOUT}.enforce_eager=false")
+    return overrides
+
+
+def _training_speedups(run: Run, heaviest: str, evidence: dict[str, float]) -> list[str]:
+    """What makes the training passes faster, the heaviest phase ``heaviest``'s own micro-batch first: fuller
+    micro-batches, no padding, micro-batches by token budget (``evidence`` gets the micro-batches per optimizer
+    step)."""
     micro = _int(run, f"{ACTOR}.ppo_micro_batch_size_per_gpu", 32)
     mini = _int(run, f"{ACTOR}.ppo_mini_batch_size", 32) * _int(run, f"{ROLLOUT}.n", 1)
     overrides = []
@@ -164,13 +182,24 @@ def training_bound(rule: Rule, report: Report, run: Run, options: ReportOptions)
         overrides.append(f"{MODEL}.use_remove_padding=true")
     if not run.setting(f"{ACTOR}.use_dynamic_bsz", False):
         overrides.append(f"{ACTOR}.use_dynamic_bsz=true")
-    if heaviest.phase in ("old_log_prob", "ref"):
+    if heaviest in ("old_log_prob", "ref"):
         key = (
             f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu"
-            if heaviest.phase == "old_log_prob"
+            if heaviest == "old_log_prob"
             else "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"
         )
         overrides.insert(0, f"{key}={2 * _int(run, key, 64)}")
+    return overrides
+
+
+def training_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
+    b = report.breakdown
+    share = b.work_split.get("training", 0.0) if b else 0.0
+    if b is None or not _dominant(share, b.work_split.get("rollout", 0.0), rule):
+        return None
+    heaviest = max((p for p in b.phases if p.group == "training"), key=lambda p: p.median_s)
+    evidence = {"training_share": share, f"{heaviest.phase}_share": heaviest.share}
+    overrides = _training_speedups(run, heaviest.phase, evidence)
     message = (
         f"training-bound: the training passes take {_pct(share)} of the step, {heaviest.phase} the most "
         f"({_pct(heaviest.share)}); fewer, fuller micro-batches and no padding make them faster"
@@ -499,11 +528,23 @@ def _pipeline(report: Report) -> dict[str, float]:
     return {t.metric: t.median for t in report.pipeline}
 
 
+def _per_node(run: Run, pool: str) -> int:
+    """The ``pool``'s processes per node (``trainer`` or ``rollout``), verl's ``{pool}.n_gpus_per_node``: as the
+    run's config says (verl's records it), else, for the trainer's, as rlprof_train's run record does (``run.json``:
+    the launch's processes per node less the rollout pool's); 0 when neither says."""
+    configured = _int(run, f"{pool}.n_gpus_per_node", 0)
+    processes = run.record.get("processes") if isinstance(run.record, dict) else None
+    if configured or pool == "rollout" or not isinstance(processes, dict) or not processes.get("rollout"):
+        return configured
+    per_node = processes.get("per_node")
+    return per_node - _int(run, "rollout.n_gpus_per_node", 0) if isinstance(per_node, int) else 0
+
+
 def _move_processes(run: Run, to: str) -> list[str]:
     """One process per node moved from the other pool to ``to`` (``trainer`` or ``rollout``), verl's
     ``{trainer,rollout}.n_gpus_per_node``; none when the other pool has one per node."""
     other = "rollout" if to == "trainer" else "trainer"
-    have, give = _int(run, f"{to}.n_gpus_per_node", 0), _int(run, f"{other}.n_gpus_per_node", 0)
+    have, give = _per_node(run, to), _per_node(run, other)
     if have < 1 or give < 2:
         return []
     return [f"{other}.n_gpus_per_node={give - 1}", f"{to}.n_gpus_per_node={have + 1}"]
@@ -519,7 +560,7 @@ def async_rollout_bound(rule: Rule, report: Report, run: Run, options: ReportOpt
     evidence = {"trainer_idle_ratio": idle}
     if "fully_async/total_wait_time" in medians:
         evidence["wait_for_samples_s"] = medians["fully_async/total_wait_time"]
-    overrides = _move_processes(run, "rollout")
+    overrides = _move_processes(run, "rollout") + _generation_speedups(run)
     staleness = run.setting(f"{ASYNC}.staleness_threshold")
     ahead = ""
     if isinstance(staleness, (int, float)) and staleness < 1:
@@ -552,12 +593,15 @@ def async_train_bound(rule: Rule, report: Report, run: Run, options: ReportOptio
         if waits
         else " (verl's ratio: it counts from the rollouter's last pause, verl #6693; read it as a hint)"
     )
+    phases = [p for p in report.breakdown.phases if p.group == "training"] if report.breakdown else []
+    heaviest = max(phases, key=lambda p: p.median_s).phase if phases else "update_actor"
     message = (
         f"async-train-bound: the rollouter is idle {_pct(idle)} of each version's time{why} while the trainer waits "
         f"{_pct(trainer_idle)} of its step; the trainer pool sets the pace: give it processes the rollout pool can "
-        "spare, and make the update faster (see training-bound)"
+        f"spare, and make the update faster ({heaviest} the heaviest of its passes)"
     )
-    return rule.finding(message, evidence, _move_processes(run, "trainer"))
+    overrides = _move_processes(run, "trainer") + _training_speedups(run, heaviest, evidence)
+    return rule.finding(message, evidence, overrides)
 
 
 def async_sync_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:

@@ -33,10 +33,10 @@ FAST = (
 )
 
 
-def run(folder: Path, seed: int, *overrides: str) -> list[dict]:
+def run(folder: Path, seed: int, *overrides: str, steps: int = STEPS) -> list[dict]:
     result = run_trainer(
         folder,
-        f"trainer.total_training_steps={STEPS}",
+        f"trainer.total_training_steps={steps}",
         "trainer.test_freq=-1",
         "trainer.val_before_train=false",
         f"trainer.seed={seed}",
@@ -50,7 +50,7 @@ def mean_reward(records: list[dict]) -> float:
     return statistics.fmean(r["critic/score/mean"] for r in records)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_sixty_steps_with_the_fast_paths_learn_as_the_eager_paths_do_within_the_run_to_run_spread(tmp_path):
     """The demo's GRPO for 60 steps: eager with three seeds gives the run-to-run spread of the mean reward over the
     run; the fast paths with one of those seeds land within it (widened by the spread itself) and learn. A rollout
@@ -66,12 +66,18 @@ def test_sixty_steps_with_the_fast_paths_learn_as_the_eager_paths_do_within_the_
         assert low <= fast_means[seed] <= high, (seed, fast_means[seed], (low, high))
         rewards = [r["critic/score/mean"] for r in records]
         assert statistics.fmean(rewards[-20:]) >= statistics.fmean(rewards[:5]) + 0.1, rewards  # it learned
-        # the compile is timed once, on its own (Trainer.warm_up, before step 1's window), logged with step 1
-        compiled = [r["step"] for r in records if "timing_s/rollout_compile" in r]
-        assert compiled == [1], compiled
-        assert records[0]["_log"].count("rollout: compiled the decode step for 256 rows x 16 positions") == 1
-    for records in eager.values():
-        assert not any("timing_s/rollout_compile" in r for r in records)
+
+
+@pytest.mark.slow
+def test_the_rollouts_compile_is_timed_once_before_step_1_and_logged_with_it(tmp_path):
+    """The fast paths for three steps: the compile is timed once, on its own (Trainer.warm_up, before step 1's
+    window), logged with step 1 and named in the log once; an eager run logs no compile."""
+    fast = run(tmp_path / "fast", 1, *FAST, steps=3)
+    compiled = [r["step"] for r in fast if "timing_s/rollout_compile" in r]
+    assert compiled == [1], compiled
+    assert fast[0]["_log"].count("rollout: compiled the decode step for 256 rows x 16 positions") == 1
+    eager = run(tmp_path / "eager", 1, steps=3)
+    assert len(eager) == 3 and not any("timing_s/rollout_compile" in r for r in eager)
 
 
 @pytest.mark.slow
