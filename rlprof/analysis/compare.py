@@ -209,11 +209,11 @@ def compare(runs: list[Run], targets: Optional[dict[str, float]] = None, smooth_
     pipeline = [_speed(key, steady) for key in PIPELINE_KEYS if any(series(rows, key) for rows in steady)]
     processes = [_processes(run) for run in runs]
     notes = []
-    totals = {sum(p.values()) for p in processes if p is not None}
-    if len(totals) > 1:
+    totals = {run.name: p["trainer"] + p["rollout"] for run, p in zip(runs, processes, strict=True) if p is not None}
+    if len(set(totals.values())) > 1:
         notes.append(
             "the runs ran on different numbers of processes ("
-            + ", ".join(f"{run.name}: {sum(p.values())}" for run, p in zip(runs, processes, strict=True) if p)
+            + ", ".join(f"{name}: {total}" for name, total in totals.items())
             + "): their speed compares unequal resources"
         )
     for key in sorted(

@@ -244,7 +244,9 @@ def test_each_runs_processes_are_named_unequal_totals_are_a_note_and_a_pipeline_
         step_time=lambda s: 0.8 + s % 3 / 10,
         extra={s: pipeline for s in range(1, 13)},
     )
-    (pooled / "run.json").write_text(json.dumps({"world_size": 1, "processes": {"trainer": 1, "rollout": 1}}))
+    (pooled / "run.json").write_text(
+        json.dumps({"world_size": 1, "processes": {"trainer": 1, "rollout": 1, "per_node": 2}})
+    )
     assert main(["compare", str(sync), str(pooled), "--format", "md"]) == 0
     text = capsys.readouterr().out
     assert f"A: {sync} (12 steps; synchronous: 1 process)" in text
@@ -257,6 +259,6 @@ def test_each_runs_processes_are_named_unequal_totals_are_a_note_and_a_pipeline_
     assert main(["compare", str(sync), str(pooled), "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     jsonschema.validate(data, schema("compare"))
-    assert data["processes"] == [{"trainer": 1, "rollout": 0}, {"trainer": 1, "rollout": 1}]
+    assert data["processes"] == [{"trainer": 1, "rollout": 0}, {"trainer": 1, "rollout": 1, "per_node": 2}]
     assert [row["metric"] for row in data["pipeline"]] == list(pipeline)
     assert [row["medians"] for row in data["pipeline"]] == [[None, 0.1], [None, 1.0]]

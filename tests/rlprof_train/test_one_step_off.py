@@ -17,11 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import psutil
 import pytest
 import torch
 import torch.distributed as dist
 
+from rlprof.analysis.render.jsonout import schema
 from rlprof.metrics.timing import timing_shares
 from rlprof.tracking.jsonl import read_jsonl
 from rlprof.typed_config import ConfigError
@@ -275,7 +277,11 @@ def test_compare_sets_a_synchronous_run_beside_a_one_step_off_run_of_the_same_co
     )
     assert compared.returncode == 0, compared.stderr
     data = json.loads(compared.stdout)
-    assert data["processes"] == [{"trainer": 2, "rollout": 0}, {"trainer": 1, "rollout": 1}]
+    assert data["processes"] == [
+        {"trainer": 2, "rollout": 0, "per_node": 2},
+        {"trainer": 1, "rollout": 1, "per_node": 2},
+    ]
+    jsonschema.validate(data, schema("compare"))
     assert data["notes"] == []
     assert [d["key"] for d in data["config_diff"]] == ["rollout.n_gpus_per_node"]
     (step,) = [v for v in data["speed"] if v["metric"] == "timing_s/step"]
