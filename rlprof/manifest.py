@@ -58,10 +58,14 @@ class Manifest:
 
     FILE_NAME = FILE_NAME
 
-    def __init__(self, save_path: str | os.PathLike[str], run: Optional[str] = None) -> None:
+    def __init__(
+        self, save_path: str | os.PathLike[str], run: Optional[str] = None, pool: Optional[str] = None
+    ) -> None:
         self.save_path = Path(save_path)
         self.path = self.save_path / FILE_NAME
         self.run = run
+        self.pool = pool
+        """The writing process's pool (``trainer``, ``rollout``), added to each line when set."""
         self.host = socket.gethostname()
 
     def record(
@@ -110,6 +114,8 @@ class Manifest:
         )
 
     def _append(self, entry: dict[str, Any]) -> None:
+        if self.pool is not None:
+            entry = {**entry, "pool": self.pool}
         line = (json.dumps(entry) + "\n").encode()
         self.save_path.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -116,6 +116,7 @@ class Session:
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         run_id: Optional[str] = None,
+        pool: Optional[str] = None,
     ) -> None:
         detected_rank, detected_world = (
             detect_rank_world() if rank is None or world_size is None else (rank, world_size)
@@ -126,6 +127,9 @@ class Session:
             raise ConfigError(f"rank={self.rank} is outside the world (world_size={self.world_size})")
         self.config: ProfilerConfig = load_config(config, world_size=self.world_size)
         self.run_id = run_id or new_run_id()
+        self.pool = pool
+        """The pool of processes this one is in where an asynchronous trainer splits its launch (``trainer``,
+        ``rollout``), written with each of its manifest lines; None: every process does everything."""
         self.selection = self.config.step_selection()
         self.current_step: Optional[int] = None
         self.step_open = False
@@ -332,7 +336,7 @@ class Session:
     # ------------------------------------------------------------------ windows and gates
 
     def _manifest(self) -> Manifest:
-        return Manifest(self.config.global_profiler.save_path, run=self.run_id)
+        return Manifest(self.config.global_profiler.save_path, run=self.run_id, pool=self.pool)
 
     def _create_tool(self, name: str) -> None:
         save_path = self.config.global_profiler.save_path
@@ -522,17 +526,24 @@ def _install_signal_handlers() -> None:
 
 
 def init(
-    config: Any = None, *, rank: Optional[int] = None, world_size: Optional[int] = None, run_id: Optional[str] = None
+    config: Any = None,
+    *,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    run_id: Optional[str] = None,
+    pool: Optional[str] = None,
 ) -> Session:
     """Start the process's profiling session from a config (mapping, DictConfig, YAML path or ProfilerConfig).
 
     A session still running is shut down and replaced, with a warning (end it with :func:`shutdown` first to replace
     it silently). The session shuts down at interpreter exit and on
     SIGTERM/SIGINT, writing the files of an open window, so a crash or a kill loses no trace. ``run_id`` names the
-    run in the manifest (default: ``$RLPROF_RUN_ID``, torchrun's run id, or host-time-pid).
+    run in the manifest (default: ``$RLPROF_RUN_ID``, torchrun's run id, or host-time-pid). ``pool``: where an
+    asynchronous trainer splits its launch into pools of processes, this one's (``trainer``, ``rollout``): its
+    manifest lines say so, and ``rlprof timeline`` names its lanes by it.
     """
     global _current
-    session = Session(config, rank=rank, world_size=world_size, run_id=run_id)
+    session = Session(config, rank=rank, world_size=world_size, run_id=run_id, pool=pool)
     previous = _current
     if previous is not None:
         warnings.warn(

@@ -83,7 +83,11 @@ def main(argv: Optional[list[str]] = None, one_step_off: bool = False) -> int:
         return finish(train(lambda: serve(cfg, pool, link, env.device, say), pool.global_rank, progress), progress)
     run_id = env.gather(new_run_id())[0]
     rlprof.init(  # the ranks rlprof records are the launch's (a pool's group numbers its own)
-        as_dict(cfg), run_id=run_id, **({"rank": pool.global_rank, "world_size": pool.world_size} if pool else {})
+        as_dict(cfg),
+        run_id=run_id,
+        rank=pool.global_rank if pool else None,
+        world_size=pool.world_size if pool else None,
+        pool=pool.name if pool else None,
     )
     log: Callable[[str], None] = (
         (lambda line: print(f"[INFO] {line}", file=sys.stderr, flush=True)) if env.is_main else (lambda line: None)

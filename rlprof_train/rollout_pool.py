@@ -140,7 +140,7 @@ def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log:
         start = link.receive()
         assert isinstance(start, Start), f"the trainer's first order must be Start, not {start!r}"
         link.exchange(Member(pool.rank, pool.global_rank, socket.gethostname(), os.getpid()))
-    rlprof.init(as_dict(cfg), rank=pool.global_rank, world_size=pool.world_size, run_id=start.run_id)
+    rlprof.init(as_dict(cfg), rank=pool.global_rank, world_size=pool.world_size, run_id=start.run_id, pool=pool.name)
     records = PipelineLog(cfg.trainer.log_dir, pool.global_rank, "rollouter", start.resumed)
     arr = cfg.actor_rollout_ref
     tokenizer = load_tokenizer(start.model_path)

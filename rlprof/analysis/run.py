@@ -343,6 +343,7 @@ def _manifest_input(save_path: Path, entry: dict[str, Any], run: Run) -> Optiona
     rank, window = entry.get("rank"), entry.get("window")
     role, host = entry.get("role"), entry.get("host")
     engine = entry.get("engine", LEGACY_ENGINES.get(str(entry.get("tool"))))
+    pool = entry.get("pool")
     return InputFile(
         format=format_name,
         path=path,
@@ -355,4 +356,5 @@ def _manifest_input(save_path: Path, entry: dict[str, Any], run: Run) -> Optiona
         oom=entry.get("oom") is True,
         tool=str(entry.get("tool")) if entry.get("tool") is not None else None,
         engine=engine if isinstance(engine, str) else None,
+        pool=pool if isinstance(pool, str) else None,
     )

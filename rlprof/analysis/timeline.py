@@ -156,7 +156,8 @@ def plan(run: Run, step: Optional[int] = None) -> tuple[list[Lane], list[str]]:
     lanes.sort(key=lambda lane: (lane.rank is None, lane.rank or 0, lane.engine, lane.host or "", lane.file.path))
     for lane in lanes:
         who = f"rank {lane.rank}" if lane.rank is not None else lane.file.path.name
-        side = f" {lane.file.engine} engine" if lane.engine else (" trainer" if lane.file.tool is not None else "")
+        process = lane.file.pool or "trainer"  # a synchronous run's process trains and generates: "trainer"
+        side = f" {lane.file.engine} engine" if lane.engine else (f" {process}" if lane.file.tool is not None else "")
         window = f" {lane.file.window_name}" if lane.file.steps else ""
         lane.label = f"{lane.host} · " * (len(hosts) > 1) + f"{who}{side}{window}"
     return lanes, notes

@@ -61,6 +61,19 @@ def test_each_selected_step_is_a_window_of_its_own_by_default_as_in_verl(tmp_pat
     ]
 
 
+def test_a_process_of_a_pool_says_so_on_each_of_its_manifest_lines(tmp_path):
+    """``rlprof.init(pool=...)``: the session line and every file of the process name its pool; without it, none."""
+    rlprof.init(torch_config(tmp_path / "pooled", steps=[2]), pool="rollout")
+    run_steps(range(1, 3))
+    rlprof.shutdown()
+    lines = [json.loads(line) for line in (tmp_path / "pooled" / "manifest.jsonl").read_text().splitlines()]
+    assert [(line.get("kind"), line["pool"]) for line in lines] == [("session", "rollout"), (None, "rollout")]
+    rlprof.init(torch_config(tmp_path / "plain", steps=[2]))
+    run_steps(range(1, 3))
+    rlprof.shutdown()
+    assert all("pool" not in line for line in read_manifest(tmp_path / "plain"))
+
+
 def test_contiguous_selected_steps_form_one_window_each_with_profile_continuous_steps(tmp_path):
     rlprof.init(torch_config(tmp_path, steps=[2, 3, 5], continuous=True))
     run_steps(range(1, 7))

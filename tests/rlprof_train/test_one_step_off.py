@@ -175,6 +175,8 @@ def test_two_train_while_one_generates_the_next_batch_a_version_behind(tmp_path)
     }
     step, sampled = spans[("0", "trainer/step")], spans[("2", "rollout/generate_async")]
     assert step[0] < sampled[0] < sampled[1] < step[1]
+    named = {label.split(" ")[1]: label.split(" ")[2] for label in lanes.values()}  # each lane by its pool
+    assert named == {"0": "trainer", "1": "trainer", "2": "rollout"}
 
     # the pipeline's metrics are what an independent count of the run's own records gives
     recounted = recount(tmp_path / "logs" / "pipeline", trainer_ranks=(0, 1), rollout_rank0=2)

@@ -56,6 +56,9 @@ class InputFile:
     engine: Optional[str] = None
     """The inference engine that wrote it beside the trainer (``vLLM``), when a manifest says so; None: the
     process's own tool (or a file found on its own)."""
+    pool: Optional[str] = None
+    """The writing process's pool where an asynchronous trainer split its launch (``trainer``, ``rollout``), when a
+    manifest says so."""
 
     @property
     def window_name(self) -> str:
