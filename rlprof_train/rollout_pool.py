@@ -4,12 +4,12 @@
 The protocol, in the order every member of a group makes its calls:
 
     trainer rank 0 --orders--> rollout processes:  Start, then Weights | Generate | Stop, one at a time
-    rollout processes --batches--> every trainer rank:  one Generated per Generate
+    rollout processes --batches--> every trainer rank:  one Generated per Generate, one window's metrics per Weights
 
 A ``Generate`` carries every trainer rank's prompts (gathered over the trainer pool) in trainer rank order; rollout
 process ``r`` samples the ``r``-th of ``R`` near-equal contiguous parts of them; each trainer rank takes its own rows
 of the joined batch. A rollout process answers one order after another: the trainer sends weights only once the
-batch in flight is collected (:meth:`PooledRollout.sync_weights`), so no sample mixes two versions.
+batch in flight is collected (:meth:`PooledRollout.publish_weights`), so no sample mixes two versions.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -97,14 +97,12 @@ class PoolLost(RuntimeError):
 @dataclass(frozen=True)
 class Generated:
     """One rollout process's part of a ``Generate``: its rank in the pool, its rows (None when it had no prompts),
-    the seconds it sampled them in, the weights' version it sampled them with, and its rollouter metrics of the
-    window that its last weights ended (:class:`~rlprof.metrics.pipeline.RolloutMeter`)."""
+    the seconds it sampled them in and the weights' version it sampled them with."""
 
     rank: int
     batch: Optional[RolloutBatch]
     seconds: float
     version: int
-    pipeline: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -118,8 +116,6 @@ class Collected:
     """Each row's weights' version, the updates before the weights that sampled it."""
     rollout_ranks: list[int]
     """Each row's rollout process (its rank in the rollout pool)."""
-    pipeline: dict[str, float]
-    """Rollout rank 0's rollouter metrics of the window its last weights ended (``fully_async/rollouter/*``)."""
 
 
 def part(items: list[Any], rank: int, size: int) -> list[Any]:
@@ -156,7 +152,7 @@ def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log:
         compiled=not arr.rollout.enforce_eager,
         log=log,
     )
-    version, generated_so_far, window = 0, 0, {}
+    version, generated_so_far = 0, 0
     meter = RolloutMeter(record=records.write)  # its waits: for the trainer to take its batch and ask for the next,
     # for weights
     trainer = f"the trainer pool (launch ranks 0-{pool.world_size - pool.size - 1})"
@@ -175,10 +171,13 @@ def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log:
                 with _lost(f"received the weights of version {order.version}", trainer), meter.waiting("weights"):
                     link.receive_weights(list(parameters.values()))
                 version, window = order.version, meter.synced(order.version)
+                reporting = f"reported its window before the weights of version {version}"
+                with _lost(reporting, trainer), meter.waiting("weights"):  # the sync ends as every trainer rank
+                    link.exchange(window)  # has the window, logged with the step that synced
             elif isinstance(order, Generate):
                 generated_so_far += 1  # each sampling seeded as the trainer seeds its steps: a run repeats
                 torch.manual_seed(cfg.trainer.seed * 100_003 + generated_so_far * pool.world_size + pool.global_rank)
-                generated = generate(rollout, order, pool, version, window, records)
+                generated = generate(rollout, order, pool, version, records)
                 if generated.batch is not None and order.step is not None:
                     meter.finished(generated.batch.size)
                 with _lost(f"handed over the batch of step {order.step}", trainer), meter.waiting("queue_full"):
@@ -201,13 +200,11 @@ def _lost(doing: str, peers: str) -> Iterator[None]:
         raise PoolLost(f"{peers} stopped answering while this process {doing} (see the error above)") from exc
 
 
-def generate(
-    rollout: Rollout, order: Generate, pool: Pool, version: int, window: dict[str, float], records: PipelineLog
-) -> Generated:
+def generate(rollout: Rollout, order: Generate, pool: Pool, version: int, records: PipelineLog) -> Generated:
     """This process's part of ``order``'s prompts, sampled (on the host: the batches cross over gloo)."""
     prompts = part(order.prompts, pool.rank, pool.size)
     if not prompts:
-        return Generated(pool.rank, None, 0.0, version, window)
+        return Generated(pool.rank, None, 0.0, version)
     step = rlprof.step(order.beside) if order.beside is not None else contextlib.nullcontext()
     with step, rlprof.profile_range("generate_async", role="rollout"):
         began = time.monotonic()
@@ -224,7 +221,7 @@ def generate(
             "ended": ended,
         }
     )
-    return Generated(pool.rank, batch, ended - began, version, window)
+    return Generated(pool.rank, batch, ended - began, version)
 
 
 # ----------------------------------------------------------------------------------------------- the trainer's side
@@ -246,7 +243,6 @@ class PooledRollout(Rollout):
         self.members: list[Member] = []
         self.step_in_flight: Optional[int] = None
         self.lost = False
-        self.version = 0
 
     def start(self, model_path: str, run_id: str, log_probs: bool, resumed: bool) -> None:
         """Have the rollout processes load the policy; learn who they are (to name one that stops answering)."""
@@ -265,19 +261,21 @@ class PooledRollout(Rollout):
             self.lost = True  # nothing more to tell it, at close either
             raise
 
-    def sync_weights(self, version: Optional[int] = None) -> None:
+    def publish_weights(self, version: int) -> dict[str, float]:
         """The actor's weights to every rollout process (after the batch in flight, if any, is collected), as
-        version ``version`` (the updates before them; default: the last version sent)."""
+        version ``version`` (the updates before them); returns rollout rank 0's rollouter metrics of the window these
+        weights ended (``fully_async/rollouter/*``, :class:`~rlprof.metrics.pipeline.RolloutMeter`)."""
         self._settle()
-        self.version = self.version if version is None else version
         module = self.module()
         with gathered_parameters(module, self.zero_stage):
             if self.env.is_main:
                 named = list(module.named_parameters())
-                with self._lost(f"sent the weights of version {self.version}"):
-                    self.link.send(Weights(self.version, tuple(name for name, _ in named)))
+                with self._lost(f"sent the weights of version {version}"):
+                    self.link.send(Weights(version, tuple(name for name, _ in named)))
                     self.link.send_weights([p for _, p in named])
-        self.env.barrier()  # every trainer rank's sync phase ends once the weights are sent, not only rank 0's
+        with self._lost(f"waited for its window before the weights of version {version}"):
+            windows: list[dict[str, float]] = self.link.exchange(None)  # every trainer rank's sync phase ends here,
+        return windows[0]  # once the weights are in, not only rank 0's
 
     def submit(
         self, prompts: list[Example], sampling: SamplingParams, step: Optional[int], beside: Optional[int] = None
@@ -320,7 +318,6 @@ class PooledRollout(Rollout):
             max(g.seconds for g in generated),
             [origin[row].version for row in rows],
             [origin[row].rank for row in rows],
-            generated[0].pipeline,
         )
 
     def _settle(self) -> None:

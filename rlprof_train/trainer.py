@@ -148,7 +148,7 @@ class PPOTrainer:
         try:
             compile_metrics = self.warm_up()
             if self.pooled is not None:  # the weights the first batches are sampled with
-                self.pooled.sync_weights(self.updates_before(self.start_step))
+                self.pooled.publish_weights(self.updates_before(self.start_step))
             if trainer.val_before_train and self.start_step == 1:
                 self._log({**self.validate(0), "training/global_step": 0.0}, step=0)
             if self.pooled is not None:
@@ -275,7 +275,9 @@ class PPOTrainer:
                 batch = self.generate(prompts, self.sampling) if self.pooled is None else self.collect(workers)
             if self.pooled is not None:  # one-step-off: the next batch is sampled while this one trains
                 with self._phase("sync_rollout_weights", timing, role="rollout"):
-                    self.pooled.sync_weights(self.updates_before(self.step))
+                    window = self.pooled.publish_weights(self.updates_before(self.step))
+                for key, value in window.items():  # the rollout pool's time since the last sync, ended by this one
+                    workers.add(key, value, Reduce.LAST)
                 self.submit_round(self.step + 1)
             if self.estimator.needs_baseline:
                 with self._phase("gen_max", timing, role="rollout"):
@@ -325,8 +327,6 @@ class PPOTrainer:
         with self.pipeline.waiting("samples"):
             collected = self.pooled.collect()
         workers.add("timing_s/generate_async", collected.seconds, Reduce.MAX)
-        for key, value in collected.pipeline.items():  # the rollout pool's window before this batch's weights
-            workers.add(key, value, Reduce.LAST)
         consumed = self.updates_before(self.step)
         batch = collected.batch
         tokens = batch.response_mask.sum(dim=1).tolist()

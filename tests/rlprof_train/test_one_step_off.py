@@ -193,9 +193,9 @@ def recount(folder: Path, trainer_ranks: tuple[int, ...], rollout_rank0: int) ->
     """Each step's staleness and idle ratios counted again from the run's pipeline records
     (rlprof.metrics.pipeline_records), by their definitions in rlprof.metrics.pipeline: staleness over every
     trajectory the step consumed, the trainer's idle ratio each trainer rank's waits inside its step's window over the
-    window (their mean over the ranks), the rollouter's: rollout rank 0's waits inside its window that the weights
-    which sampled the step's batch ended, over that window. Every trajectory is consumed once, by the step its rows
-    were sampled for, and was drawn under the weights the rollout process had."""
+    window (their mean over the ranks), the rollouter's: rollout rank 0's waits inside its window that the step's
+    weight sync ended, over that window. Every trajectory is consumed once, by the step its rows were sampled for,
+    and was drawn under the weights the rollout process had."""
     records = {int(path.stem.removeprefix("rank")): read_jsonl(path) for path in folder.glob("rank*.jsonl")}
     assert sorted(records) == sorted((*trainer_ranks, rollout_rank0))
     samples = [r for rank in trainer_ranks for r in records[rank] if r["event"] == "sample"]
@@ -213,10 +213,12 @@ def recount(folder: Path, trainer_ranks: tuple[int, ...], rollout_rank0: int) ->
             ratios.append(overlap(waits, window) / (window["ended"] - window["began"]))
         (sampling,) = [g for g in generated if g["step"] == step]
         assert {r["version"] for r in consumed} == {sampling["version"]}
-        rollouter = max(  # its window before it sampled the batch: the one its last weights ended
-            (r for r in records[rollout_rank0] if r["event"] == "window" and r["ended"] <= sampling["began"]),
-            key=lambda r: r["ended"],
-        )
+        (step_window,) = [r for r in records[trainer_ranks[0]] if r["event"] == "window" and r["step"] == step]
+        (rollouter,) = [  # the rollouter's window the step's sync ended (one host: one monotonic clock)
+            r
+            for r in records[rollout_rank0]
+            if r["event"] == "window" and step_window["began"] < r["ended"] < step_window["ended"]
+        ]
         rollouter_waits = [r for r in records[rollout_rank0] if r["event"] == "wait"]
         version_time = rollouter["ended"] - rollouter["began"]
         out[step] = {
