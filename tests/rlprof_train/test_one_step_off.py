@@ -89,6 +89,12 @@ def test_the_link_carries_orders_weights_and_batches_between_the_pools():
     assert seen[0] == seen[1] == seen[2] == [{"rows": [1, 2], "from": 2}]
 
 
+def rlprof_cli(*arguments: str) -> subprocess.CompletedProcess:
+    """``python -m rlprof.cli ARGUMENTS`` as a user runs it, its output captured."""
+    command = [sys.executable, "-m", "rlprof.cli", *arguments]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=subprocess_env(), cwd=ROOT)
+
+
 def one_step_off_command(folder: Path, *overrides: str, processes: int = 3) -> list[str]:
     command = trainer_command(folder, *SMALL_RUN, *overrides, prefix=(*torchrun(processes), "-m"))
     command[command.index("rlprof_train.main_ppo")] = "rlprof_train.one_step_off_policy"
@@ -128,14 +134,7 @@ def test_two_train_while_one_generates_the_next_batch_a_version_behind(tmp_path)
         shares = sum(record[f"timing_share/{g}"] for g in ("rollout", "training", "other", "unaccounted"))
         assert shares == pytest.approx(1.0)
         assert record["timing_s/sync_rollout_weights"] < record["timing_s/step"]
-    report = subprocess.run(
-        [sys.executable, "-m", "rlprof.cli", "report", str(tmp_path / "logs"), "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=subprocess_env(),
-        cwd=ROOT,
-    )
+    report = rlprof_cli("report", str(tmp_path / "logs"), "--format", "json")
     document = json.loads(report.stdout)
     assert document["breakdown"]["overlap_gain"] is None  # it overlaps already
     pipeline = {row["metric"]: row["median"] for row in document["pipeline"]}
@@ -157,14 +156,7 @@ def test_two_train_while_one_generates_the_next_batch_a_version_behind(tmp_path)
     sessions = [e for e in entries if e.get("kind") == "session"]
     assert sorted((e["rank"], e["world_size"]) for e in sessions) == [(0, 3), (1, 3), (2, 3)]
     timeline = tmp_path / "timeline.json"
-    merged = subprocess.run(
-        [sys.executable, "-m", "rlprof.cli", "timeline", str(tmp_path / "profile"), "-o", str(timeline)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=subprocess_env(),
-        cwd=ROOT,
-    )
+    merged = rlprof_cli("timeline", str(tmp_path / "profile"), "-o", str(timeline))
     assert merged.returncode == 0, merged.stderr
     events = json.loads(timeline.read_text())["traceEvents"]
     lanes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
@@ -269,15 +261,8 @@ def test_compare_sets_a_synchronous_run_beside_a_one_step_off_run_of_the_same_co
     one generates; verl's bypass mode in both). ``rlprof compare`` names each run's processes, finds the rollout
     pool's key alone in the config diff, no note (equal processes), the step time's ratio with its interval, and the
     asynchronous run's pipeline metrics beside none for the synchronous one."""
-    compared = subprocess.run(
-        [sys.executable, "-m", "rlprof.cli", "compare"]
-        + [str(small_runs / name / "logs") for name in ("sync", "first")]
-        + ["--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=subprocess_env(),
-        cwd=ROOT,
+    compared = rlprof_cli(
+        "compare", *(str(small_runs / name / "logs") for name in ("sync", "first")), "--format", "json"
     )
     assert compared.returncode == 0, compared.stderr
     data = json.loads(compared.stdout)
