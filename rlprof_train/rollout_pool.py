@@ -153,8 +153,7 @@ def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log:
         log=log,
     )
     version, generated_so_far = 0, 0
-    meter = RolloutMeter(record=records.write)  # its waits: for the trainer to take its batch and ask for the next,
-    # for weights
+    meter = RolloutMeter(record=records.write)  # its waits: for the trainer's next order (queue_full), for weights
     trainer = f"the trainer pool (launch ranks 0-{pool.world_size - pool.size - 1})"
     try:
         while True:

@@ -101,9 +101,9 @@ class PPOTrainer:
         self.critic = prepare.make_critic(cfg, env, model_path, resumed_from, self.estimator)
         prepare.note_zero_stages(cfg, self.actor, self.critic, log)
         self.pooled: Optional[PooledRollout] = None
+        """The one-step-off trainer's rollout pool: the next step's batch generates there while this one trains."""
         self.records: Optional[PipelineLog] = None
         """The one-step-off trainer's pipeline records (:mod:`rlprof.metrics.pipeline_records`)."""
-        """The one-step-off trainer's rollout pool: the next step's batch generates there while this one trains."""
         if link is None:
             self.rollout: Rollout = prepare.make_rollout(
                 cfg, env, model_path, self.actor, self.tokenizer, log, tools, wants_log_probs=self.correction.active
@@ -330,18 +330,18 @@ class PPOTrainer:
         consumed = self.updates_before(self.step)
         batch = collected.batch
         tokens = batch.response_mask.sum(dim=1).tolist()
-        for row, (version, rollout_rank) in enumerate(zip(collected.versions, collected.rollout_ranks, strict=True)):
-            self.records.write(
-                {
-                    "event": "sample",
-                    "step": self.step,
-                    "uid": batch.uid[row],
-                    "version": version,
-                    "consumed_version": consumed,
-                    "rollout_rank": rollout_rank,
-                    "response_tokens": int(tokens[row]),
-                }
-            )
+        self.records.write_all(
+            {
+                "event": "sample",
+                "step": self.step,
+                "uid": batch.uid[row],
+                "version": version,
+                "consumed_version": consumed,
+                "rollout_rank": rollout_rank,
+                "response_tokens": int(tokens[row]),
+            }
+            for row, (version, rollout_rank) in enumerate(zip(collected.versions, collected.rollout_ranks, strict=True))
+        )
         staleness = [float(consumed - version) for version in collected.versions]
         prefix = "training/off_policy/trajectory_staleness"
         workers.add(f"{prefix}/mean", sum(staleness) / len(staleness), Reduce.WEIGHTED_MEAN, len(staleness))

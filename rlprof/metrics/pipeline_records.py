@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +61,14 @@ class PipelineLog:
         self.write({"event": "clock", "side": side, "rank": rank, "monotonic": clock(), "wall": time.time()})
 
     def write(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record) + "\n"
+        self.write_all([record])
+
+    def write_all(self, records: Iterable[dict[str, Any]]) -> None:
+        """``records`` in one write (a step's trajectories: one flush, not one a line)."""
+        lines = "".join(json.dumps(record) + "\n" for record in records)
         with self._lock:
             if not self._handle.closed:
-                self._handle.write(line)
+                self._handle.write(lines)
                 self._handle.flush()
 
     def close(self) -> None:
