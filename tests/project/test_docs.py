@@ -127,6 +127,9 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
             for kind in ("reinforce_plus_plus", "remax", "rloo")
         ),
         f"{checked}[examples/rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh]",
+        *(f"{checked}[examples/{kind}_trainer/run_qwen3_8b_fsdp.sh]" for kind in ("gspo", "cispo")),
+        "tests/rlprof_train/test_fast_paths.py::test_sixty_steps_with_the_fast_paths_learn_as_the_eager_paths_do_within_"
+        "the_run_to_run_spread",
         *(
             f"tests/rlprof_train/test_verl_dapo_scripts.py::test_the_synchronous_form_of_every_other_dapo_script_trains_"
             f"two_steps[{name}]"

@@ -61,8 +61,6 @@ TODAY = ROOT / "tests" / "data" / "verl_scripts_1dda039b"
 TODAY_RUNS = {  # today's scripts that train, with what they select
     "examples/ppo_trainer/run_qwen3_8b_fsdp.sh": "gae",
     "examples/grpo_trainer/run_qwen3_8b_fsdp.sh": "grpo",
-    "examples/gspo_trainer/run_qwen3_8b_fsdp.sh": "grpo, loss_mode=gspo",
-    "examples/cispo_trainer/run_qwen3_8b_fsdp.sh": "grpo, loss_mode=cispo",
     "examples/tuning/lora/run_qwen3_8b_from_adapter_fsdp.sh": "grpo, LoRA from a saved adapter",
     "examples/grpo_trainer/run_mistral_nemo_12b_skyworkrm_fsdp.sh": "grpo, reward.reward_model",
     "examples/profile/run_qwen2_5_7b_torch_profile.sh": "grpo, the torch tool on steps 1-2, the vLLM engine's too",
@@ -76,6 +74,8 @@ TODAY_CHECKED = {  # today's scripts that differ from a trained one in what is c
     "examples/remax_trainer/run_qwen3_8b_fsdp.sh": "remax",
     "examples/rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh": "grpo",  # beside the one above: token weights,
     # token_k1 and seq_max_k2 rejection, bypass mode with PPO's clip (each compared with verl's functions)
+    "examples/gspo_trainer/run_qwen3_8b_fsdp.sh": "grpo, loss_mode=gspo",  # the grpo script's with another policy
+    "examples/cispo_trainer/run_qwen3_8b_fsdp.sh": "grpo, loss_mode=cispo",  # loss (test_verl_policy_losses.py)
 }
 PROFILE = "examples/profile/run_qwen2_5_7b_torch_profile.sh"
 FINISH_HOOK = TODAY / "tests" / "special_e2e" / "profiler_finish_hook_marker.sh"
@@ -393,7 +393,9 @@ def test_todays_verl_scripts_config_is_read_as_verl_means_it(name, place, tmp_pa
     result = run_script(name, place, tmp_path / "work", "--cfg", "job", today=True)
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     printed = printed_config(result.stdout)
-    assert printed["algorithm"]["adv_estimator"] == TODAY_CHECKED[name]
+    estimator, _, loss = TODAY_CHECKED[name].partition(", loss_mode=")
+    assert printed["algorithm"]["adv_estimator"] == estimator
+    assert printed["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"] == (loss or "vanilla")
     assert printed["trainer"]["total_training_steps"] == 2
     assert not (tmp_path / "work" / "outputs").exists()  # nothing written
     keys = tally(tmp_path / "work", result.stdout + result.stderr, len(todays_arguments(Path(), name)) + 2)
