@@ -25,6 +25,7 @@ def best_seconds(run) -> float:
     return min(times)
 
 
+@pytest.mark.long  # information, no target (docs/trainer.md: no speed-up claimed yet): out of the test command
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 def test_vllm_vs_hf_generate_tokens_per_second(benchmark, tmp_path):
     import os
