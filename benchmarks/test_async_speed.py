@@ -1,0 +1,143 @@
+"""The one-step-off trainer's steps per second against the synchronous trainer's on the same 2 cores, measured in
+one run, alternating the layouts.
+
+Layouts (2 cores for each): synchronous in one process with two threads, synchronous in two processes of one
+thread (data parallel), and one-step-off, one process training and one generating (one thread each). The baseline
+is the faster synchronous layout of each repetition. Setups:
+
+- ``generation-heavy``: the demo's GRPO on the embedded tiny model with random weights (no warm start: it does not
+  stop early, so every response is ``data.max_response_length`` tokens long), 8 prompts x 4 responses of 48 tokens.
+  Its one-process synchronous step spends 63-65% of its time generating (checked: at least 60%), near real runs' (72%
+  in verl #6747; the issue asks 65%). Stated targets: one-step-off at least 1.3x the synchronous steps per second;
+  its step at most 1.15x the longer of its generation (``timing_s/generate_async``) and the trainer's own work (the
+  step less its wait for the batch).
+- ``demo``: the demo's own setup (update-bound on a CPU: generation about a sixth of its step): the ratio reported,
+  no target (``rlprof report`` on the synchronous run says overlapping would gain little there).
+
+Each run trains 12 steps; its step time is the median of steps 3-12 (compiles and caches warm by then). A missed
+target is measured once more (ATTEMPTS) before it counts as missed."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from rlprof_train.tiny_model import create_tiny_model
+
+pytestmark = pytest.mark.long
+
+ROOT = Path(__file__).resolve().parents[1]
+REPETITIONS = 3
+ATTEMPTS = 2
+STEPS = 12
+SETUPS = {
+    "generation-heavy": (
+        "data.max_response_length=48",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.rollout.n=4",
+    ),
+    "demo": (),
+}
+LAYOUTS = ("sync, 1 process x 2 threads", "sync, 2 processes", "one-step-off, 1 + 1 processes")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def run(folder: Path, layout: str, model: Path | None, *overrides: str) -> dict[str, float]:
+    """Train STEPS steps in ``layout``; the medians of steps 3..STEPS of the step, its wait for the batch and the
+    rollout pool's sampling."""
+    common = [
+        "--config-name=demo",
+        f"trainer.log_dir={folder / 'logs'}",
+        f"trainer.default_local_dir={folder / 'ckpt'}",
+        'trainer.logger=["file"]',
+        f"trainer.total_training_steps={STEPS}",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "trainer.save_freq=-1",
+        "algorithm.rollout_correction.bypass_mode=true",  # one-step-off's default, set for every layout
+        *([f"actor_rollout_ref.model.path={model}"] if model else []),
+        *overrides,
+    ]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
+    command, threads = {
+        LAYOUTS[0]: ([sys.executable, "-m", "rlprof_train.main_ppo", *common], "2"),
+        LAYOUTS[1]: ([*launch, "-m", "rlprof_train.main_ppo", *common], "1"),
+        LAYOUTS[2]: ([*launch, "-m", "rlprof_train.one_step_off_policy", *common, "rollout.n_gpus_per_node=1"], "1"),
+    }[layout]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=900, cwd=ROOT, env={**env, "OMP_NUM_THREADS": threads}
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = [json.loads(line) for line in (folder / "logs" / "metrics.jsonl").read_text().splitlines()]
+    steady = [r for r in rows if r["step"] > 2]
+    medians = {
+        key: statistics.median(r[key] for r in steady)
+        for key in ("timing_s/step", "timing_s/gen", "timing_s/generate_async")
+        if key in steady[0]
+    }
+    return medians
+
+
+def measure(setup: str, folder: Path, model: Optional[Path]) -> tuple[list[float], list[float], list[float], str]:
+    """REPETITIONS of the three layouts, alternating: each repetition's ratio to the faster synchronous layout,
+    overlap efficiency and one-process generation share, and their summary."""
+    ratios, efficiencies, shares = [], [], []
+    for repetition in range(REPETITIONS):
+        order = LAYOUTS if repetition % 2 == 0 else LAYOUTS[::-1]  # alternating: drift hits both sides alike
+        measured = {
+            layout: run(folder / f"{repetition}-{i}", layout, model, *SETUPS[setup]) for i, layout in enumerate(order)
+        }
+        synchronous = min((measured[layout] for layout in LAYOUTS[:2]), key=lambda m: m["timing_s/step"])
+        overlapped = measured[LAYOUTS[2]]
+        ratios.append(synchronous["timing_s/step"] / overlapped["timing_s/step"])
+        own_work = overlapped["timing_s/step"] - overlapped["timing_s/gen"]  # the trainer's, less its wait
+        efficiencies.append(overlapped["timing_s/step"] / max(overlapped["timing_s/generate_async"], own_work))
+        one_process = measured[LAYOUTS[0]]  # the synchronous trainer as most run it: what the setup is
+        shares.append(one_process["timing_s/gen"] / one_process["timing_s/step"])
+        print(
+            f"\n{setup} #{repetition + 1}: "
+            + "; ".join(f"{layout} {m['timing_s/step'] * 1e3:.0f} ms" for layout, m in measured.items())
+            + f" -> {ratios[-1]:.2f}x, overlap efficiency {efficiencies[-1]:.2f}, generation {shares[-1]:.0%} of the "
+            "one-process synchronous step"
+        )
+    summary = (
+        f"{setup}: one-step-off {statistics.median(ratios):.2f}x the faster synchronous layout's steps per second "
+        f"(median of {REPETITIONS}, {min(ratios):.2f}-{max(ratios):.2f}x); its step "
+        f"{statistics.median(efficiencies):.2f}x the longer of generation and the trainer's own work "
+        f"({min(efficiencies):.2f}-{max(efficiencies):.2f}); generation {statistics.median(shares):.0%} of the "
+        "one-process synchronous step"
+    )
+    print(summary)
+    return ratios, efficiencies, shares, summary
+
+
+@pytest.mark.parametrize("setup", sorted(SETUPS))
+def test_one_step_off_against_the_faster_synchronous_layout_on_two_cores(setup, tmp_path, speed_target):
+    model = None
+    if setup == "generation-heavy":
+        model = tmp_path / "random_model"
+        create_tiny_model(model, sft_steps=0)
+    for attempt in range(1, ATTEMPTS + 1):  # a miss on a noisy machine is measured again, the bound kept
+        ratios, efficiencies, shares, summary = measure(setup, tmp_path / f"attempt{attempt}", model)
+        met = statistics.median(ratios) >= 1.3 and statistics.median(efficiencies) <= 1.15
+        if setup != "generation-heavy" or met:
+            break
+    if setup == "generation-heavy":
+        assert statistics.median(shares) >= 0.6, summary  # the setup is what it says
+        speed_target(statistics.median(ratios) >= 1.3, f"{summary}, attempt {attempt} (target >= 1.3x)")
+        speed_target(statistics.median(efficiencies) <= 1.15, f"{summary}, attempt {attempt} (target <= 1.15x)")
