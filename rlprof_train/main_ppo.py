@@ -95,7 +95,7 @@ def main(argv: Optional[list[str]] = None, one_step_off: bool = False) -> int:
     for note in loaded.notes:  # what became of verl's spellings
         log(f"config: {note}")
     held = env.memory_at_start[1] - env.memory_at_start[0] if env.memory_at_start else None
-    fit = lambda: PPOTrainer(cfg, env, run_id, log, progress, link).fit()  # noqa: E731
+    fit = lambda: PPOTrainer(cfg, env, run_id, log, progress, link, launched.per_node).fit()  # noqa: E731
     return finish(train(fit, env.rank, progress, as_dict(cfg), held), progress)
 
 
@@ -104,7 +104,7 @@ def launch_pool(cfg: TrainerConfig, launched: LaunchWorld) -> Pool:
     from rlprof_train.pools import pool_of, rollout_pool_size
 
     size = rollout_pool_size(cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, launched.world_size)
-    return pool_of(int(os.environ.get("RANK", "0")), launched.world_size, size, launched.per_node)
+    return pool_of(int(os.environ.get("RANK", "0")), launched.world_size, size)
 
 
 def finish(code: int, progress: Progress) -> int:

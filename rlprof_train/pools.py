@@ -37,20 +37,18 @@ class Pool:
     """Rank within the launch."""
     world_size: int
     """Processes of the launch (both pools)."""
-    per_node: int
-    """Processes of the launch on a node (both pools'; ``LOCAL_WORLD_SIZE``)."""
 
     @property
     def rollout_size(self) -> int:
         return self.size if self.name == "rollout" else self.world_size - self.size
 
 
-def pool_of(global_rank: int, world_size: int, rollout_size: int, per_node: int) -> Pool:
+def pool_of(global_rank: int, world_size: int, rollout_size: int) -> Pool:
     """The pool of launch rank ``global_rank``: the last ``rollout_size`` ranks generate, the others train."""
     trainer_size = world_size - rollout_size
     if global_rank < trainer_size:
-        return Pool("trainer", global_rank, trainer_size, global_rank, world_size, per_node)
-    return Pool("rollout", global_rank - trainer_size, rollout_size, global_rank, world_size, per_node)
+        return Pool("trainer", global_rank, trainer_size, global_rank, world_size)
+    return Pool("rollout", global_rank - trainer_size, rollout_size, global_rank, world_size)
 
 
 def rollout_pool_size(nnodes: int, n_gpus_per_node: int, world_size: int) -> int:

@@ -38,7 +38,6 @@ from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.config.schema import ValKwargs
 from rlprof_train.data import Example, PromptBatches, load_datasets, shard
 from rlprof_train.dynamic_sampling import GenerationLimit, Rounds, assemble
-from rlprof_train.launch import launch_world
 from rlprof_train.lr_schedule import LRSchedule
 from rlprof_train.models import load_tokenizer
 from rlprof_train.pools import Link
@@ -58,9 +57,11 @@ class PPOTrainer:
         log: Callable[[str], None] = print,
         progress: Optional[Progress] = None,
         link: Optional[Link] = None,
+        per_node: Optional[int] = None,
     ) -> None:
         """``link``: the one-step-off trainer's link to its rollout pool (:mod:`rlprof_train.pools`); None: the
-        rollout runs in these processes."""
+        rollout runs in these processes. ``per_node``: the launch's processes on a node, as the launcher started them
+        (both pools'; recorded in ``run.json``); None: the trainer's world, one node."""
         self.cfg, self.env, self.log = cfg, env, log
         self.progress = progress or Progress(env.rank, env.world_size, cfg.trainer.collective_timeout_s)
         self.step = 0
@@ -118,8 +119,17 @@ class PPOTrainer:
         self.guard = prepare.nonfinite_guard(cfg, self.critic is not None)
 
         self.start_step = self.resume(resumed_from) if resumed_from else 1
-        pools = (link.pool.rollout_size, link.pool.per_node) if link is not None else (0, launch_world().per_node)
-        prepare.record_run(cfg, env, run_id, self.start_step, self.total_steps, resumed_from, *pools)
+        rollout_processes = link.pool.rollout_size if link is not None else 0
+        prepare.record_run(
+            cfg,
+            env,
+            run_id,
+            self.start_step,
+            self.total_steps,
+            resumed_from,
+            rollout_processes,
+            per_node if per_node is not None else env.world_size,
+        )
         self.tracker = prepare.make_tracker(cfg, env, self.total_steps, self.start_step if resumed_from else None)
         prepare.write_rollout_scrape_config(cfg, env, log)
         for note in notes:

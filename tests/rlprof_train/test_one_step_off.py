@@ -34,7 +34,7 @@ from conftest import ROOT, SMALL_RUN, foreground_sigint, free_port, subprocess_e
 
 
 def test_the_last_processes_of_the_launch_are_the_rollout_pool():
-    pools = [pool_of(rank, 8, 2, 4) for rank in range(8)]
+    pools = [pool_of(rank, 8, 2) for rank in range(8)]
     assert [p.name for p in pools] == ["trainer"] * 6 + ["rollout"] * 2
     assert [(p.rank, p.size) for p in pools] == [(r, 6) for r in range(6)] + [(0, 2), (1, 2)]
     assert {p.rollout_size for p in pools} == {2}
@@ -66,7 +66,7 @@ def test_the_link_carries_orders_weights_and_batches_between_the_pools():
 
     def member(rank: int) -> None:
         store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timeout, use_libuv=False)
-        link = Link(store, pool_of(rank, world, 1, world), timeout)
+        link = Link(store, pool_of(rank, world, 1), timeout)
         if rank == 0:
             link.send({"order": "weights", "version": 3})
             seen["bytes sent"] = link.send_weights(weights)
