@@ -25,7 +25,7 @@ from rlprof.session import new_run_id
 from rlprof.typed_config import ConfigError
 from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.config.load import load, training_device
-from rlprof_train.launch import LaunchWorld, launch_world, settle_local_rank
+from rlprof_train.launch import launch_world, settle_local_rank
 from rlprof_train.preflight import validate
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def main(argv: Optional[list[str]] = None, one_step_off: bool = False) -> int:
         loaded = load(argv, world_size, one_step_off=one_step_off)
         cfg = loaded.cfg
         validate(cfg, world_size, one_step_off)
-        pool = launch_pool(cfg, launched) if one_step_off else None
+        pool = launch_pool(cfg, world_size) if one_step_off else None
     except (ConfigError, ValueError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
@@ -99,12 +99,12 @@ def main(argv: Optional[list[str]] = None, one_step_off: bool = False) -> int:
     return finish(train(fit, env.rank, progress, as_dict(cfg), held), progress)
 
 
-def launch_pool(cfg: TrainerConfig, launched: LaunchWorld) -> Pool:
+def launch_pool(cfg: TrainerConfig, world_size: int) -> Pool:
     """This process's pool in the one-step-off trainer's launch (``RANK``: its rank in the launch)."""
     from rlprof_train.pools import pool_of, rollout_pool_size
 
-    size = rollout_pool_size(cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, launched.world_size)
-    return pool_of(int(os.environ.get("RANK", "0")), launched.world_size, size)
+    size = rollout_pool_size(cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, world_size)
+    return pool_of(int(os.environ.get("RANK", "0")), world_size, size)
 
 
 def finish(code: int, progress: Progress) -> int:

@@ -307,11 +307,11 @@ class PooledRollout(Rollout):
         self.in_flight = False
         with self._lost(f"waited for the batch of step {self.step_in_flight}"):
             generated: list[Generated] = self.link.exchange(None)
-        parts = [g for g in generated if g.batch is not None]
-        joined = concat_batches([g.batch for g in parts if g.batch is not None])
+        parts = [(g, g.batch) for g in generated if g.batch is not None]
+        joined = concat_batches([batch for _, batch in parts])
         first = sum(self.counts[: self.env.rank]) * joined.n
         rows = list(range(first, first + self.counts[self.env.rank] * joined.n))
-        origin = [g for g in parts if g.batch is not None for _ in range(g.batch.size)]  # the joined rows' makers
+        origin = [g for g, batch in parts for _ in range(batch.size)]  # the joined rows' makers
         return Collected(
             joined.select(rows).to(self.env.device),
             max(g.seconds for g in generated),

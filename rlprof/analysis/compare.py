@@ -245,11 +245,14 @@ def compare(runs: list[Run], targets: Optional[dict[str, float]] = None, smooth_
 
 
 def _processes(run: Run) -> Optional[dict[str, int]]:
-    """The run's processes as its ``run.json`` says (a run recorded before the rollout pool: its world size, all
-    training)."""
+    """The run's processes as its ``run.json`` says, its whole numbers only (the file comes from outside; a run
+    recorded before the rollout pool: its world size, all training)."""
     record = run.record or {}
-    if isinstance(record.get("processes"), dict):
-        return {side: int(count) for side, count in record["processes"].items()}
+    given = record.get("processes")
+    if isinstance(given, dict):
+        counts = {side: n for side, n in given.items() if isinstance(n, int) and not isinstance(n, bool)}
+        if {"trainer", "rollout"} <= set(counts):
+            return counts
     if isinstance(record.get("world_size"), int):
         return {"trainer": record["world_size"], "rollout": 0}
     return None
