@@ -14,27 +14,22 @@ is the faster synchronous layout of each repetition. Setups:
 - ``demo``: the demo's own setup (update-bound on a CPU: generation about a sixth of its step): the ratio reported,
   no target (``rlprof report`` on the synchronous run says overlapping would gain little there).
 
-Each run trains 12 steps; its step time is the median of steps 3-12 (compiles and caches warm by then). A missed
-target is measured once more (ATTEMPTS) before it counts as missed."""
+Each run trains 12 steps; its step time is the median of steps 3-12 (compiles and caches warm by then: trainer_runs).
+A missed target is measured once more (ATTEMPTS) before it counts as missed."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from typing import Optional
 
 import pytest
+from trainer_runs import train
 
 from rlprof_train.tiny_model import create_tiny_model
 
 pytestmark = pytest.mark.long
 
-ROOT = Path(__file__).resolve().parents[1]
 REPETITIONS = 3
 ATTEMPTS = 2
 STEPS = 12
@@ -50,47 +45,19 @@ SETUPS = {
 LAYOUTS = ("sync, 1 process x 2 threads", "sync, 2 processes", "one-step-off, 1 + 1 processes")
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def run(folder: Path, layout: str, model: Path | None, *overrides: str) -> dict[str, float]:
-    """Train STEPS steps in ``layout``; the medians of steps 3..STEPS of the step, its wait for the batch and the
-    rollout pool's sampling."""
+    """Train STEPS steps in ``layout`` (:func:`trainer_runs.train`'s medians)."""
     common = [
-        "--config-name=demo",
-        f"trainer.log_dir={folder / 'logs'}",
-        f"trainer.default_local_dir={folder / 'ckpt'}",
-        'trainer.logger=["file"]',
-        f"trainer.total_training_steps={STEPS}",
-        "trainer.test_freq=-1",
-        "trainer.val_before_train=false",
-        "trainer.save_freq=-1",
         "algorithm.rollout_correction.bypass_mode=true",  # one-step-off's default, set for every layout
         *([f"actor_rollout_ref.model.path={model}"] if model else []),
         *overrides,
     ]
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
-    command, threads = {
-        LAYOUTS[0]: ([sys.executable, "-m", "rlprof_train.main_ppo", *common], "2"),
-        LAYOUTS[1]: ([*launch, "-m", "rlprof_train.main_ppo", *common], "1"),
-        LAYOUTS[2]: ([*launch, "-m", "rlprof_train.one_step_off_policy", *common, "rollout.n_gpus_per_node=1"], "1"),
+    module, processes, threads, extra = {
+        LAYOUTS[0]: ("main_ppo", 1, 2, ()),
+        LAYOUTS[1]: ("main_ppo", 2, 1, ()),
+        LAYOUTS[2]: ("one_step_off_policy", 2, 1, ("rollout.n_gpus_per_node=1",)),
     }[layout]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=900, cwd=ROOT, env={**env, "OMP_NUM_THREADS": threads}
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    rows = [json.loads(line) for line in (folder / "logs" / "metrics.jsonl").read_text().splitlines()]
-    steady = [r for r in rows if r["step"] > 2]
-    medians = {
-        key: statistics.median(r[key] for r in steady)
-        for key in ("timing_s/step", "timing_s/gen", "timing_s/generate_async")
-        if key in steady[0]
-    }
-    return medians
+    return train(folder, module, processes, threads, STEPS, *common, *extra)
 
 
 def measure(setup: str, folder: Path, model: Optional[Path]) -> tuple[list[float], list[float], list[float], str]:

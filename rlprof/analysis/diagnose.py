@@ -552,7 +552,9 @@ def _move_processes(run: Run, to: str) -> list[str]:
 
 def async_rollout_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
     """An asynchronous trainer waits for samples for a large share of its step: the rollout pool does not keep
-    up."""
+    up. Its own speed knobs first (they take nothing from the trainer), then a process moved to it: more processes
+    only help a generation whose time grows with its rows, not one bound by its per-token latency
+    (benchmarks/test_async_advice.py measures the first override)."""
     medians = _pipeline(report)
     idle = medians.get("fully_async/trainer/idle_ratio")
     if idle is None or idle < rule.thresholds["idle"]:
@@ -560,7 +562,7 @@ def async_rollout_bound(rule: Rule, report: Report, run: Run, options: ReportOpt
     evidence = {"trainer_idle_ratio": idle}
     if "fully_async/total_wait_time" in medians:
         evidence["wait_for_samples_s"] = medians["fully_async/total_wait_time"]
-    overrides = _move_processes(run, "rollout") + _generation_speedups(run)
+    overrides = _generation_speedups(run) + _move_processes(run, "rollout")
     staleness = run.setting(f"{ASYNC}.staleness_threshold")
     ahead = ""
     if isinstance(staleness, (int, float)) and staleness < 1:
@@ -570,14 +572,15 @@ def async_rollout_bound(rule: Rule, report: Report, run: Run, options: ReportOpt
         )
     message = (
         f"async-rollout-bound: the trainer waits for samples {_pct(idle)} of its step (median); the rollout pool "
-        f"does not keep up: give it processes the trainer pool can spare, or make generation faster{ahead}"
+        f"does not keep up: make generation faster, or give it processes the trainer pool can spare{ahead}"
     )
     return rule.finding(message, evidence, overrides)
 
 
 def async_train_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
     """The rollouter of an asynchronous run waits (its queue full, its staleness budget spent) while the trainer
-    hardly does: the trainer pool sets the pace."""
+    hardly does: the trainer pool sets the pace. The update's own speed knobs first, then a process moved to the
+    trainer pool (as :func:`async_rollout_bound`)."""
     medians = _pipeline(report)
     idle = medians.get("fully_async/rollouter/idle_ratio")
     trainer_idle = medians.get("fully_async/trainer/idle_ratio", 0.0)
@@ -597,10 +600,10 @@ def async_train_bound(rule: Rule, report: Report, run: Run, options: ReportOptio
     heaviest = max(phases, key=lambda p: p.median_s).phase if phases else "update_actor"
     message = (
         f"async-train-bound: the rollouter is idle {_pct(idle)} of each version's time{why} while the trainer waits "
-        f"{_pct(trainer_idle)} of its step; the trainer pool sets the pace: give it processes the rollout pool can "
-        f"spare, and make the update faster ({heaviest} the heaviest of its passes)"
+        f"{_pct(trainer_idle)} of its step; the trainer pool sets the pace: make the update faster ({heaviest} the "
+        "heaviest of its passes), or give it processes the rollout pool can spare"
     )
-    overrides = _move_processes(run, "trainer") + _training_speedups(run, heaviest, evidence)
+    overrides = _training_speedups(run, heaviest, evidence) + _move_processes(run, "trainer")
     return rule.finding(message, evidence, overrides)
 
 

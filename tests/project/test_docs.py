@@ -114,6 +114,7 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
         "benchmarks/test_tune.py",
         "benchmarks/test_rollout.py",
         "benchmarks/test_async_speed.py",
+        "benchmarks/test_async_advice.py",
     }, long
     assert {test for test in long if test.startswith("benchmarks/test_soak.py")} == {f"{soak}[5000 windows]"}, long
     rest = collected("not long")

@@ -53,17 +53,17 @@ def test_a_rollout_bound_loop_names_the_pool_split_toward_the_rollout(tmp_path, 
     assert "Asynchronous pipeline" in capsys.readouterr().out
 
 
-def test_a_train_bound_loop_names_the_pool_split_toward_the_trainer(tmp_path, capsys):
+def test_a_train_bound_loop_names_the_updates_own_knobs_then_the_pool_split_toward_the_trainer(tmp_path, capsys):
     records = AsyncLoop(gen_s=0.001, update_s=0.03, slow_update_s=0.03, sync_every=4).run(12)
     found = report(logged_run(tmp_path / "train", records, {"partial_rollout": False}), capsys)
     (finding,) = async_findings(found).values()
     assert finding["rule"] == "async-train-bound"
     assert finding["evidence"]["rollouter_idle_ratio"] >= 0.5 and finding["evidence"]["trainer_idle_ratio"] < 0.1
     assert finding["evidence"]["rollouter_wait_s/queue_full"] > finding["evidence"].get("rollouter_wait_s/weights", 0)
-    assert finding["overrides"] == [  # a process the other way, then the update's own speed knobs
+    assert finding["overrides"] == [  # the update's own speed knobs, then a process the other way
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
         "rollout.n_gpus_per_node=3",
         "trainer.n_gpus_per_node=5",
-        "actor_rollout_ref.actor.use_dynamic_bsz=true",
     ]
     assert "use_remove_padding=true" in " ".join(finding["not_offered"])  # measured slower on a CPU
     assert "queue_full" in finding["message"]
@@ -130,10 +130,10 @@ def test_verls_own_keys_name_train_bound_with_its_caveat_and_a_sync_run_has_no_p
     assert report(tmp_path / "verl" / "logs", capsys)["breakdown"]["overlap_gain"] is None  # asynchronous already
 
 
-def test_a_one_step_off_run_moves_a_process_by_its_run_record_then_names_the_rollouts_own_speed_knobs(tmp_path, capsys):
+def test_a_one_step_off_run_names_the_rollouts_own_speed_knobs_then_moves_a_process_by_its_run_record(tmp_path, capsys):
     """rlprof_train's one-step-off config has no trainer.n_gpus_per_node (the launch says it): its run.json's
-    processes do (4 a node, 1 of them the rollout pool's). Rollout-bound: one process moved to the rollout pool, then
-    the hf rollout's own knobs (twice its prompts per generate call, its compiled decode step)."""
+    processes do (4 a node, 1 of them the rollout pool's). Rollout-bound: the hf rollout's own knobs (twice its prompts
+    per generate call, its compiled decode step), then one process moved to the rollout pool."""
     records = AsyncLoop(gen_s=0.02, update_s=0.004, slow_update_s=0.004).run(12)
     logs = logged_run(tmp_path / "pooled", records, {})
     config = {"rollout": {"nnodes": 1, "n_gpus_per_node": 1}, "actor_rollout_ref": {"rollout": {"micro_batch_size": 4}}}
@@ -146,8 +146,8 @@ def test_a_one_step_off_run_moves_a_process_by_its_run_record_then_names_the_rol
     (finding,) = async_findings(report(logs, capsys)).values()
     assert finding["rule"] == "async-rollout-bound"
     assert finding["overrides"] == [
-        "trainer.n_gpus_per_node=2",
-        "rollout.n_gpus_per_node=2",
         "actor_rollout_ref.rollout.micro_batch_size=8",
         "actor_rollout_ref.rollout.enforce_eager=false",
+        "trainer.n_gpus_per_node=2",
+        "rollout.n_gpus_per_node=2",
     ]
