@@ -20,6 +20,10 @@ Marks. Each ``ProfilerStep#N`` of the lowest-rank trainer becomes a global insta
 lanes), and each outermost trainer range of the ``rollout`` role gets a flow arrow to the first event of the same
 rank's engine that starts inside it: the engine work the trainer waits on.
 
+Pipeline. An asynchronous run's pipeline records (``{trainer.log_dir}/pipeline``, when the run's log folder is
+given) are drawn too, on the same clock: each process's waits, windows and samplings, and each prompt's samples from
+their sampling to their update (:mod:`rlprof.analysis.pipeline_lanes`); with ``--step``, within that window's traces.
+
 Memory stays bounded as in ``rlprof report``: a file is read a megabyte of events at a time, each batch written out
 at once; across files the merge keeps one number per step, per collective (at most :data:`MAX_KEPT` a file) and
 per rollout range. Times are read, never trusted: an event without a number for ``ts`` is written as it is.
@@ -43,6 +47,7 @@ from typing import IO, Any, Optional
 
 import msgspec
 
+from rlprof.analysis.pipeline_lanes import Pipeline, chrome_events, read_pipeline
 from rlprof.analysis.run import Run
 from rlprof.analysis.sources import source
 from rlprof.analysis.sources.base import InputFile
@@ -124,10 +129,17 @@ class Timeline:
     skew_us: dict[str, Optional[float]]
     """Host -> the median difference of its collective ends from the first host's (None: no collective in common)."""
     notes: list[str] = field(default_factory=list)
+    pipeline_lanes: int = 0
+    """Processes whose pipeline records were drawn."""
+    sample_lives: int = 0
+    """Prompt groups followed from their sampling to their update."""
 
 
-def plan(run: Run, step: Optional[int] = None) -> tuple[list[Lane], list[str]]:
-    """The run's Chrome traces (those of the window holding ``step``, when given) as lanes, placed on one clock."""
+def plan(
+    run: Run, step: Optional[int] = None, pipeline: Optional[Pipeline] = None
+) -> tuple[list[Lane], list[str], float]:
+    """The run's Chrome traces (those of the window holding ``step``, when given) as lanes, placed on one clock; and
+    that clock's 0 in wall-clock µs (the earliest trace's start, or the ``pipeline`` records' without ``step``)."""
     notes: list[str] = []
     mergeable = [f for f in run.inputs if _merges(f)]
     files = mergeable
@@ -136,7 +148,7 @@ def plan(run: Run, step: Optional[int] = None) -> tuple[list[Lane], list[str]]:
     others = sorted({f.format for f in run.traces if not _merges(f)})
     if others:
         notes.append(f"not merged: {', '.join(others)} files (a timeline merges Chrome traces)")
-    if not files:
+    if not files and (pipeline is None or step is not None):
         windows = sorted({f.window_name for f in mergeable})
         where = (
             f" of the window holding step {step} (windows: {', '.join(windows) or 'none'})" if step is not None else ""
@@ -144,6 +156,8 @@ def plan(run: Run, step: Optional[int] = None) -> tuple[list[Lane], list[str]]:
         raise TimelineError(f"{run.name}: no Chrome trace{where} to merge")
     lanes = [_lane(f) for f in files]
     starts = [s for s in (lane.wall_start_us for lane in lanes) if s is not None]
+    if pipeline is not None and pipeline.start_us is not None and step is None:
+        starts.append(pipeline.start_us)
     origin = min(starts) if starts else 0.0
     hosts = {lane.host for lane in lanes}
     for lane in lanes:
@@ -160,7 +174,7 @@ def plan(run: Run, step: Optional[int] = None) -> tuple[list[Lane], list[str]]:
         side = f" {lane.file.engine} engine" if lane.engine else (f" {process}" if lane.file.tool is not None else "")
         window = f" {lane.file.window_name}" if lane.file.steps else ""
         lane.label = f"{lane.host} · " * (len(hosts) > 1) + f"{who}{side}{window}"
-    return lanes, notes
+    return lanes, notes, origin
 
 
 def _merges(file: InputFile) -> bool:
@@ -205,18 +219,27 @@ def _earliest_ts(path: Path) -> Optional[float]:
 
 
 def merge(run: Run, output: Path, step: Optional[int] = None) -> Timeline:
-    """Write the run's traces (see the module doc) to ``output`` (gzipped when it ends in ``.gz``)."""
-    lanes, notes = plan(run, step)
+    """Write the run's traces (see the module doc) to ``output`` (gzipped when it ends in ``.gz``), and its pipeline
+    records when it wrote some (:mod:`rlprof.analysis.pipeline_lanes`)."""
+    pipeline = read_pipeline(run.log_dir) if run.log_dir is not None else None
+    lanes, notes, origin = plan(run, step, pipeline)
     output = output.absolute()
     if any(lane.file.path.absolute() == output for lane in lanes):
         raise TimelineError(f"{output}: the output would overwrite one of the traces it merges")
     partial = output.with_name(f".{output.name}.partial")
     merger = _Merger(lanes)
+    pipeline_events: list[dict[str, Any]] = []
     try:
         with _open(partial, output) as stream:
             writer = _Writer(stream)
             for index, lane in enumerate(lanes):
                 merger.copy(index, lane, writer, notes)
+            if pipeline is not None:  # with a step, the span of that window's traces only
+                span = (0.0, merger.latest) if step is not None else None
+                pipeline_events = chrome_events(pipeline, origin, merger.next_pid, span)
+                for event in pipeline_events:
+                    writer.write(event)
+                notes.extend(pipeline.notes)
             merger.finish(writer)
         os.replace(partial, output)
     except OSError as exc:
@@ -228,11 +251,17 @@ def merge(run: Run, output: Path, step: Optional[int] = None) -> Timeline:
     return Timeline(
         output,
         lanes,
-        sum(lane.events for lane in lanes),
+        sum(lane.events for lane in lanes) + len(pipeline_events),
         merger.steps,
         merger.flows,
         estimate_skew(lanes),
         notes,
+        len(pipeline.processes) if pipeline is not None else 0,
+        sum(
+            1
+            for e in pipeline_events
+            if e.get("cat") == "sample" and e["ph"] == "b" and e["name"].startswith("prompt ")
+        ),
     )
 
 
@@ -287,6 +316,8 @@ class _Merger:
         self.step_lane = trainers[0] if trainers else None
         self.ranges: dict[Optional[int], list[_Range]] = defaultdict(list)
         self.flows = 0
+        self.latest = 0.0
+        """The latest end of an event written, in output µs."""
 
     def copy(self, index: int, lane: Lane, writer: _Writer, notes: list[str]) -> None:
         scan = TraceScan(str(lane.file.path))
@@ -337,6 +368,7 @@ class _Merger:
         if ph != "X" or ts is None or not isinstance(name, str):
             return
         end = ts + (_number(event.get("dur")) or 0.0)
+        self.latest = max(self.latest, end)
         if lane is self.step_lane and name.startswith("ProfilerStep#") and name[13:].isdigit():
             self.steps.setdefault(int(name[13:]), ts)
             self.step_pid = pid

@@ -38,6 +38,12 @@ def command(args: argparse.Namespace, console: Console) -> int:
         say(console, f"  {lane.label}: {lane.events:,} events from {lane.file.path}{clock}")
     if timeline.steps:
         say(console, f"steps marked: {', '.join(str(n) for n in sorted(timeline.steps))}")
+    if timeline.pipeline_lanes:
+        say(
+            console,
+            f"pipeline records of {timeline.pipeline_lanes} processes, {timeline.sample_lives:,} prompts followed "
+            "from sampling to update (lane: sample lives)",
+        )
     if timeline.flows:
         say(console, f"arrows from trainer rollout ranges to the engine's work: {timeline.flows}")
     hosts = {lane.host for lane in timeline.lanes}

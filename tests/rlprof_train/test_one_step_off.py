@@ -156,8 +156,9 @@ def test_two_train_while_one_generates_the_next_batch_a_version_behind(tmp_path)
     sessions = [e for e in entries if e.get("kind") == "session"]
     assert sorted((e["rank"], e["world_size"]) for e in sessions) == [(0, 3), (1, 3), (2, 3)]
     timeline = tmp_path / "timeline.json"
-    merged = rlprof_cli("timeline", str(tmp_path / "profile"), "-o", str(timeline))
+    merged = rlprof_cli("timeline", str(tmp_path / "logs"), str(tmp_path / "profile"), "-o", str(timeline))
     assert merged.returncode == 0, merged.stderr
+    assert "pipeline records of 3 processes" in merged.stdout
     events = json.loads(timeline.read_text())["traceEvents"]
     lanes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     spans = {
@@ -167,13 +168,54 @@ def test_two_train_while_one_generates_the_next_batch_a_version_behind(tmp_path)
     }
     step, sampled = spans[("0", "trainer/step")], spans[("2", "rollout/generate_async")]
     assert step[0] < sampled[0] < sampled[1] < step[1]
-    named = {label.split(" ")[1]: label.split(" ")[2] for label in lanes.values()}  # each lane by its pool
+    traced = {label: pid for pid, label in lanes.items() if "pipeline" not in label and label != "sample lives"}
+    named = {label.split(" ")[1]: label.split(" ")[2] for label in traced}  # each lane by its pool
     assert named == {"0": "trainer", "1": "trainer", "2": "rollout"}
+    assert {label for label in lanes.values() if "pipeline" in label} == {
+        "rank 0 trainer pipeline",
+        "rank 1 trainer pipeline",
+        "rank 2 rollout pipeline",
+    }
+
+    # each prompt's samples, from their sampling to their update, on the traces' clock: step 2's batch is sampled
+    # while step 1 trains and trained in step 2 (the traced step: its trainer/step span holds the training)
+    lives = sample_lives(events, next(pid for pid, label in lanes.items() if label == "sample lives"))
+    consumed = [r for rank in (0, 1) for r in read_jsonl(tmp_path / "logs" / "pipeline" / f"rank{rank}.jsonl")]
+    groups = {(r["step"], str(r["uid"])) for r in consumed if r["event"] == "sample"}
+    assert sorted((life["args"]["step"], life["uid"]) for life in lives) == sorted(groups)  # each group once
+    for life in lives:
+        phases = life["phases"]
+        assert [name for name, _, _ in phases] == ["generating", "queued", "training"]
+        assert all(began <= ended for _, began, ended in phases)
+        assert phases[0][2] <= phases[1][1] and phases[1][2] <= phases[2][1]  # one after the other
+        assert life["args"]["consumed_version"] - life["args"]["version"] == (life["args"]["step"] > 1)
+    traced_step = [life for life in lives if life["args"]["step"] == 2 and life["args"]["trainer_rank"] == 0]
+    assert traced_step
+    for life in traced_step:
+        _, began, ended = life["phases"][2]
+        assert step[0] - 1e3 <= began and ended <= step[1] + 1e3  # within trainer/step 2 (1 ms: two clocks' reads)
 
     # the pipeline's metrics are what an independent count of the run's own records gives
     recounted = recount(tmp_path / "logs" / "pipeline", trainer_ranks=(0, 1), rollout_rank0=2)
     for s in (1, 2, 3):
         assert {k: steps[s][k] for k in recounted[s]} == pytest.approx(recounted[s], abs=1e-9), s
+
+
+def sample_lives(events: list[dict], pid: int) -> list[dict]:
+    """The ``sample lives`` lane's prompts: each one's uid, args and (phase, began, ended) in trace µs, from the
+    nested async events as Chrome's format pairs them (same id: ``b`` opens, ``e`` closes the innermost of a name)."""
+    lives: dict[int, dict] = {}
+    for event in (e for e in events if e.get("pid") == pid and e.get("cat") == "sample"):
+        life = lives.setdefault(event["id"], {"phases": [], "open": {}})
+        if event["name"].startswith("prompt "):
+            if event["ph"] == "b":
+                life.update(uid=event["name"].removeprefix("prompt "), args=event["args"], began=event["ts"])
+            continue
+        if event["ph"] == "b":
+            life["open"][event["name"]] = event["ts"]
+        else:
+            life["phases"].append((event["name"], life["open"].pop(event["name"]), event["ts"]))
+    return list(lives.values())
 
 
 def overlap(waits: list[dict], window: dict) -> float:

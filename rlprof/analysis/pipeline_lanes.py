@@ -1,0 +1,260 @@
+"""An asynchronous run's pipeline records (:mod:`rlprof.metrics.pipeline_records`) drawn as lanes of the merged
+timeline (:mod:`rlprof.analysis.timeline`).
+
+Each process that wrote records gets a lane, ``rank R trainer pipeline`` or ``rank R rollout pipeline``: its waits
+(named by reason), its metrics windows (the trainer's steps, the rollouter's time between syncs) and its samplings,
+each on a thread of its own. The ``sample lives`` lane follows each prompt's trajectories (a group: sampled together,
+trained together) from sampling to update, one async slice per group named for its ``uid`` and holding three:
+
+- ``generating``: the rollout process's sampling of the batch (under weights ``version``);
+- ``queued``: from the end of that sampling until the trainer rank received the batch (the end of its last wait
+  for samples in the step's window; the window's start when it did not wait);
+- ``training``: from then to the end of the trainer's step, the update from weights ``consumed_version``.
+
+Times: each record's seconds are on its process's monotonic clock; the ``clock`` line that opens its segment ties
+them to the wall clock, so every process's records land on the one clock of the merged traces.
+
+The files come from outside: at most :data:`MAX_LINES` lines a file and :data:`MAX_FILES` files are read, a line
+longer than :data:`MAX_LINE` bytes or not a JSON object with numbers where times go is skipped (counted in a note),
+and a link in the folder is not followed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from rlprof.metrics.pipeline_records import FOLDER
+
+MAX_FILES = 4096
+MAX_LINES = 1_000_000
+MAX_LINE = 1 << 16
+_FILE = re.compile(r"rank(\d+)\.jsonl")
+SIDE_LANES = {"trainer": "trainer", "rollouter": "rollout"}
+THREADS = {"wait": (1, "waits"), "window": (2, "windows"), "generate": (3, "samplings")}
+
+
+@dataclass
+class ProcessRecords:
+    """One process's records, their times (``began``, ``ended``) as wall-clock seconds."""
+
+    rank: int
+    """Its launch rank (the file's)."""
+    side: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Pipeline:
+    processes: list[ProcessRecords]
+    notes: list[str]
+
+    @property
+    def start_us(self) -> Optional[float]:
+        began = [e["began"] for p in self.processes for e in p.events if "began" in e]
+        return min(began) * 1e6 if began else None
+
+
+def read_pipeline(log_dir: Path) -> Optional[Pipeline]:
+    """The records under ``log_dir/pipeline`` (None: the run wrote none)."""
+    folder = log_dir / FOLDER
+    if not folder.is_dir() or folder.is_symlink():
+        return None
+    notes: list[str] = []
+    processes = []
+    files = sorted((p for p in folder.iterdir() if _FILE.fullmatch(p.name)), key=lambda p: int(p.name[4:-6]))
+    for path in files[:MAX_FILES]:
+        if path.is_symlink() or not path.is_file():
+            notes.append(f"{path.name}: not a plain file; not read")
+            continue
+        process = _read(path, int(path.name[4:-6]), notes)
+        if process is not None:
+            processes.append(process)
+    if len(files) > MAX_FILES:
+        notes.append(f"{folder}: {len(files) - MAX_FILES} record files past the first {MAX_FILES} not read")
+    return Pipeline(processes, notes) if processes else None
+
+
+def _read(path: Path, rank: int, notes: list[str]) -> Optional[ProcessRecords]:
+    process: Optional[ProcessRecords] = None
+    offset: Optional[float] = None  # wall - monotonic of the current segment
+    skipped = 0
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle):
+            if number >= MAX_LINES:
+                notes.append(f"{path.name}: lines past the first {MAX_LINES:,} not read")
+                break
+            record = _record(raw)
+            if record is None:
+                skipped += 1
+            elif record.get("event") == "clock":
+                monotonic, wall = _seconds(record.get("monotonic")), _seconds(record.get("wall"))
+                side = record.get("side")
+                if monotonic is None or wall is None or side not in SIDE_LANES:
+                    skipped += 1
+                    continue
+                offset = wall - monotonic
+                process = process or ProcessRecords(rank, side)
+            elif process is None or offset is None:
+                skipped += 1  # no clock line before it: it cannot be placed
+            else:
+                times = {key: _seconds(record.get(key)) for key in ("began", "ended")}
+                if record.get("event") == "sample":
+                    process.events.append(record)
+                elif None in times.values():
+                    skipped += 1
+                else:
+                    process.events.append({**record, **{k: v + offset for k, v in times.items() if v is not None}})
+    if skipped:
+        notes.append(f"{path.name}: {skipped} lines without a clock, times or JSON skipped")
+    return process
+
+
+def _record(raw: bytes) -> Optional[dict[str, Any]]:
+    if len(raw) > MAX_LINE:
+        return None
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _seconds(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def chrome_events(
+    pipeline: Pipeline, origin_us: float, first_pid: int, span: Optional[tuple[float, float]] = None
+) -> list[dict[str, Any]]:
+    """``pipeline`` as Chrome trace events: ``ts`` in µs after ``origin_us`` (wall-clock µs), process ids from
+    ``first_pid``; with ``span`` (output µs), only what overlaps it, cut to it."""
+    out: list[dict[str, Any]] = []
+
+    def place(began: float, ended: float) -> Optional[tuple[float, float]]:
+        start, end = began * 1e6 - origin_us, ended * 1e6 - origin_us
+        if span is not None:
+            if end < span[0] or start > span[1]:
+                return None
+            start, end = max(start, span[0]), min(end, span[1])
+        return round(max(start, 0.0), 3), round(max(end - max(start, 0.0), 0.0), 3)
+
+    pid = first_pid
+    for process in pipeline.processes:
+        out.append(_meta("process_name", pid, 0, name=f"rank {process.rank} {SIDE_LANES[process.side]} pipeline"))
+        out.append(_meta("process_sort_index", pid, 0, sort_index=pid))
+        for tid, name in THREADS.values():
+            out.append(_meta("thread_name", pid, tid, name=name))
+        for event in process.events:
+            kind = event.get("event")
+            if kind not in THREADS:
+                continue
+            placed = place(event["began"], event["ended"])
+            if placed is None:
+                continue
+            out.append(
+                {
+                    "ph": "X",
+                    "cat": "pipeline",
+                    "name": _name(event),
+                    "pid": pid,
+                    "tid": THREADS[kind][0],
+                    "ts": placed[0],
+                    "dur": placed[1],
+                    "args": {k: v for k, v in event.items() if k not in ("event", "began", "ended")},
+                }
+            )
+        pid += 1
+    lives = sample_lives(pipeline)
+    if lives:
+        out.append(_meta("process_name", pid, 0, name="sample lives"))
+        out.append(_meta("process_sort_index", pid, 0, sort_index=pid))
+    for number, life in enumerate(lives, start=1):
+        whole = place(life.phases[0][1], life.phases[-1][2])
+        if whole is None:
+            continue
+        common = {"cat": "sample", "id": number, "pid": pid, "tid": 0}
+        out.append({**common, "ph": "b", "name": f"prompt {life.uid}", "ts": whole[0], "args": life.args})
+        for name, began, ended in life.phases:
+            placed = place(began, ended)
+            if placed is not None:
+                out.append({**common, "ph": "b", "name": name, "ts": placed[0]})
+                out.append({**common, "ph": "e", "name": name, "ts": placed[0] + placed[1]})
+        out.append({**common, "ph": "e", "name": f"prompt {life.uid}", "ts": whole[0] + whole[1]})
+    return out
+
+
+def _meta(kind: str, pid: int, tid: int, **args: Any) -> dict[str, Any]:
+    return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": args}
+
+
+def _name(event: dict[str, Any]) -> str:
+    kind = event["event"]
+    if kind == "wait":
+        return f"wait: {event.get('reason')}"
+    if kind == "window":
+        return f"step {event['step']}" if "step" in event else f"until version {event.get('version')}"
+    return f"sample step {event.get('step')}" if event.get("step") is not None else "sample (validation)"
+
+
+@dataclass
+class SampleLife:
+    """One prompt's trajectories on one trainer rank: their phases as (name, began, ended) in wall seconds."""
+
+    uid: str
+    phases: list[tuple[str, float, float]]
+    args: dict[str, Any]
+
+
+def sample_lives(pipeline: Pipeline) -> list[SampleLife]:
+    """Each prompt group consumed by a trainer rank, from its sampling to its update (see the module doc)."""
+    rollouts = [p for p in pipeline.processes if p.side == "rollouter"]
+    sampled: dict[tuple[int, int], dict[str, Any]] = {}  # (rollout pool rank, step) -> its sampling
+    for pool_rank, process in enumerate(rollouts):  # launch ranks in order: the pool's ranks
+        for event in process.events:
+            if event.get("event") == "generate" and isinstance(event.get("step"), int):
+                sampled[(pool_rank, event["step"])] = event  # a resumed run's later sampling replaces it
+    lives = []
+    for process in pipeline.processes:
+        if process.side != "trainer":
+            continue
+        windows = {
+            e["step"]: e for e in process.events if e.get("event") == "window" and isinstance(e.get("step"), int)
+        }
+        waits = [e for e in process.events if e.get("event") == "wait" and e.get("reason") == "samples"]
+        groups: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+        for event in process.events:
+            if event.get("event") == "sample" and isinstance(event.get("step"), int):
+                groups[(event["step"], str(event.get("uid")))].append(event)
+        for (step, uid), trajectories in groups.items():
+            window = windows.get(step)
+            rollout_rank = trajectories[0].get("rollout_rank")
+            generated = sampled.get((rollout_rank, step)) if isinstance(rollout_rank, int) else None
+            if window is None or generated is None:
+                continue
+            inside = [w["ended"] for w in waits if window["began"] <= w["ended"] <= window["ended"]]
+            received = max(inside, default=window["began"])
+            lives.append(
+                SampleLife(
+                    uid,
+                    [
+                        ("generating", generated["began"], generated["ended"]),
+                        ("queued", generated["ended"], max(received, generated["ended"])),
+                        ("training", max(received, generated["ended"]), window["ended"]),
+                    ],
+                    {
+                        "step": step,
+                        "trainer_rank": process.rank,
+                        "rollout_rank": rollout_rank,
+                        "version": trajectories[0].get("version"),
+                        "consumed_version": trajectories[0].get("consumed_version"),
+                        "trajectories": len(trajectories),
+                        "response_tokens": sum(int(_seconds(t.get("response_tokens")) or 0) for t in trajectories),
+                    },
+                )
+            )
+    return sorted(lives, key=lambda life: life.phases[0][1])
