@@ -4,7 +4,8 @@ timeline (:mod:`rlprof.analysis.timeline`).
 Each process that wrote records gets a lane, ``rank R trainer pipeline`` or ``rank R rollout pipeline``: its waits
 (named by reason), its metrics windows (the trainer's steps, the rollouter's time between syncs) and its samplings,
 each on a thread of its own. The ``sample lives`` lane follows each prompt's trajectories (a group: sampled together,
-trained together) from sampling to update, one async slice per group named for its ``uid`` and holding three:
+trained together) from sampling to update: a slice per group named for its ``uid``, on the first of the lane's rows
+free at its start, holding three:
 
 - ``generating``: the rollout process's sampling of the batch (under weights ``version``);
 - ``queued``: from the end of that sampling until the trainer rank received the batch (the end of its last wait
@@ -169,22 +170,26 @@ def chrome_events(
                 }
             )
         pid += 1
-    lives = sample_lives(pipeline)
-    if lives:
-        out.append(_meta("process_name", pid, 0, name="sample lives"))
-        out.append(_meta("process_sort_index", pid, 0, sort_index=pid))
-    for number, life in enumerate(lives, start=1):
-        whole = place(life.phases[0][1], life.phases[-1][2])
+    lives = [(life, place(life.phases[0][1], life.phases[-1][2])) for life in sample_lives(pipeline)]
+    rows: list[float] = []  # each row's latest end: a prompt goes on the first row free at its start
+    for life, whole in lives:
         if whole is None:
             continue
-        common = {"cat": "sample", "id": number, "pid": pid, "tid": 0}
-        out.append({**common, "ph": "b", "name": f"prompt {life.uid}", "ts": whole[0], "args": life.args})
+        row = next((i for i, end in enumerate(rows) if end <= whole[0]), len(rows))
+        if row == len(rows):
+            rows.append(0.0)
+            out.append(_meta("thread_name", pid, row + 1, name=f"prompts {row + 1}"))
+        rows[row] = whole[0] + whole[1]
+        common = {"ph": "X", "cat": "sample", "pid": pid, "tid": row + 1}
+        who = {"uid": life.uid, "step": life.args["step"], "trainer_rank": life.args["trainer_rank"]}
+        out.append({**common, "name": f"prompt {life.uid}", "ts": whole[0], "dur": whole[1], "args": life.args})
         for name, began, ended in life.phases:
             placed = place(began, ended)
             if placed is not None:
-                out.append({**common, "ph": "b", "name": name, "ts": placed[0]})
-                out.append({**common, "ph": "e", "name": name, "ts": placed[0] + placed[1]})
-        out.append({**common, "ph": "e", "name": f"prompt {life.uid}", "ts": whole[0] + whole[1]})
+                out.append({**common, "name": name, "ts": placed[0], "dur": placed[1], "args": who})
+    if rows:
+        out.append(_meta("process_name", pid, 0, name="sample lives"))
+        out.append(_meta("process_sort_index", pid, 0, sort_index=pid))
     return out
 
 

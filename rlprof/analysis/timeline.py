@@ -257,11 +257,7 @@ def merge(run: Run, output: Path, step: Optional[int] = None) -> Timeline:
         estimate_skew(lanes),
         notes,
         len(pipeline.processes) if pipeline is not None else 0,
-        sum(
-            1
-            for e in pipeline_events
-            if e.get("cat") == "sample" and e["ph"] == "b" and e["name"].startswith("prompt ")
-        ),
+        sum(1 for e in pipeline_events if e.get("cat") == "sample" and e["name"].startswith("prompt ")),
     )
 
 

@@ -1,7 +1,8 @@
 """``rlprof timeline`` draws an asynchronous run's pipeline records (rlprof.analysis.pipeline_lanes): records
 written by PipelineLog for a trainer and a rollout process on clocks of their own, placed on the wall clock by their
-clock lines; each prompt's life from its sampling to its update; what is broken in the files is skipped and said,
-a link is not followed. The real run's lanes, against its traces: tests/rlprof_train/test_one_step_off.py."""
+clock lines; each prompt's life from its sampling to its update; what is broken in the files is skipped and said, a
+link is not followed; Perfetto's UI shows every lane. The real run's lanes, against its traces:
+tests/rlprof_train/test_one_step_off.py."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from rlprof.metrics.pipeline_records import PipelineLog
 from rlprof.tracking import Tracker
 from tests.rlprof.test_pipeline_metrics import Clock
 from tests.rlprof_train.test_one_step_off import sample_lives
+
+from conftest import ROOT, open_in_perfetto
 
 
 def written(tmp_path):
@@ -58,6 +61,10 @@ def test_each_process_and_prompt_is_drawn_on_one_clock(tmp_path, capsys):
     assert life["uid"] == "7" and life["args"]["trajectories"] == 2 and life["args"]["response_tokens"] == 8
     s = rollout_start
     assert life["phases"] == [("generating", s, s + 2e6), ("queued", s + 2e6, s + 2e6), ("training", s + 2e6, s + 5e6)]
+    png = ROOT / "outputs" / "screenshots" / "timeline_pipeline_perfetto.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    shown = open_in_perfetto(output, png, "rank 0 trainer pipeline", "rank 1 rollout pipeline", "sample lives")
+    assert shown["missing"] == [] and shown["errors"] == "", shown
 
 
 def test_broken_lines_and_links_are_skipped_and_said(tmp_path, capsys):

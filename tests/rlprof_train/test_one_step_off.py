@@ -202,19 +202,17 @@ def test_two_train_while_one_generates_the_next_batch_a_version_behind(tmp_path)
 
 
 def sample_lives(events: list[dict], pid: int) -> list[dict]:
-    """The ``sample lives`` lane's prompts: each one's uid, args and (phase, began, ended) in trace µs, from the
-    nested async events as Chrome's format pairs them (same id: ``b`` opens, ``e`` closes the innermost of a name)."""
-    lives: dict[int, dict] = {}
-    for event in (e for e in events if e.get("pid") == pid and e.get("cat") == "sample"):
-        life = lives.setdefault(event["id"], {"phases": [], "open": {}})
-        if event["name"].startswith("prompt "):
-            if event["ph"] == "b":
-                life.update(uid=event["name"].removeprefix("prompt "), args=event["args"], began=event["ts"])
-            continue
-        if event["ph"] == "b":
-            life["open"][event["name"]] = event["ts"]
-        else:
-            life["phases"].append((event["name"], life["open"].pop(event["name"]), event["ts"]))
+    """The ``sample lives`` lane's prompts: each one's uid, args and (phase, began, ended) in trace µs, its phases
+    found by their args (the prompt's uid, step and trainer rank) on its row."""
+    lives: dict[tuple, dict] = {}
+    mine = [e for e in events if e.get("pid") == pid and e.get("ph") == "X"]
+    for event in (e for e in mine if e["name"].startswith("prompt ")):
+        uid, args = event["name"].removeprefix("prompt "), event["args"]
+        lives[(uid, args["step"], args["trainer_rank"])] = {"uid": uid, "args": args, "phases": [], "row": event["tid"]}
+    for event in (e for e in mine if not e["name"].startswith("prompt ")):
+        life = lives[(event["args"]["uid"], event["args"]["step"], event["args"]["trainer_rank"])]
+        assert event["tid"] == life["row"]
+        life["phases"].append((event["name"], event["ts"], event["ts"] + event["dur"]))
     return list(lives.values())
 
 
