@@ -18,6 +18,13 @@
   trace, rlprof's ``torch_memory`` window (the seed's 100000 entries) against ``_record_memory_history`` with the
   same settings and ``_dump_snapshot``. Alternating repetitions; goal at most 1.05x each.
 
+- **The one-step-off trainer against the synchronous one on the GPU machine** (issue 59's GPU part,
+  ``scripts/gpu_kit.sh run --part async``): the 155M Llama, 32 prompts x 8 completions of up to 64 new tokens, fp32;
+  one-step-off with a trainer and a rollout process (on one GPU they share it; with two, one each) against the
+  synchronous trainer on the same GPUs (one process on one GPU, two data-parallel on two), alternated in PAIRS.
+  Targets, as on the CPU (benchmarks/test_async_speed.py): at least 1.3x the steps per second, and the step at most
+  1.15x the longer of its generation and the trainer's own work.
+
 Results are printed and written to ``outputs/benchmarks/gpu_*.md`` with the device's name and the date.
 """
 
@@ -32,6 +39,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainer_runs import train
 
 from llama_shapes import build
 from test_vs_trl import Geometry, fast_enough, pair, run_fastest_trl, run_rlprof, run_trl, speed_against_trl, table
@@ -337,3 +345,58 @@ def test_gpu_window_costs_what_the_bare_tool_costs(benchmark, tmp_path, tool, sp
         median <= TARGET,
         f"{tool}: median {median:.3f}x the bare tool (spread {ratios[0]:.3f}-{ratios[-1]:.3f}x; target <= {TARGET}x)",
     )
+
+
+ASYNC_PAIRS = 2
+ASYNC_GEOMETRY = (
+    "trainer.device=cuda",
+    "data.train_batch_size=32",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+    "actor_rollout_ref.rollout.n=8",
+    "data.max_response_length=64",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32",
+    "algorithm.rollout_correction.bypass_mode=true",  # one-step-off's default, set for both
+)
+
+
+def test_gpu_one_step_off_against_the_synchronous_trainer(benchmark, tmp_path, speed_target):
+    model = build("155m", MODELS / "llama-155m")
+    gpus = min(torch.cuda.device_count(), 2)
+    layouts = {
+        f"synchronous, {gpus} process{'es' if gpus > 1 else ''}": ("main_ppo", gpus, ()),
+        "one-step-off, 1 + 1 processes": ("one_step_off_policy", 2, ("rollout.n_gpus_per_node=1",)),
+    }
+    ratios, efficiencies, lines = [], [], []
+    for repetition in range(ASYNC_PAIRS):
+        order = list(layouts) if repetition % 2 == 0 else list(layouts)[::-1]  # alternated: drift hits both alike
+        measured = {}
+        for name in order:
+            module, processes, extra = layouts[name]
+            folder = tmp_path / f"{repetition}-{module}"
+            measured[name] = train(
+                folder, module, processes, 4, 8, f"actor_rollout_ref.model.path={model}", *ASYNC_GEOMETRY, *extra
+            )
+        synchronous, overlapped = (measured[name] for name in layouts)
+        ratios.append(synchronous["timing_s/step"] / overlapped["timing_s/step"])
+        own_work = overlapped["timing_s/step"] - overlapped["timing_s/gen"]
+        efficiencies.append(overlapped["timing_s/step"] / max(overlapped["timing_s/generate_async"], own_work))
+        lines.append(
+            f"pair {repetition + 1}: "
+            + "; ".join(f"{name} {m['timing_s/step']:.3f} s a step" for name, m in measured.items())
+            + f" -> {ratios[-1]:.2f}x; the step {efficiencies[-1]:.2f}x the longer of generation "
+            f"({overlapped['timing_s/generate_async']:.3f} s) and the trainer's own work ({own_work:.3f} s); "
+            f"generation {synchronous['timing_s/gen'] / synchronous['timing_s/step']:.0%} of the synchronous step"
+        )
+    shared = "sharing one GPU" if gpus == 1 else "on a GPU each"
+    summary = (
+        f"one-step-off (the pools {shared}) {statistics.median(ratios):.2f}x the synchronous trainer's steps per "
+        f"second ({min(ratios):.2f}-{max(ratios):.2f}x over {ASYNC_PAIRS} alternated pairs); its step "
+        f"{statistics.median(efficiencies):.2f}x the longer of generation and the trainer's own work"
+    )
+    write("gpu_one_step_off.md", "\n".join([summary, *lines, f"device: {device_line()}", ""]))
+    benchmark.extra_info.update(ratios=ratios, efficiencies=efficiencies, device=device_line())
+    benchmark.pedantic(lambda: None, rounds=1)
+    speed_target(statistics.median(ratios) >= 1.3, f"{summary} (target >= 1.3x)")
+    speed_target(statistics.median(efficiencies) <= 1.15, f"{summary} (target <= 1.15x)")

@@ -66,7 +66,7 @@ def main(argv: Optional[list[str]] = None, one_step_off: bool = False) -> int:
         return 0
 
     settle_local_rank(launched)
-    from rlprof_train.pools import Link, join_pool
+    from rlprof_train.pools import Link, device_index, join_pool
     from rlprof_train.progress import Progress
     from rlprof_train.rollout_pool import serve
     from rlprof_train.trainer import PPOTrainer
@@ -74,7 +74,13 @@ def main(argv: Optional[list[str]] = None, one_step_off: bool = False) -> int:
 
     links: list[Link] = []
     join = (lambda backend, timeout: links.append(join_pool(pool, backend, timeout))) if pool else None
-    env = init_distributed(training_device(cfg), cfg.trainer.collective_timeout_s, join)
+    device = training_device(cfg)
+    cuda_index = None
+    if pool is not None and device == "cuda":  # the pools share the node's GPUs where it has fewer than processes
+        import torch
+
+        cuda_index = device_index(pool, launched.per_node, launched.local_rank, torch.cuda.device_count())
+    env = init_distributed(device, cfg.trainer.collective_timeout_s, join, cuda_index)
     link = links[0] if links else None
     progress = Progress(env.rank, env.world_size, cfg.trainer.collective_timeout_s)
     if pool is not None and link is not None and pool.name == "rollout":

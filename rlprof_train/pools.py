@@ -6,7 +6,9 @@ group of its own, made over the launch's rendezvous store under the pool's prefi
 (``0 .. size - 1``), so DeepSpeed, the trainer's collectives and its stall reports see one pool only. Two gloo groups
 join the pools (:class:`Link`): ``orders`` (trainer rank 0 and every rollout process: what to generate, the weights)
 and ``batches`` (every process: the generated batches, to every trainer rank). Both carry host memory: on a GPU the
-weights cross as host copies (no NCCL group joins the pools yet).
+weights cross as host copies (no NCCL group joins the pools yet). On GPUs, each process has a GPU of its own where
+the node has one for each (its local rank); where it has fewer, the pools share them (:func:`device_index`: one GPU
+holds a process of each pool, as on a one-GPU machine).
 """
 
 from __future__ import annotations
@@ -49,6 +51,39 @@ def pool_of(global_rank: int, world_size: int, rollout_size: int) -> Pool:
     if global_rank < trainer_size:
         return Pool("trainer", global_rank, trainer_size, global_rank, world_size)
     return Pool("rollout", global_rank - trainer_size, rollout_size, global_rank, world_size)
+
+
+def pool_sizes_on_node(node: int, per_node: int, trainer_size: int) -> tuple[int, int]:
+    """(trainer processes, rollout processes) on node ``node`` of a launch of ``per_node`` processes a node, whose
+    first ``trainer_size`` launch ranks train (nodes hold launch ranks in order)."""
+    trainers = min(max(trainer_size - node * per_node, 0), per_node)
+    return trainers, per_node - trainers
+
+
+def device_index(pool: Pool, per_node: int, local_rank: int, visible: int) -> int:
+    """This process's GPU on its node. A GPU for each process of the node: its local rank (the pools on GPUs of
+    their own). Fewer: the pools share the node's GPUs, each pool's processes on the node taking GPUs 0, 1, ... (its
+    index among them); :func:`sharing_problem` checks that each pool has a GPU for each of its processes there."""
+    if per_node <= visible:
+        return local_rank
+    trainers, _ = pool_sizes_on_node(pool.global_rank // per_node, per_node, pool.world_size - pool.rollout_size)
+    return local_rank if pool.name == "trainer" else local_rank - trainers
+
+
+def sharing_problem(world_size: int, per_node: int, rollout_size: int, visible: int) -> Optional[str]:
+    """Why the pools cannot share a node's ``visible`` GPUs (None: they can, or need not): two processes of one
+    pool on one GPU (a process group has one rank a device)."""
+    if per_node <= visible:
+        return None
+    for node in range(max(world_size // per_node, 1)):
+        trainers, rollouts = pool_sizes_on_node(node, per_node, world_size - rollout_size)
+        if max(trainers, rollouts) > visible:
+            return (
+                f"{per_node} processes on a node with {visible} GPU{'s' if visible != 1 else ''}: the pools share "
+                f"a node's GPUs, each needing one for each of its processes there, and node {node} has {trainers} "
+                f"trainer and {rollouts} rollout processes; launch fewer, or give each pool at most {visible} a node"
+            )
+    return None
 
 
 def rollout_pool_size(nnodes: int, n_gpus_per_node: int, world_size: int) -> int:

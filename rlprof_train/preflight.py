@@ -50,7 +50,7 @@ def validate(cfg: TrainerConfig, world_size: int = 1, one_step_off: bool = False
         lambda: _check_pools(cfg, launched, one_step_off),
         lambda: _import_user_code(cfg),
         lambda: _check_strategy(cfg),
-        lambda: _check_device(cfg),
+        lambda: _check_device(cfg, launched, one_step_off),
         lambda: check_rollout(cfg),
         lambda: _check_batches(cfg, world_size),
         lambda: _check_algorithm(cfg),
@@ -130,15 +130,24 @@ def _import_user_code(cfg: TrainerConfig) -> None:
         load_custom_reward(custom.path, custom.name)
 
 
-def _check_device(cfg: TrainerConfig) -> None:
-    """``trainer.device=cuda`` needs a CUDA build of torch that sees a GPU for each process of the node."""
+def _check_device(cfg: TrainerConfig, world_size: int, one_step_off: bool) -> None:
+    """``trainer.device=cuda`` needs a CUDA build of torch that sees a GPU for each process of the node; the
+    one-step-off trainer's two pools may share them (:func:`rlprof_train.pools.device_index`), a GPU for each
+    process of a pool on the node."""
     if training_device(cfg) != "cuda":
         return
     if not torch.cuda.is_available():
         build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a build without CUDA")
         raise _fail("trainer.device", "cuda", f"no CUDA device is visible here ({build}); use auto or cpu")
     per_node, visible = launch_world().per_node, torch.cuda.device_count()
-    if per_node > visible:
+    pool = cfg.rollout
+    if one_step_off and 1 <= pool.nnodes * pool.n_gpus_per_node < world_size:
+        from rlprof_train.pools import sharing_problem
+
+        problem = sharing_problem(world_size, per_node, pool.nnodes * pool.n_gpus_per_node, visible)
+        if problem:
+            raise _fail("trainer.device", "cuda", problem)
+    elif per_node > visible:
         raise _fail(
             "trainer.device",
             "cuda",

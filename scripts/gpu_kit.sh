@@ -6,6 +6,7 @@
 #   bash scripts/gpu_kit.sh run [--out DIR]         # there (CUDA, Python 3.12, no network): install, test, summarize
 #   bash scripts/gpu_kit.sh run --dry-run           # anywhere: list what run would execute
 #   bash scripts/gpu_kit.sh run --part speed        # there: the fast paths' evidence (speed-1b: the 1B comparison; speed-each: each path alone)
+#   bash scripts/gpu_kit.sh run --part async        # there: the one-step-off trainer on the device, and against the synchronous one
 #
 # prepare downloads the cp312 manylinux wheels the GPU machine lacks (see ../shared/docs/PLATFORM.md, "The lent GPU
 # machine": it has torch, transformers, peft, tensorboard, rich, psutil, pytest, pandas, pyarrow; not omegaconf, nvtx,
@@ -57,13 +58,13 @@ prepare() {
 # trainer's command with the run's folders, $SHOW scripts/gpu_kit_show.py, which prints a step's figures).
 steps() {
   cat <<'EOF'
-260|pytest -m gpu tests: every CUDA-only path, the trainer on the device in every configuration, its faults (Ctrl-C, SIGTERM, bf16 overflow)|python3 -m pytest -m gpu tests -k "not static_decode and not compiled_rollout and not fast_paths" -p no:cacheprovider -q -rs --durations=8 --junitxml="$OUT/junit.xml" --basetemp="$WORK/pytest"
+260|pytest -m gpu tests: every CUDA-only path, the trainer on the device in every configuration, its faults (Ctrl-C, SIGTERM, bf16 overflow)|python3 -m pytest -m gpu tests -k "not static_decode and not compiled_rollout and not fast_paths and not pools_sharing" -p no:cacheprovider -q -rs --durations=8 --junitxml="$OUT/junit.xml" --basetemp="$WORK/pytest"
 25|a 155M-parameter Llama from the embedded tokenizer|python3 benchmarks/llama_shapes.py 155m "$MODEL"
 75|the trainer on CUDA: the 155M Llama, 32 prompts x 8, 64 new tokens, 5 steps, the torch tool (cpu+cuda) on step 3, a checkpoint at step 5|python3 -m $TRAIN data.max_response_length=64 trainer.total_training_steps=5 trainer.save_freq=5 global_profiler.tool=torch 'global_profiler.steps=[3]' 'global_profiler.global_tool_config.torch.contents=[cpu,cuda]' global_profiler.save_path="$WORK/run/profile" && python3 $SHOW steps "$WORK/run/logs/metrics.jsonl"
 20|rlprof report on that run: kernel time per range|python3 -m rlprof.cli report "$WORK/run/logs" --format json > "$OUT/report.json" && python3 $SHOW report "$OUT/report.json"
 20|rlprof memory on a CUDA snapshot of the trainer (pytest's torch_memory run)|snap="$(find "$WORK/pytest" -path '*torch_memory/step2/*' -name '*.pickle' | head -1)" && cp "$snap" "$OUT/trainer_step2_snapshot.pickle" && python3 -m rlprof.cli memory "$snap" --format json > "$OUT/snapshot.json" && python3 -m rlprof.cli memory "$snap" | head -40 && cp "$(find "$WORK/pytest" -name 'oom_*.pickle' | head -1)" "$OUT/oom_snapshot.pickle"
 90|the GPU's checkpoint resumed on the GPU (torchrun --nproc_per_node 1, trainer.n_gpus_per_node=1) and on the CPU|python3 -m torch.distributed.run --standalone --nproc_per_node 1 -m $TRAIN trainer.n_gpus_per_node=1 trainer.total_training_steps=6 trainer.save_freq=6 data.max_response_length=16 'trainer.resume_allow_changes=[data.max_response_length]' && python3 -m $TRAIN trainer.device=cpu data.train_batch_size=4 actor_rollout_ref.actor.ppo_mini_batch_size=4 actor_rollout_ref.rollout.n=2 data.max_response_length=4 trainer.total_training_steps=7 trainer.save_freq=-1 'trainer.resume_allow_changes=[data.train_batch_size,actor_rollout_ref.actor.ppo_mini_batch_size,actor_rollout_ref.rollout.n,data.max_response_length]' && python3 $SHOW steps "$WORK/run/logs/metrics.jsonl" --last 6,7
-240|GPU benchmarks: against TRL's GRPOTrainer at equal work, a recorded window against the bare torch tool|python3 -m pytest -m gpu benchmarks -k "not fast_path" -p no:cacheprovider -q -s -rs --basetemp="$WORK/bench"; cat outputs/benchmarks/gpu_*.md
+240|GPU benchmarks: against TRL's GRPOTrainer at equal work, a recorded window against the bare torch tool|python3 -m pytest -m gpu benchmarks -k "not fast_path and not one_step_off" -p no:cacheprovider -q -s -rs --basetemp="$WORK/bench"; cat outputs/benchmarks/gpu_*.md
 EOF
 }
 
@@ -89,6 +90,15 @@ speed_each_steps() {
 EOF
 }
 
+# --part async (issue 59's GPU evidence): the one-step-off trainer with its pools on the device (sharing one GPU, or
+# a GPU each), then against the synchronous trainer on the same GPUs.
+async_steps() {
+  cat <<'EOF'
+150|the one-step-off trainer on the device: a trainer and a rollout process (sharing one GPU, or on one each), the torch tool on step 2: staleness, weight syncs, both pools' kernels|python3 -m pytest -m gpu tests/rlprof_train/test_one_step_off.py -k "pools_sharing" -p no:cacheprovider -q -rs --basetemp="$WORK/pytest"
+380|one-step-off against the synchronous trainer on the same GPUs: 155M, 32 x 8, up to 64 new tokens, alternated pairs|python3 -m pytest -m gpu benchmarks/test_gpu.py -k "one_step_off" -p no:cacheprovider -q -s -rs --basetemp="$WORK/bench"; cat outputs/benchmarks/gpu_one_step_off.md
+EOF
+}
+
 run() {
   local out="$ROOT/outputs/gpu_kit" dry=0 part=kit
   while (( $# )); do
@@ -96,7 +106,7 @@ run() {
       --out) out="$2"; shift 2 ;;
       --dry-run) dry=1; shift ;;
       --part) part="$2"; shift 2 ;;
-      *) die "run: unknown option $1 (allowed: --out DIR, --dry-run, --part kit|speed|speed-1b|speed-each)" ;;
+      *) die "run: unknown option $1 (allowed: --out DIR, --dry-run, --part kit|speed|speed-1b|speed-each|async)" ;;
     esac
   done
   local list
@@ -105,7 +115,8 @@ run() {
     speed) list=speed_steps; RUN_BUDGET_S=${RUN_BUDGET_S:-540} ;;
     speed-1b) list=speed_1b_steps; RUN_BUDGET_S=${RUN_BUDGET_S:-540} ;;
     speed-each) list=speed_each_steps; RUN_BUDGET_S=${RUN_BUDGET_S:-540} ;;
-    *) die "run: --part $part is not a part (allowed: kit, speed, speed-1b, speed-each)" ;;
+    async) list=async_steps; RUN_BUDGET_S=${RUN_BUDGET_S:-540} ;;
+    *) die "run: --part $part is not a part (allowed: kit, speed, speed-1b, speed-each, async)" ;;
   esac
   export OUT="$out" WORK="${TMPDIR:-/tmp}/rlprof_gpu_kit" MODEL="$ROOT/outputs/models/llama-155m" PYTHONUNBUFFERED=1
   export SHOW="scripts/gpu_kit_show.py" TRAIN="rlprof_train.main_ppo --config-name demo trainer.device=cuda \
@@ -155,5 +166,5 @@ trainer.log_dir=$WORK/run/logs trainer.default_local_dir=$WORK/run/ckpt"
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) die "usage: bash scripts/gpu_kit.sh prepare | run [--out DIR] [--dry-run] [--part kit|speed|speed-1b|speed-each]" ;;
+  *) die "usage: bash scripts/gpu_kit.sh prepare | run [--out DIR] [--dry-run] [--part kit|speed|speed-1b|speed-each|async]" ;;
 esac

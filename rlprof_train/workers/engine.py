@@ -77,7 +77,10 @@ def import_deepspeed() -> Any:
 
 
 def init_distributed(
-    device: str, timeout_s: float = 600.0, join: Optional[Callable[[str, datetime.timedelta], None]] = None
+    device: str,
+    timeout_s: float = 600.0,
+    join: Optional[Callable[[str, datetime.timedelta], None]] = None,
+    cuda_index: Optional[int] = None,
 ) -> DistEnv:
     """Join (or, run by hand, create) the process group: gloo on CPU, nccl on CUDA; a collective that waits longer
     than ``timeout_s`` for a peer raises (``trainer.collective_timeout_s``).
@@ -87,7 +90,9 @@ def init_distributed(
     hold (no bind-then-close race). DeepSpeed would otherwise look for MPI.
 
     ``join(backend, timeout)``: makes the default process group itself (a pool of a split launch:
-    :func:`rlprof_train.pools.join_pool`), which this process's rank and world are then of.
+    :func:`rlprof_train.pools.join_pool`), which this process's rank and world are then of. ``cuda_index``: this
+    process's GPU on a CUDA device (default: its local rank; the pools of a split launch may share GPUs,
+    :func:`rlprof_train.pools.device_index`).
 
     DeepSpeed places the engines' modules on its accelerator, which it detects on its own (CUDA wherever a GPU is
     visible): ``DS_ACCELERATOR`` is set to ``device`` first, unless the caller set it, so that ``trainer.device=cpu``
@@ -111,7 +116,8 @@ def init_distributed(
     if getattr(distributed_c10d, "default_pg_nccl_timeout", None) is not None:
         distributed_c10d.default_pg_nccl_timeout = timeout  # type: ignore[attr-defined]
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    placed = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
+    index = local_rank if cuda_index is None else cuda_index
+    placed = torch.device("cuda", index) if device == "cuda" else torch.device("cpu")
     if device == "cuda":  # before the group: NCCL binds its communicator to the current device
         torch.cuda.set_device(placed)
     if join is not None:

@@ -32,7 +32,10 @@ def test_dry_run_lists_the_gpu_tests_the_trainer_and_the_summaries():
                      "torch.distributed.run --standalone --nproc_per_node 1", "trainer.n_gpus_per_node=1",
                      "trainer.device=cpu", "pytest -m gpu benchmarks", "summary.txt"):  # fmt: skip
         assert fragment in result.stdout, fragment
-    assert '-k "not static_decode and not compiled_rollout and not fast_paths"' in result.stdout  # --part speed's
+    assert (  # --part speed's and --part async's are their own
+        '-k "not static_decode and not compiled_rollout and not fast_paths and not pools_sharing"' in result.stdout
+    )
+    assert '-k "not fast_path and not one_step_off"' in result.stdout
     assert '"fast_paths and' not in result.stdout and "each_fast_path" not in result.stdout
 
 
@@ -42,6 +45,7 @@ def test_dry_run_lists_the_gpu_tests_the_trainer_and_the_summaries():
         ("speed", "fast_paths and 155m", "gpu_fast_155m.md"),
         ("speed-1b", "fast_paths and 1b", "gpu_fast_1b.md"),
         ("speed-each", "each_fast_path", "gpu_each_fast_path.md"),
+        ("async", "one_step_off", "gpu_one_step_off.md"),
     ],
 )
 def test_each_speed_part_lists_its_benchmark(part, selects, table):
@@ -51,12 +55,16 @@ def test_each_speed_part_lists_its_benchmark(part, selects, table):
     assert f'-k "{selects}"' in result.stdout and table in result.stdout
     if part == "speed":  # the fast paths on the device first
         assert '-k "static_decode or compiled_rollout or fast_paths"' in result.stdout
+    if part == "async":  # the one-step-off trainer on the device first
+        assert 'tests/rlprof_train/test_one_step_off.py -k "pools_sharing"' in result.stdout
 
 
 def test_an_unknown_part_is_one_line_naming_the_parts():
     result = kit("run", "--dry-run", "--part", "fast")
     assert result.returncode == 2
-    assert result.stderr == "gpu_kit: run: --part fast is not a part (allowed: kit, speed, speed-1b, speed-each)\n"
+    assert (
+        result.stderr == "gpu_kit: run: --part fast is not a part (allowed: kit, speed, speed-1b, speed-each, async)\n"
+    )
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ train on k) and what the run logs."""
 from __future__ import annotations
 
 import datetime
+import gzip
 import json
 import os
 import signal
@@ -27,10 +28,81 @@ from rlprof.analysis.render.jsonout import schema
 from rlprof.metrics.timing import timing_shares
 from rlprof.tracking.jsonl import read_jsonl
 from rlprof.typed_config import ConfigError
-from rlprof_train.pools import Link, pool_of, rollout_pool_size
+from rlprof_train.one_step_off_policy import main as one_step_off_main
+from rlprof_train.pools import Link, device_index, pool_of, rollout_pool_size, sharing_problem
 from rlprof_train.rollout_pool import part
 
 from conftest import ROOT, SMALL_RUN, foreground_sigint, free_port, subprocess_env, torchrun, trainer_command
+
+
+def test_on_gpus_each_process_has_its_own_where_the_node_has_enough_and_the_pools_share_them_where_not():
+    """GPU indices by layout (no GPU needed: the count is an argument): a GPU for each process, the local rank; one
+    GPU for a trainer and a rollout process, both on it; 2 GPUs a node for 3 processes, the trainer's two on 0 and 1,
+    the rollout's on 0; a pool with more processes on a node than it has GPUs is a problem, named."""
+
+    def indices(world: int, rollout: int, per_node: int, visible: int) -> list[int]:
+        pools = [pool_of(rank, world, rollout) for rank in range(world)]
+        return [device_index(p, per_node, p.global_rank % per_node, visible) for p in pools]
+
+    assert indices(8, 2, 8, 8) == list(range(8))
+    assert indices(2, 1, 2, 1) == [0, 0]
+    assert indices(3, 1, 3, 2) == [0, 1, 0]
+    assert sharing_problem(3, 3, 1, 2) is None and sharing_problem(8, 8, 2, 8) is None
+    assert sharing_problem(8, 4, 3, 2) == (
+        "4 processes on a node with 2 GPUs: the pools share a node's GPUs, each needing one for each of its processes "
+        "there, and node 0 has 4 trainer and 0 rollout processes; launch fewer, or give each pool at most 2 a node"
+    )
+    # two nodes of 2 processes with a GPU each, 2 + 2: launch ranks fill node 0 with the trainer's two
+    assert "node 0 has 2 trainer and 0 rollout processes" in (sharing_problem(4, 2, 2, 1) or "")
+
+
+def test_a_one_gpu_machine_takes_a_trainer_and_a_rollout_process_and_not_two_of_one_pool(monkeypatch, capsys):
+    """The device count is mocked (a hardware boundary): one GPU, a launch of 2 (1 + 1) passes the device check (and
+    fails at the next, torchrun's rendezvous missing, past it), one of 3 (2 + 1) is refused by name, in one line."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for world in ("2", "3"):
+        for name, value in {"RANK": "0", "WORLD_SIZE": world, "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": world}.items():
+            monkeypatch.setenv(name, value)
+        arguments = ["--config-name=demo", "trainer.device=cuda", "rollout.n_gpus_per_node=1", "--cfg", "job"]
+        code = one_step_off_main([*arguments, "data.train_batch_size=32"])
+        err = capsys.readouterr().err
+        if world == "2":
+            assert code == 0 and "trainer.device" not in err, err
+        else:
+            assert code == 2 and err.count("\n") == 1, err
+            assert "trainer.device='cuda': 3 processes on a node with 1 GPU: the pools share a node's GPUs" in err
+            assert "node 0 has 2 trainer and 1 rollout processes" in err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_the_gpu_one_trains_while_one_generates_the_pools_sharing_a_gpu_or_on_their_own(tmp_path):
+    """The real device (scripts/gpu_kit.sh run --part async): a trainer and a rollout process, on one GPU when the
+    machine has one (they share it), on two otherwise; 3 steps with the torch tool on step 2 (cuda activities): the
+    staleness is verl's (0, then 1), the weights cross each step, and both pools' traces hold kernels of their GPU."""
+    command = one_step_off_command(
+        tmp_path,
+        "rollout.n_gpus_per_node=1",
+        "trainer.device=cuda",
+        "trainer.total_training_steps=3",
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[2]",
+        "global_profiler.global_tool_config.torch.contents=[cpu,cuda]",
+        f"global_profiler.save_path={tmp_path / 'profile'}",
+        "actor_rollout_ref.rollout.profiler.all_ranks=true",
+        processes=2,
+    )
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = {r["step"]: r for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl")}
+    assert [steps[s]["training/off_policy/trajectory_staleness/max"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    assert all(steps[s]["timing_s/sync_rollout_weights"] > 0 for s in (2, 3))
+    kernels = {}
+    for trace in sorted((tmp_path / "profile").rglob("rank*.pt.trace.json*")):  # one a process of either pool
+        data = gzip.decompress(trace.read_bytes()) if trace.suffix == ".gz" else trace.read_bytes()
+        kernels[trace.name] = sum(1 for e in json.loads(data)["traceEvents"] if e.get("cat") == "kernel")
+    assert len(kernels) == 2 and all(count > 0 for count in kernels.values()), kernels
 
 
 def test_the_last_processes_of_the_launch_are_the_rollout_pool():
