@@ -86,7 +86,7 @@ def main(argv: Optional[list[str]] = None, one_step_off: bool = False) -> int:
     if pool is not None and link is not None and pool.name == "rollout":
         quiet: Callable[[str], None] = lambda line: None  # noqa: E731
         say = (lambda line: print(f"[INFO] rollout: {line}", file=sys.stderr, flush=True)) if pool.rank == 0 else quiet
-        return finish(train(lambda: serve(cfg, pool, link, env.device, say), pool.global_rank, progress), progress)
+        return finish(train(lambda: serve(cfg, pool, link, env, say), pool.global_rank, progress), progress)
     run_id = env.gather(new_run_id())[0]
     rlprof.init(  # the ranks rlprof records are the launch's (a pool's group numbers its own)
         as_dict(cfg),

@@ -77,8 +77,8 @@ def validate(cfg: TrainerConfig, world_size: int = 1, one_step_off: bool = False
 
 def _check_pools(cfg: TrainerConfig, world_size: int, one_step_off: bool) -> None:
     """The one-step-off trainer: a rollout pool of 1 to ``world_size - 1`` of the launch's processes
-    (:mod:`rlprof_train.pools`), and only what its rollout pool runs (the hf backend, one turn, one generation round
-    a step, the whole policy). (``main_ppo`` refuses the pool's keys as it loads them.)"""
+    (:mod:`rlprof_train.pools`), and only what its rollout pool runs (the backends registered ``pooled``, one
+    generation round a step, the whole policy). (``main_ppo`` refuses the pool's keys as it loads them.)"""
     if not one_step_off:
         return
     from rlprof_train.pools import rollout_pool_size
@@ -93,8 +93,6 @@ def _check_pools(cfg: TrainerConfig, world_size: int, one_step_off: bool) -> Non
     if arr.rollout.name in rollout_names() and not rollout_spec(arr.rollout.name).pooled:
         pooled = ", ".join(name for name in rollout_names() if rollout_spec(name).pooled)
         problems.append(f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: {not_built} ({pooled} is)")
-    if arr.rollout.multi_turn.enable:
-        problems.append(f"actor_rollout_ref.rollout.multi_turn.enable=True: {not_built}")
     if cfg.algorithm.filter_groups.enable:
         problems.append(f"algorithm.filter_groups.enable=True: {not_built} (one generation round a step)")
     if cfg.data.gen_batch_size not in (None, cfg.data.train_batch_size):

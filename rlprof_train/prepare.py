@@ -38,7 +38,7 @@ from rlprof_train.workers.reward_worker import RewardWorker
 from rlprof_train.workers.rollout import Rollout, RolloutContext, create_rollout, rollout_spec
 from rlprof_train.workers.rollout.base import ContinuingRollout
 from rlprof_train.workers.rollout.multi_turn import MultiTurnRollout
-from rlprof_train.workers.rollout.registry import backend_facts, ignored_settings
+from rlprof_train.workers.rollout.registry import Policy, backend_facts, ignored_settings
 
 EMBEDDED_MODEL_DIR = Path("outputs/models")
 Log = Callable[[str], None]
@@ -182,7 +182,7 @@ def make_rollout(
     cfg: TrainerConfig,
     env: DistEnv,
     model_path: str,
-    actor: ActorWorker,
+    actor: Policy,
     tokenizer: Any,
     log: Log,
     tools: list[Tool],

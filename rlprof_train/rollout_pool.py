@@ -15,6 +15,7 @@ batch in flight is collected (:meth:`PooledRollout.publish_weights`), so no samp
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import socket
 import time
@@ -32,9 +33,9 @@ from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.data import Example
 from rlprof_train.models import load_causal_lm, load_tokenizer
 from rlprof_train.pools import Link, Pool
+from rlprof_train.prepare import make_rollout, rollout_tools
 from rlprof_train.workers.engine import DistEnv, gathered_parameters
 from rlprof_train.workers.rollout.base import Rollout, SamplingParams
-from rlprof_train.workers.rollout.hf import HFRollout
 
 
 @dataclass(frozen=True)
@@ -128,10 +129,19 @@ def part(items: list[Any], rank: int, size: int) -> list[Any]:
 # ----------------------------------------------------------------------------------------------- rollout processes
 
 
-def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log: Callable[[str], None]) -> None:
-    """A rollout process: load the policy when told, then load weights and generate as trainer rank 0 orders,
-    until it says stop. Each training batch is sampled inside ``rlprof.step(beside)`` (the step it runs beside), in the
-    ``rollout/generate_async`` range."""
+@dataclass(frozen=True)
+class PolicyCopy:
+    """The rollout process's copy of the policy, the weights the trainer sends copied into it (the backend reads them
+    from here, as from the actor in a synchronous run)."""
+
+    module: Any
+
+
+def serve(cfg: TrainerConfig, pool: Pool, link: Link, env: DistEnv, log: Callable[[str], None]) -> None:
+    """A rollout process: load the policy when told and start the run's rollout backend on it (``rollout.name``, over
+    several turns with its tools when ``multi_turn.enable``), then load weights and generate as trainer rank 0
+    orders, until it says stop. Each training batch is sampled inside ``rlprof.step(beside)`` (the step it runs
+    beside), in the ``rollout/generate_async`` range."""
     with _lost("waited for the trainer's first order", "trainer rank 0 (launch rank 0)"):
         start = link.receive()
         assert isinstance(start, Start), f"the trainer's first order must be Start, not {start!r}"
@@ -140,18 +150,12 @@ def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log:
     records = PipelineLog(cfg.trainer.log_dir, pool.global_rank, "rollouter", start.resumed)
     arr = cfg.actor_rollout_ref
     tokenizer = load_tokenizer(start.model_path)
-    model = load_causal_lm(start.model_path, arr.model.dtype, device=device, overrides=arr.model.override_config)
+    model = load_causal_lm(start.model_path, arr.model.dtype, device=env.device, overrides=arr.model.override_config)
     parameters = dict(model.named_parameters())
-    rollout = HFRollout(
-        lambda: model,
-        tokenizer,
-        0,
-        arr.rollout.micro_batch_size,
-        device,
-        start.log_probs,
-        compiled=not arr.rollout.enforce_eager,
-        log=log,
-    )
+    whole = copy.deepcopy(cfg)
+    whole.actor_rollout_ref.actor.zero_stage = 0  # the copy here is whole: nothing to gather under ZeRO
+    tools = rollout_tools(cfg)
+    rollout = make_rollout(whole, env, start.model_path, PolicyCopy(model), tokenizer, log, tools, start.log_probs)
     version, generated_so_far = 0, 0
     meter = RolloutMeter(record=records.write)  # its waits: for the trainer's next order (queue_full), for weights
     trainer = f"the trainer pool (launch ranks 0-{pool.world_size - pool.size - 1})"
@@ -169,6 +173,8 @@ def serve(cfg: TrainerConfig, pool: Pool, link: Link, device: torch.device, log:
                     )
                 with _lost(f"received the weights of version {order.version}", trainer), meter.waiting("weights"):
                     link.receive_weights(list(parameters.values()))
+                with meter.waiting("weights"):  # a backend with its own copy (an engine) loads them
+                    rollout.sync_weights()
                 version, window = order.version, meter.synced(order.version)
                 reporting = f"reported its window before the weights of version {version}"
                 with _lost(reporting, trainer), meter.waiting("weights"):  # the sync ends as every trainer rank

@@ -288,6 +288,43 @@ def sample_lives(events: list[dict], pid: int) -> list[dict]:
     return list(lives.values())
 
 
+POOL_BACKENDS = {
+    "vllm": (
+        "--config-name=demo",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.n=2",
+        "algorithm.rollout_correction.bypass_mode=false",  # the actor recomputes the old log-probs: compared
+    ),
+    "multi-turn hf": ("--config-name=tool_demo", "actor_rollout_ref.rollout.n=2"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", POOL_BACKENDS)
+def test_the_rollout_pool_runs_vllm_and_multi_turn_tool_rollouts(tmp_path, backend):
+    """One process trains, one generates, 2 steps: with a vLLM engine in the rollout process, and the hf backend
+    over several turns calling the calculator tool there. Each batch arrives with what the backend returned (the tool
+    calls and turns; the engine's log-probs, equal to the actor's on batch 1, sampled by the same initial weights)
+    and the staleness is verl's."""
+    if backend == "vllm":
+        pytest.importorskip("vllm")
+    config, *overrides = POOL_BACKENDS[backend]
+    command = one_step_off_command(
+        tmp_path, "rollout.n_gpus_per_node=1", "trainer.total_training_steps=2", *overrides, processes=2
+    )
+    command[command.index("--config-name=demo")] = config
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = {r["step"]: r for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl")}
+    assert [steps[s]["training/off_policy/trajectory_staleness/max"] for s in (1, 2)] == [0.0, 1.0]
+    if backend == "vllm":
+        assert json.loads((tmp_path / "logs" / "run.json").read_text())["rollout"]["name"] == "vllm"
+        assert steps[1]["rollout/log_prob_abs_diff"] < 1e-4  # on-policy: the engine's log-probs are the actor's
+        assert steps[2]["rollout/log_prob_abs_diff"] > steps[1]["rollout/log_prob_abs_diff"]  # one update behind
+    else:
+        assert all(steps[s]["num_turns/max"] >= 3 and steps[s]["tools/calculator/calls"] > 0 for s in (1, 2))
+
+
 def overlap(waits: list[dict], window: dict) -> float:
     """The seconds of ``waits`` inside ``window`` (records of one process: one clock)."""
     return sum(max(0.0, min(w["ended"], window["ended"]) - max(w["began"], window["began"])) for w in waits)
@@ -426,8 +463,7 @@ def test_a_rollout_pool_is_the_one_step_off_trainers_and_its_limits_are_named(tm
     result = checked(
         off,
         "rollout.n_gpus_per_node=3",
-        "actor_rollout_ref.rollout.name=vllm",
-        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "actor_rollout_ref.model.lora_rank=8",
         "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.metric=acc",
     )
@@ -435,8 +471,7 @@ def test_a_rollout_pool_is_the_one_step_off_trainers_and_its_limits_are_named(tm
     (line,) = result.stderr.strip().splitlines()
     for expected in (
         "rollout.nnodes=1 x rollout.n_gpus_per_node=3: the rollout pool must have 1 to 2 of the launch's 3",
-        "actor_rollout_ref.rollout.name='vllm': is not built for the one-step-off trainer's rollout pool yet (hf is)",
-        "actor_rollout_ref.rollout.multi_turn.enable=True: is not built for the one-step-off trainer's rollout pool",
+        "actor_rollout_ref.model.lora_rank=8: LoRA is not built for the one-step-off trainer's rollout pool yet",
         "algorithm.filter_groups.enable=True: is not built for the one-step-off trainer's rollout pool yet",
     ):
         assert expected in line

@@ -35,18 +35,23 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, TypeVar
+from typing import Any, Optional, Protocol, TypeVar
 
 from rlprof.typed_config import ConfigError
 from rlprof_train.config.schema import RolloutConfig, TrainerConfig
 from rlprof_train.workers.engine import DistEnv
 from rlprof_train.workers.rollout.base import ContinuingRollout, Rollout
 
-if TYPE_CHECKING:
-    from rlprof_train.workers.actor import ActorWorker
-
 T = TypeVar("T")
 KEY = "actor_rollout_ref.rollout.name"
+
+
+class Policy(Protocol):
+    """Where a backend reads the policy's weights: the trainer's actor (``ActorWorker``), or a rollout process's own
+    copy of them (:mod:`rlprof_train.rollout_pool`)."""
+
+    @property
+    def module(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,7 @@ class RolloutContext:
     """This process's rank, world size and collectives."""
     model_path: str
     """The policy's model directory (the same on every rank)."""
-    actor: ActorWorker
+    actor: Policy
     """The policy: ``actor.module`` holds its current weights (gathered under ZeRO 3 with
     ``deepspeed.zero.GatheredParameters``); a backend with its own copy reloads them in ``sync_weights``."""
     tokenizer: Any
@@ -90,7 +95,7 @@ class RolloutSpec:
     profiler) over the profiled steps, which honours the rollout's token window (``profile_token_start``/``_end``)."""
     pooled: bool = False
     """The one-step-off trainer's rollout pool runs it, on the pool's copy of the policy (:mod:`rlprof_train.
-    rollout_pool` builds the hf backend there; the others are refused for that trainer until it builds them)."""
+    rollout_pool`: ``sync_weights`` after each copy received); the others are refused for that trainer."""
 
     @property
     def can_return_log_probs(self) -> bool:

@@ -425,6 +425,7 @@ def _engine_profiler(session: Optional[Session]) -> Optional[str]:
     preflight=_installed,
     continues=True,
     engine_profiler=True,
+    pooled=True,
 )
 def vllm_rollout(context: RolloutContext) -> VLLMRollout:
     """A vLLM engine in this process, loaded from the model directory, synced from the actor after each update."""
