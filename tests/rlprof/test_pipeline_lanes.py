@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from rlprof.cli import main
 from rlprof.metrics.pipeline_records import PipelineLog
 from rlprof.tracking import Tracker
@@ -41,6 +43,7 @@ def written(tmp_path):
     return tmp_path / "pipeline"
 
 
+@pytest.mark.slow  # Perfetto's UI in Chromium: kept out of the quick loop
 def test_each_process_and_prompt_is_drawn_on_one_clock(tmp_path, capsys):
     folder = written(tmp_path / "logs")
     for path in folder.glob("rank*.jsonl"):  # both processes started within a second: a shared wall-clock start
