@@ -6,8 +6,9 @@ rlprof_train.main_ppo`` through a ``python``/``python3`` first on PATH (a ``ray 
 out the asynchronous keys (``async_training.*``, the rollout pool's ``rollout.*``, the async trainer's
 ``--config-path/--config-name``) and adds what a user moving the script to this machine sets (one process, the
 embedded model's sizes, 2 steps). The data is written in the schema of DAPO-Math-17k (``math_dapo``: verl's DAPO
-reward). Every key of every script is applied, named as a no-op or refused by name; two scripts train 2 steps here,
-the others with ``-m long``."""
+reward). Every key of every script is applied, named as a no-op or refused by name; one script trains 2 steps here,
+the others with ``-m long``; the one-step-off script ONE_STEP_OFF trains 2 steps in its one-step-off form too (its
+entry module replaced by docs/trainer.md's rule, under torchrun, a trainer and a vLLM rollout process)."""
 
 from __future__ import annotations
 
@@ -23,14 +24,16 @@ import pytest
 from rlprof.typed_config import ConfigError
 from rlprof_train.config.load import load
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, free_port, subprocess_env
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="the scripts' rollout is vLLM")
 
 SHELL = ROOT / "tests" / "data" / "verl_scripts_1dda039b" / "verl" / "experimental"
 SCRIPTS = sorted(str(p.relative_to(SHELL)) for p in SHELL.glob("*/shell/*.sh"))
-IN_CI = ("one_step_off_policy/shell/dapo_7b_math_fsdp2_4_12.sh", "fully_async_policy/shell/dapo_7b_math_fsdp2_4_4.sh")
-"""Trained 2 steps in the test command (each start of vLLM costs about half a minute); the others with -m long."""
+ONE_STEP_OFF = "one_step_off_policy/shell/dapo_7b_math_fsdp2_4_12.sh"
+IN_CI = ("fully_async_policy/shell/dapo_7b_math_fsdp2_4_4.sh",)
+"""Trained 2 steps in their synchronous form in the test command (each start of vLLM costs about half a minute); the
+others with -m long. ONE_STEP_OFF trains in its one-step-off form in the test command."""
 REFUSED = {  # script -> what its one error names
     "one_step_off_policy/shell/dapo_7b_math_fsdp2_sglang_4_12.sh": ["actor_rollout_ref.rollout.name='sglang'"],
     "one_step_off_policy/shell/dapo_7b_math_fsdp2_sglang_colocate.sh": ["actor_rollout_ref.rollout.name='sglang'"],
@@ -70,6 +73,29 @@ moves = open(os.environ["RLPROF_MOVES"]).read().split("\\0")
 if os.environ.get("RLPROF_RECORD_ONLY"):
     sys.exit(0)
 os.execv(sys.executable, [sys.executable, "-m", "rlprof_train.main_ppo", *out, *moves])
+"""
+POOL_FORM = """
+import os, sys
+# the one-step-off form of a verl script's command, by the rule docs/trainer.md gives: python3 -m
+# verl.experimental.one_step_off_policy.main_ppo becomes python -m rlprof_train.one_step_off_policy under torchrun
+# (the async trainer's --config flags left out, a user's moves added)
+args = sys.argv[1:]
+if len(args) < 2 or args[:2] != ["-m", "verl.experimental.one_step_off_policy.main_ppo"]:
+    os.execv(sys.executable, [sys.executable, *args])
+out, skip = [], False
+for arg in args[2:]:
+    if skip:
+        skip = False
+    elif arg in ("--config-path", "--config-name"):
+        skip = True
+    elif not arg.startswith(("--config-path=", "--config-name=")):
+        out.append(arg)
+with open(".verl_arguments", "w") as f:
+    f.write("\\0".join(args[2:]))
+moves = open(os.environ["RLPROF_MOVES"]).read().split("\\0")
+launch = ["-m", "torch.distributed.run", "--nproc_per_node", os.environ["RLPROF_PROCESSES"]]
+launch += ["--master_port", os.environ["RLPROF_PORT"], "-m", "rlprof_train.one_step_off_policy"]
+os.execv(sys.executable, [sys.executable, *launch, *out, *moves])
 """
 SHIM = """#!/bin/sh
 exec "$RLPROF_PYTHON" "$RLPROF_SYNC_FORM" "$@"
@@ -114,6 +140,7 @@ def place(tmp_path_factory) -> Path:
     write_dapo_math(root / "data")
     create_tiny_model(root / "model", sft_steps=0)
     (root / "sync_form.py").write_text(SYNC_FORM)
+    (root / "pool_form.py").write_text(POOL_FORM)
     (root / "bin").mkdir()
     for name, text in (("python", SHIM), ("python3", SHIM), ("ray", RAY)):
         (root / "bin" / name).write_text(text)
@@ -143,13 +170,20 @@ def moves(root: Path) -> list[str]:
     ]
 
 
-def run(name: str, root: Path, work: Path, record_only: bool = False) -> subprocess.CompletedProcess:
+def run(
+    name: str, root: Path, work: Path, record_only: bool = False, pools: tuple[int, int] | None = None
+) -> subprocess.CompletedProcess:
+    """The script run by bash in its synchronous form; ``pools``: in its one-step-off form, (trainer, rollout)
+    processes under torchrun."""
     work.mkdir(parents=True)
-    (work / ".moves").write_text("\0".join(moves(root)))
+    pool_moves = [f"trainer.n_gpus_per_node={pools[0]}", f"rollout.n_gpus_per_node={pools[1]}"] if pools else []
+    (work / ".moves").write_text("\0".join([*moves(root), *pool_moves]))
     env = subprocess_env(
         PATH=f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}",
         RLPROF_PYTHON=sys.executable,
-        RLPROF_SYNC_FORM=str(root / "sync_form.py"),
+        RLPROF_SYNC_FORM=str(root / ("pool_form.py" if pools else "sync_form.py")),
+        RLPROF_PROCESSES=str(sum(pools) if pools else 1),
+        RLPROF_PORT=str(free_port()),
         RLPROF_MOVES=str(work / ".moves"),
         MODEL_PATH=str(root / "model"),
         TRAIN_FILE=str(root / "data" / "train.parquet"),
@@ -278,6 +312,23 @@ def test_the_synchronous_form_of_a_dapo_script_trains_two_steps(name, place, tmp
 @pytest.mark.parametrize("name", [n for n in TRAINS if n not in IN_CI])
 def test_the_synchronous_form_of_every_other_dapo_script_trains_two_steps(name, place, tmp_path):
     check_trained(name, run(name, place, tmp_path / "work"), tmp_path / "work")
+
+
+@pytest.mark.slow
+def test_verls_one_step_off_dapo_script_trains_two_steps_with_a_trainer_and_a_vllm_rollout_process(place, tmp_path):
+    """dapo_7b_math_fsdp2_4_12.sh as a verl user runs it here: the entry module replaced by the documented rule,
+    its own keys kept (the rollout pool's, hybrid_engine=False), the embedded model and a user's moves, one process
+    a pool: a vLLM engine in the rollout process samples each next batch while the trainer trains; verl's one-step-off
+    staleness (0, then 1); the rest as its synchronous form."""
+    work = tmp_path / "work"
+    result = run(ONE_STEP_OFF, place, work, pools=(1, 1))
+    check_trained(ONE_STEP_OFF, result, work)
+    staleness = logged_scalars(work, ("training/off_policy/trajectory_staleness/max",))
+    assert staleness["training/off_policy/trajectory_staleness/max"] == [(1, 0.0), (2, 1.0)]
+    record = json.loads(next(work.rglob("run.json")).read_text())
+    assert record["processes"] == {"trainer": 1, "rollout": 1, "per_node": 2} and record["rollout"]["name"] == "vllm"
+    arguments = (work / ".verl_arguments").read_text().split("\0")
+    assert {"actor_rollout_ref.hybrid_engine=False", "rollout.n_gpus_per_node=2"} <= set(arguments)  # as published
 
 
 def test_the_scripts_are_the_published_fsdp_dapo_scripts():
