@@ -29,7 +29,7 @@ from conftest import ROOT, free_port, subprocess_env
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="the scripts' rollout is vLLM")
 
 SHELL = ROOT / "tests" / "data" / "verl_scripts_1dda039b" / "verl" / "experimental"
-SCRIPTS = sorted(str(p.relative_to(SHELL)) for p in SHELL.glob("*/shell/*.sh"))
+SCRIPTS = sorted(str(p.relative_to(SHELL)) for p in SHELL.glob("*/shell/dapo_*.sh"))
 ONE_STEP_OFF = "one_step_off_policy/shell/dapo_7b_math_fsdp2_4_12.sh"
 IN_CI = ("fully_async_policy/shell/dapo_7b_math_fsdp2_4_4.sh",)
 """Trained 2 steps in their synchronous form in the test command (each start of vLLM costs about half a minute); the

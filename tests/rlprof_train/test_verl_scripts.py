@@ -32,7 +32,7 @@ import yaml
 
 from rlprof.manifest import read_manifest
 
-from conftest import ROOT, build_reward_model, subprocess_env
+from conftest import ROOT, build_reward_model, free_port, subprocess_env
 from wandb_offline import read_run_history
 
 pytestmark = pytest.mark.slow
@@ -104,11 +104,18 @@ QUESTIONS = [(f"What is {a} plus {b}?", a + b) for a in range(4) for b in range(
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 PYTHON3_SHIM = """#!/bin/sh
-# verl's entry point, moved: python3 -m verl.trainer.main_ppo ARGS -> python -m rlprof_train.main_ppo ARGS
+# verl's entry points, moved: python3 -m verl.trainer.main_ppo ARGS -> python -m rlprof_train.main_ppo ARGS; its
+# one-step-off trainer's (docs/trainer.md's rule) -> python -m rlprof_train.one_step_off_policy ARGS under torchrun
 if [ "$1" = "-m" ] && [ "$2" = "verl.trainer.main_ppo" ]; then
     shift 2
     printf '%s\\0' "$@" > .verl_arguments  # what the script passed, for the tally of its keys
     exec "$RLPROF_PYTHON" -m rlprof_train.main_ppo "$@"
+fi
+if [ "$1" = "-m" ] && [ "$2" = "verl.experimental.one_step_off_policy.main_ppo" ]; then
+    shift 2
+    printf '%s\\0' "$@" > .verl_arguments
+    exec "$RLPROF_PYTHON" -m torch.distributed.run --nproc_per_node "$RLPROF_PROCESSES" \\
+        --master_port "$RLPROF_PORT" -m rlprof_train.one_step_off_policy "$@"
 fi
 exec "$RLPROF_PYTHON" "$@"
 """
@@ -256,9 +263,28 @@ SIZED_BY_ARGUMENTS = (  # the rollout-correction scripts read no knobs: their si
 )
 
 
+ONE_STEP_OFF = "verl/experimental/one_step_off_policy/shell/grpo_0.6b_gsm8k_fsdp2_2_6.sh"
+"""verl's one-step-off GRPO script: run in its one-step-off form (the shim's second rule)."""
+ONE_STEP_OFF_SIZES = (  # a user's $@ moving it to 2 CPU processes: one trains, one generates (verl's 6 + 2 GPUs)
+    "trainer.n_gpus_per_node=1",
+    "rollout.n_gpus_per_node=1",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "data.max_prompt_length=192",
+    "data.max_response_length=8",
+    "data.train_batch_size=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.n=2",
+)
+
+
 def todays_arguments(root: Path, name: str) -> list[str]:
     """Today's script ``name``'s ``$@``: the data (one script reads it from ``$HOME/data``), 2 steps, vLLM's length
     from the model, and the sizes of a script with no knobs for them."""
+    if name == ONE_STEP_OFF:  # its $@ unquoted, split at spaces: its data from TRAIN_FILE/TEST_FILE, no lists
+        return ["actor_rollout_ref.rollout.max_model_len=null", "trainer.total_training_steps=2", *ONE_STEP_OFF_SIZES]
     files = {
         split: [str(root / "data" / d / f"{split}.parquet") for d in ("gsm8k", "math")] for split in ("train", "test")
     }
@@ -407,6 +433,33 @@ def test_todays_verl_scripts_config_is_read_as_verl_means_it(name, place, tmp_pa
 def test_todays_verl_script_checked_above_also_runs_two_steps(name, place, tmp_path):
     work = tmp_path / "work"
     check_todays_run(name, run_script(name, place, work, today=True), work, TODAY_CHECKED[name])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="the script's rollout is vLLM")
+def test_verls_one_step_off_grpo_script_trains_two_steps_with_a_trainer_and_a_vllm_rollout_process(place, tmp_path):
+    """verl's one-step-off GRPO script (grpo_0.6b_gsm8k_fsdp2_2_6.sh) as a verl user runs it here: its entry module
+    replaced by docs/trainer.md's rule (under torchrun), the embedded model and GSM8K data, sizes for 2 processes as
+    its ``$@``: every key of it applied, aliased or named as a no-op (none refused), 2 steps with a vLLM engine in the
+    rollout process, each next batch sampled while the trainer trains (staleness 0, then 1), validation before and
+    after, sampled by the rollout pool."""
+    work = tmp_path / "work"
+    knobs = {"NGPUS_PER_NODE": "2", "RLPROF_PROCESSES": "2", "RLPROF_PORT": str(free_port())}
+    result = run_script(ONE_STEP_OFF, place, work, today=True, knobs=knobs)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    keys = tally(work, output, len(todays_arguments(Path(), ONE_STEP_OFF)))
+    assert keys.endswith(", 0 refused"), keys
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = {p.parent for p in work.rglob("events.out.tfevents.*")}  # the script's ['console','tensorboard']
+    accumulator = EventAccumulator(str(events))
+    accumulator.Reload()
+    staleness = [(e.step, e.value) for e in accumulator.Scalars("training/off_policy/trajectory_staleness/max")]
+    assert staleness == [(1, 0.0), (2, 1.0)]
+    assert [e.step for e in accumulator.Scalars("val-core/openai/gsm8k/reward/mean@1")] == [0, 2]
+    record = json.loads(next(work.rglob("run.json")).read_text())
+    assert record["processes"] == {"trainer": 1, "rollout": 1, "per_node": 2} and record["rollout"]["name"] == "vllm"
+    print(f"\n{ONE_STEP_OFF}: {keys}, ran 2 steps one-step-off")
 
 
 def check_todays_run(name: str, result: subprocess.CompletedProcess, work: Path, selects: str) -> None:
