@@ -85,7 +85,11 @@ def main(argv: Optional[list[str]] = None, one_step_off: bool = False) -> int:
     progress = Progress(env.rank, env.world_size, cfg.trainer.collective_timeout_s)
     if pool is not None and link is not None and pool.name == "rollout":
         quiet: Callable[[str], None] = lambda line: None  # noqa: E731
-        say = (lambda line: print(f"[INFO] rollout: {line}", file=sys.stderr, flush=True)) if pool.rank == 0 else quiet
+        say = (
+            (lambda line: print(f"[INFO] {_rollout_line(line)}", file=sys.stderr, flush=True))
+            if pool.rank == 0
+            else quiet
+        )
         return finish(train(lambda: serve(cfg, pool, link, env, say), pool.global_rank, progress), progress)
     run_id = env.gather(new_run_id())[0]
     rlprof.init(  # the ranks rlprof records are the launch's (a pool's group numbers its own)
@@ -103,6 +107,11 @@ def main(argv: Optional[list[str]] = None, one_step_off: bool = False) -> int:
     held = env.memory_at_start[1] - env.memory_at_start[0] if env.memory_at_start else None
     fit = lambda: PPOTrainer(cfg, env, run_id, log, progress, link, launched.per_node).fit()  # noqa: E731
     return finish(train(fit, env.rank, progress, as_dict(cfg), held), progress)
+
+
+def _rollout_line(line: str) -> str:
+    """A rollout process's log line, said to come from the rollout (once: a backend's own lines already say it)."""
+    return line if line.startswith("rollout") else f"rollout: {line}"
 
 
 def launch_pool(cfg: TrainerConfig, world_size: int) -> Pool:
