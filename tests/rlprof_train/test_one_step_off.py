@@ -379,29 +379,59 @@ SAME = (*SMALL_RUN, "trainer.total_training_steps=6", "algorithm.rollout_correct
 
 @pytest.fixture(scope="module")
 def small_runs(tmp_path_factory) -> Path:
-    """The config SAME run three times, on two processes each: ``first`` and ``second`` one-step-off (one trains,
-    one generates), ``sync`` synchronous (both train and generate); their log folders under the returned folder."""
+    """The config SAME run on two processes each: ``first`` one-step-off (one trains, one generates), ``resumed``
+    the same stopped after step 3 (its checkpoint) and started again, ``sync`` synchronous (both train and
+    generate); their log folders under the returned folder."""
     root = tmp_path_factory.mktemp("runs")
-    runs = {
-        "first": one_step_off_command(root / "first", *SAME, "rollout.n_gpus_per_node=1", processes=2),
-        "second": one_step_off_command(root / "second", *SAME, "rollout.n_gpus_per_node=1", processes=2),
-        "sync": trainer_command(root / "sync", *SAME, prefix=(*torchrun(2), "-m")),
-    }
-    for name, command in runs.items():
+    one_step_off = (*SAME, "rollout.n_gpus_per_node=1")
+    runs = [
+        ("first", one_step_off_command(root / "first", *one_step_off, processes=2)),
+        ("resumed", one_step_off_command(root / "resumed", *one_step_off, *STOP_AT_3, processes=2)),
+        ("resumed", one_step_off_command(root / "resumed", *one_step_off, processes=2)),
+        ("sync", trainer_command(root / "sync", *SAME, prefix=(*torchrun(2), "-m"))),
+    ]
+    for name, command in runs:
         result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
         assert result.returncode == 0, (name, result.stderr[-3000:])
     return root
 
 
+STOP_AT_3 = ("trainer.total_training_steps=3", "trainer.save_freq=3")
+"""The first launch of ``resumed``: 3 steps and their checkpoint (the second launch resumes from it, to step 6)."""
+
+
 @pytest.mark.slow
 def test_the_same_seed_samples_the_same_batches(small_runs):
-    """Two runs of one config (one process trains, one generates): every step's rewards and response lengths agree,
-    as two runs of the synchronous trainer do (the rollout process seeds each sampling as the trainer seeds steps)."""
+    """Two runs of one config (one process trains, one generates): every step's rewards and response lengths agree
+    up to step 3, where ``resumed`` stopped, as two runs of the synchronous trainer do (the rollout process seeds
+    each sampling as the trainer seeds steps)."""
     runs = []
-    for name in ("first", "second"):
+    for name in ("first", "resumed"):
         records = read_jsonl(small_runs / name / "logs" / "metrics.jsonl")
         runs.append([(r["step"], r["critic/score/mean"], r["response_length/mean"]) for r in records])
-    assert len(runs[0]) == 6 and runs[0] == runs[1]
+    assert len(runs[0]) == 6 and runs[0][:3] == runs[1][:3]
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_the_parameter_versions_with_no_prompt_trained_twice(small_runs):
+    """``resumed`` started again from its step-3 checkpoint: both pools start at parameter version 3 (the rollout
+    process gets the saved weights: batch 4 is sampled by them, staleness 0, as a first step), then the versions go
+    on (batch 5 by version 3, trained from 4, ...); the prompts of steps 4-6 are the uninterrupted run's, and no
+    prompt is consumed twice across the two launches (the records of both segments, one file)."""
+    metrics = {r["step"]: r for r in read_jsonl(small_runs / "resumed" / "logs" / "metrics.jsonl")}
+    staleness = [metrics[s]["training/off_policy/trajectory_staleness/max"] for s in range(1, 7)]
+    assert staleness == [0.0, 1.0, 1.0, 0.0, 1.0, 1.0]
+
+    def consumed(name: str) -> list[dict]:
+        records = read_jsonl(small_runs / name / "logs" / "pipeline" / "rank0.jsonl")
+        return [r for r in records if r["event"] == "sample"]
+
+    resumed, first = consumed("resumed"), consumed("first")
+    versions = {s: {(r["version"], r["consumed_version"]) for r in resumed if r["step"] == s} for s in range(1, 7)}
+    assert versions == {1: {(0, 0)}, 2: {(0, 1)}, 3: {(1, 2)}, 4: {(3, 3)}, 5: {(3, 4)}, 6: {(4, 5)}}
+    prompts = {s: sorted({r["uid"] for r in resumed if r["step"] == s}) for s in range(1, 7)}
+    assert prompts == {s: sorted({r["uid"] for r in first if r["step"] == s}) for s in range(1, 7)}
+    assert len({uid for p in prompts.values() for uid in p}) == sum(len(p) for p in prompts.values())  # once each
 
 
 @pytest.mark.slow

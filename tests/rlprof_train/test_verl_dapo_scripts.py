@@ -6,9 +6,10 @@ rlprof_train.main_ppo`` through a ``python``/``python3`` first on PATH (a ``ray 
 out the asynchronous keys (``async_training.*``, the rollout pool's ``rollout.*``, the async trainer's
 ``--config-path/--config-name``) and adds what a user moving the script to this machine sets (one process, the
 embedded model's sizes, 2 steps). The data is written in the schema of DAPO-Math-17k (``math_dapo``: verl's DAPO
-reward). Every key of every script is applied, named as a no-op or refused by name; one script trains 2 steps here,
-the others with ``-m long``; the one-step-off script ONE_STEP_OFF trains 2 steps in its one-step-off form too (its
-entry module replaced by docs/trainer.md's rule, under torchrun, a trainer and a vLLM rollout process)."""
+reward). Every key of every script is applied, named as a no-op or refused by name; two scripts train 2 steps here,
+the others with ``-m long``; the one-step-off script ONE_STEP_OFF trains 2 steps in its one-step-off form too, with
+``-m long`` (its entry module replaced by docs/trainer.md's rule, under torchrun, a trainer and a vLLM rollout
+process)."""
 
 from __future__ import annotations
 
@@ -31,9 +32,10 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason
 SHELL = ROOT / "tests" / "data" / "verl_scripts_1dda039b" / "verl" / "experimental"
 SCRIPTS = sorted(str(p.relative_to(SHELL)) for p in SHELL.glob("*/shell/dapo_*.sh"))
 ONE_STEP_OFF = "one_step_off_policy/shell/dapo_7b_math_fsdp2_4_12.sh"
-IN_CI = ("fully_async_policy/shell/dapo_7b_math_fsdp2_4_4.sh",)
+IN_CI = (ONE_STEP_OFF, "fully_async_policy/shell/dapo_7b_math_fsdp2_4_4.sh")
 """Trained 2 steps in their synchronous form in the test command (each start of vLLM costs about half a minute); the
-others with -m long. ONE_STEP_OFF trains in its one-step-off form in the test command."""
+others with -m long, and ONE_STEP_OFF in its one-step-off form (verl's one-step-off GRPO script runs so in the test
+command: test_verl_scripts.py)."""
 REFUSED = {  # script -> what its one error names
     "one_step_off_policy/shell/dapo_7b_math_fsdp2_sglang_4_12.sh": ["actor_rollout_ref.rollout.name='sglang'"],
     "one_step_off_policy/shell/dapo_7b_math_fsdp2_sglang_colocate.sh": ["actor_rollout_ref.rollout.name='sglang'"],
@@ -314,7 +316,7 @@ def test_the_synchronous_form_of_every_other_dapo_script_trains_two_steps(name, 
     check_trained(name, run(name, place, tmp_path / "work"), tmp_path / "work")
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_verls_one_step_off_dapo_script_trains_two_steps_with_a_trainer_and_a_vllm_rollout_process(place, tmp_path):
     """dapo_7b_math_fsdp2_4_12.sh as a verl user runs it here: the entry module replaced by the documented rule,
     its own keys kept (the rollout pool's, hybrid_engine=False), the embedded model and a user's moves, one process
