@@ -15,7 +15,7 @@ free at its start, holding three:
 Times: each record's seconds are on its process's monotonic clock; the ``clock`` line that opens its segment ties
 them to the wall clock, so every process's records land on the one clock of the merged traces.
 
-The files come from outside: at most :data:`MAX_LINES` lines a file and :data:`MAX_FILES` files are read, a line
+The files come from outside: at most :data:`MAX_LINES` lines in all and :data:`MAX_FILES` files are read, a line
 longer than :data:`MAX_LINE` bytes or not a JSON object with numbers where times go is skipped (counted in a note),
 and a link in the folder is not followed.
 """
@@ -32,7 +32,8 @@ from typing import Any, Optional
 from rlprof.metrics.pipeline_records import FOLDER
 
 MAX_FILES = 4096
-MAX_LINES = 1_000_000
+MAX_LINES = 500_000
+"""Lines read over all files (about 0.5 GB of records at most): a longer run's lanes end there, said in a note."""
 MAX_LINE = 1 << 16
 _FILE = re.compile(r"rank(\d+)\.jsonl")
 SIDE_LANES = {"trainer": "trainer", "rollouter": "rollout"}
@@ -68,11 +69,12 @@ def read_pipeline(log_dir: Path) -> Optional[Pipeline]:
     notes: list[str] = []
     processes = []
     files = sorted((p for p in folder.iterdir() if _FILE.fullmatch(p.name)), key=lambda p: int(p.name[4:-6]))
+    budget = [MAX_LINES]  # lines left to read, over every file
     for path in files[:MAX_FILES]:
         if path.is_symlink() or not path.is_file():
             notes.append(f"{path.name}: not a plain file; not read")
             continue
-        process = _read(path, int(path.name[4:-6]), notes)
+        process = _read(path, int(path.name[4:-6]), notes, budget)
         if process is not None:
             processes.append(process)
     if len(files) > MAX_FILES:
@@ -80,15 +82,18 @@ def read_pipeline(log_dir: Path) -> Optional[Pipeline]:
     return Pipeline(processes, notes) if processes else None
 
 
-def _read(path: Path, rank: int, notes: list[str]) -> Optional[ProcessRecords]:
+def _read(path: Path, rank: int, notes: list[str], budget: list[int]) -> Optional[ProcessRecords]:
     process: Optional[ProcessRecords] = None
     offset: Optional[float] = None  # wall - monotonic of the current segment
     skipped = 0
     with path.open("rb") as handle:
-        for number, raw in enumerate(handle):
-            if number >= MAX_LINES:
-                notes.append(f"{path.name}: lines past the first {MAX_LINES:,} not read")
+        for raw in handle:
+            if budget[0] <= 0:
+                notes.append(
+                    f"{path.name}: not read to its end (the pipeline lanes hold {MAX_LINES:,} records at most)"
+                )
                 break
+            budget[0] -= 1
             record = _record(raw)
             if record is None:
                 skipped += 1

@@ -88,3 +88,16 @@ def test_broken_lines_and_links_are_skipped_and_said(tmp_path, capsys):
         e["args"]["name"] for e in json.loads(output.read_text())["traceEvents"] if e.get("name") == "process_name"
     }
     assert lanes == {"rank 0 trainer pipeline", "rank 1 rollout pipeline", "sample lives"}
+
+
+def test_the_records_read_are_bounded_and_the_cut_is_said(tmp_path, monkeypatch):
+    """At most MAX_LINES records over all files (memory stays bounded on a long run's records): here 7, of the
+    trainer's 6 lines and the rollout process's 2; the rollout's file is not read to its end, and says so."""
+    from rlprof.analysis import pipeline_lanes
+
+    folder = written(tmp_path / "logs")
+    monkeypatch.setattr(pipeline_lanes, "MAX_LINES", 7)
+    pipeline = pipeline_lanes.read_pipeline(folder.parent)
+    assert pipeline is not None
+    assert [len(p.events) for p in pipeline.processes] == [5, 0]  # the clock lines are read, not kept as events
+    assert pipeline.notes == ["rank1.jsonl: not read to its end (the pipeline lanes hold 7 records at most)"]
