@@ -44,13 +44,15 @@ def validate(cfg: TrainerConfig, world_size: int = 1, one_step_off: bool = False
     one-step-off trainer, whose trainer pool is the launch's ``world_size`` less its rollout pool."""
     problems = []
     launched, pool = world_size, cfg.rollout
-    if one_step_off and 1 <= pool.nnodes * pool.n_gpus_per_node < world_size:
-        world_size -= pool.nnodes * pool.n_gpus_per_node  # the batch arithmetic is the trainer pool's
+    rollout_processes = pool.nnodes * pool.n_gpus_per_node
+    if not (one_step_off and 1 <= rollout_processes < world_size):
+        rollout_processes = 0  # no rollout pool (or one the pool check refuses)
+    world_size -= rollout_processes  # the batch arithmetic is the trainer pool's
     checks = (
         lambda: _check_pools(cfg, launched, one_step_off),
         lambda: _import_user_code(cfg),
         lambda: _check_strategy(cfg),
-        lambda: _check_device(cfg, launched, one_step_off),
+        lambda: _check_device(cfg, launched, rollout_processes),
         lambda: check_rollout(cfg),
         lambda: _check_batches(cfg, world_size),
         lambda: _check_algorithm(cfg),
@@ -128,21 +130,20 @@ def _import_user_code(cfg: TrainerConfig) -> None:
         load_custom_reward(custom.path, custom.name)
 
 
-def _check_device(cfg: TrainerConfig, world_size: int, one_step_off: bool) -> None:
+def _check_device(cfg: TrainerConfig, world_size: int, rollout_processes: int) -> None:
     """``trainer.device=cuda`` needs a CUDA build of torch that sees a GPU for each process of the node; the
-    one-step-off trainer's two pools may share them (:func:`rlprof_train.pools.device_index`), a GPU for each
-    process of a pool on the node."""
+    one-step-off trainer's two pools (``rollout_processes`` of the launch's ``world_size`` generate) may share them
+    (:func:`rlprof_train.pools.device_index`), a GPU for each process of a pool on the node."""
     if training_device(cfg) != "cuda":
         return
     if not torch.cuda.is_available():
         build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a build without CUDA")
         raise _fail("trainer.device", "cuda", f"no CUDA device is visible here ({build}); use auto or cpu")
     per_node, visible = launch_world().per_node, torch.cuda.device_count()
-    pool = cfg.rollout
-    if one_step_off and 1 <= pool.nnodes * pool.n_gpus_per_node < world_size:
+    if rollout_processes:
         from rlprof_train.pools import sharing_problem
 
-        problem = sharing_problem(world_size, per_node, pool.nnodes * pool.n_gpus_per_node, visible)
+        problem = sharing_problem(world_size, per_node, rollout_processes, visible)
         if problem:
             raise _fail("trainer.device", "cuda", problem)
     elif per_node > visible:

@@ -98,7 +98,7 @@ def _read(path: Path, rank: int, notes: list[str], budget: list[int]) -> Optiona
             if record is None:
                 skipped += 1
             elif record.get("event") == "clock":
-                monotonic, wall = _seconds(record.get("monotonic")), _seconds(record.get("wall"))
+                monotonic, wall = _number(record.get("monotonic")), _number(record.get("wall"))
                 side = record.get("side")
                 if monotonic is None or wall is None or side not in SIDE_LANES:
                     skipped += 1
@@ -108,7 +108,7 @@ def _read(path: Path, rank: int, notes: list[str], budget: list[int]) -> Optiona
             elif process is None or offset is None:
                 skipped += 1  # no clock line before it: it cannot be placed
             else:
-                times = {key: _seconds(record.get(key)) for key in ("began", "ended")}
+                times = {key: _number(record.get(key)) for key in ("began", "ended")}
                 if record.get("event") == "sample":
                     process.events.append(record)
                 elif None in times.values():
@@ -130,7 +130,7 @@ def _record(raw: bytes) -> Optional[dict[str, Any]]:
     return record if isinstance(record, dict) else None
 
 
-def _seconds(value: Any) -> Optional[float]:
+def _number(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
@@ -263,7 +263,7 @@ def sample_lives(pipeline: Pipeline) -> list[SampleLife]:
                         "version": trajectories[0].get("version"),
                         "consumed_version": trajectories[0].get("consumed_version"),
                         "trajectories": len(trajectories),
-                        "response_tokens": sum(int(_seconds(t.get("response_tokens")) or 0) for t in trajectories),
+                        "response_tokens": sum(int(_number(t.get("response_tokens")) or 0) for t in trajectories),
                     },
                 )
             )

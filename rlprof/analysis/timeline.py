@@ -156,8 +156,9 @@ def plan(
         raise TimelineError(f"{run.name}: no Chrome trace{where} to merge")
     lanes = [_lane(f) for f in files]
     starts = [s for s in (lane.wall_start_us for lane in lanes) if s is not None]
-    if pipeline is not None and pipeline.start_us is not None and step is None:
-        starts.append(pipeline.start_us)
+    pipeline_start = pipeline.start_us if pipeline is not None and step is None else None
+    if pipeline_start is not None:
+        starts.append(pipeline_start)
     origin = min(starts) if starts else 0.0
     hosts = {lane.host for lane in lanes}
     for lane in lanes:
