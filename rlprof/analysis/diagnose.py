@@ -649,7 +649,7 @@ def async_staleness_bound(rule: Rule, report: Report, run: Run, options: ReportO
     if run.setting(f"{ASYNC}.partial_rollout") is False:
         overrides.append(f"{ASYNC}.partial_rollout=True")
     message = (
-        f"async-staleness-bound: {_pct(share)} of the trajectories generated ({dropped:.0f} of {generated:.0f}) were "
+        f"async-staleness-bound: {_pct(share)} of the samples generated ({dropped:.0f} of {generated:.0f}) were "
         "dropped as too stale; allow older samples (it changes what is learned) or sync more often"
     )
     return rule.finding(message, evidence, overrides)

@@ -18,7 +18,8 @@ Definitions (``V``: the version of the weights the consuming update starts from;
   the batch, ``max_partial_span`` = ``max(b - a)`` (verl's names and definitions).
 - ``fully_async/count/stale_trajectory_processed`` = trajectories with ``V - b >= 1`` consumed so far (cumulative,
   as verl), ``stale_samples_processed`` = prompt groups with one or more of them, ``dropped_stale_samples`` =
-  trajectories dropped for staleness so far, ``total_generated_samples``, ``current_param_version``.
+  samples (prompt groups: verl's ``RolloutSample``) dropped for staleness so far, ``total_generated_samples`` =
+  samples generated so far, ``current_param_version``.
 - ``fully_async/processing_time/{avg,max,min,tp50,tp95,tp99}``: the batch's trajectories' generation times.
 - ``fully_async/trainer/idle_ratio`` = the trainer's waits over the window's wall time; ``fully_async/total_wait_time``
   = its waits for samples in the window (seconds).
@@ -150,12 +151,13 @@ class RolloutMeter(_Meter):
         self.dropped_stale = 0
         self.version = 0
 
-    def finished(self, trajectories: int = 1, *, dropped_stale: bool = False) -> None:
-        """``trajectories`` came out of generation; ``dropped_stale``: dropped there for staleness, not queued."""
+    def finished(self, samples: int = 1, *, dropped_stale: bool = False) -> None:
+        """``samples`` (prompt groups, verl's unit) came out of generation; ``dropped_stale``: dropped there for
+        staleness, not queued."""
         with self.side.lock:
-            self.generated += trajectories
+            self.generated += samples
             if dropped_stale:
-                self.dropped_stale += trajectories
+                self.dropped_stale += samples
 
     def synced(self, version: int) -> dict[str, float]:
         """The window since the previous sync, as verl's rollouter reports it at ``reset_staleness``, every wait
