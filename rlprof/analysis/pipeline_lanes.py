@@ -7,10 +7,13 @@ each on a thread of its own. The ``sample lives`` lane follows each prompt's tra
 trained together) from sampling to update: a slice per group named for its ``uid``, on the first of the lane's rows
 free at its start, holding three:
 
-- ``generating``: the rollout process's sampling of the batch (under weights ``version``);
-- ``queued``: from the end of that sampling until the trainer rank received the batch (the end of its last wait
-  for samples in the step's window; the window's start when it did not wait);
-- ``training``: from then to the end of the trainer's step, the update from weights ``consumed_version``.
+- ``generating``: the rollout process's sampling of the batch (under weights ``version``); the fully-async
+  trainer's rollout processes sample a group at a time, each recorded with its ``uid``;
+- ``queued``: from the end of that sampling until the trainer rank received the group (the end of its first wait
+  for samples in the step's window that ended after the sampling; its last one, or the window's start when it did
+  not wait, where none did);
+- ``training``: from then to the end of the trainer's step, the update from weights ``consumed_version`` (a
+  fully-async step: its local updates and the sync that ends it).
 
 Times: each record's seconds are on its process's monotonic clock; the ``clock`` line that opens its segment ties
 them to the wall clock, so every process's records land on the one clock of the merged traces.
@@ -223,11 +226,12 @@ class SampleLife:
 def sample_lives(pipeline: Pipeline) -> list[SampleLife]:
     """Each prompt group consumed by a trainer rank, from its sampling to its update (see the module doc)."""
     rollouts = [p for p in pipeline.processes if p.side == "rollouter"]
-    sampled: dict[tuple[int, int], dict[str, Any]] = {}  # (rollout pool rank, step) -> its sampling
+    sampled: dict[tuple[int, Any], dict[str, Any]] = {}  # (rollout pool rank, step or group) -> its sampling
     for pool_rank, process in enumerate(rollouts):  # launch ranks in order: the pool's ranks
         for event in process.events:
             if event.get("event") == "generate" and isinstance(event.get("step"), int):
-                sampled[(pool_rank, event["step"])] = event  # a resumed run's later sampling replaces it
+                # a batch's sampling by its step; a streamed group's by its uid (a resumed run's later one wins)
+                sampled[(pool_rank, f"uid {event['uid']}" if "uid" in event else event["step"])] = event
     lives = []
     for process in pipeline.processes:
         if process.side != "trainer":
@@ -243,11 +247,14 @@ def sample_lives(pipeline: Pipeline) -> list[SampleLife]:
         for (step, uid), trajectories in groups.items():
             window = windows.get(step)
             rollout_rank = trajectories[0].get("rollout_rank")
-            generated = sampled.get((rollout_rank, step)) if isinstance(rollout_rank, int) else None
+            generated = None
+            if isinstance(rollout_rank, int):
+                generated = sampled.get((rollout_rank, f"uid {uid}"), sampled.get((rollout_rank, step)))
             if window is None or generated is None:
                 continue
             inside = [w["ended"] for w in waits if window["began"] <= w["ended"] <= window["ended"]]
-            received = max(inside, default=window["began"])
+            after = [ended for ended in inside if ended >= generated["ended"]]  # the wait that brought it in
+            received = min(after) if after else max(inside, default=window["began"])
             lives.append(
                 SampleLife(
                     uid,
