@@ -25,16 +25,19 @@ from rlprof.session import new_run_id
 from rlprof.typed_config import ConfigError
 from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.config.load import load, training_device
+from rlprof_train.config.schema import TrainerMode
 from rlprof_train.launch import launch_world, settle_local_rank
 from rlprof_train.preflight import validate
 
 if TYPE_CHECKING:
-    from rlprof_train.pools import Pool
+    from rlprof_train.pools import Link, Pool
     from rlprof_train.progress import Progress
+    from rlprof_train.workers.engine import DistEnv
 
 
-def main(argv: Optional[list[str]] = None, one_step_off: bool = False) -> int:
-    """The trainer's command line; ``one_step_off``: the one-step-off trainer's (:mod:`.one_step_off_policy`)."""
+def main(argv: Optional[list[str]] = None, mode: TrainerMode = "sync") -> int:
+    """The trainer's command line; ``mode``: which trainer (the one-step-off one's: :mod:`.one_step_off_policy`; the
+    fully-async one's: :mod:`.fully_async_main`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["tune"]:  # rlprof-train tune ...
         from rlprof_train.tune.cli import main as tune
@@ -50,10 +53,10 @@ def main(argv: Optional[list[str]] = None, one_step_off: bool = False) -> int:
         print_only = printed_config(argv)
         launched = launch_world()
         world_size = launched.world_size
-        loaded = load(argv, world_size, one_step_off=one_step_off)
+        loaded = load(argv, world_size, mode=mode)
         cfg = loaded.cfg
-        validate(cfg, world_size, one_step_off)
-        pool = launch_pool(cfg, world_size) if one_step_off else None
+        validate(cfg, world_size, mode)
+        pool = launch_pool(cfg, world_size) if mode != "sync" else None
     except (ConfigError, ValueError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
@@ -66,9 +69,9 @@ def main(argv: Optional[list[str]] = None, one_step_off: bool = False) -> int:
         return 0
 
     settle_local_rank(launched)
-    from rlprof_train.pools import Link, device_index, join_pool
+    from rlprof_train.fully_async_trainer import FullyAsyncTrainer
+    from rlprof_train.pools import device_index, join_pool
     from rlprof_train.progress import Progress
-    from rlprof_train.rollout_pool import serve
     from rlprof_train.trainer import PPOTrainer
     from rlprof_train.workers.engine import init_distributed
 
@@ -84,13 +87,7 @@ def main(argv: Optional[list[str]] = None, one_step_off: bool = False) -> int:
     link = links[0] if links else None
     progress = Progress(env.rank, env.world_size, cfg.trainer.collective_timeout_s)
     if pool is not None and link is not None and pool.name == "rollout":
-        quiet: Callable[[str], None] = lambda line: None  # noqa: E731
-        say = (
-            (lambda line: print(f"[INFO] {_rollout_line(line)}", file=sys.stderr, flush=True))
-            if pool.rank == 0
-            else quiet
-        )
-        return finish(train(lambda: serve(cfg, pool, link, env, say), pool.global_rank, progress), progress)
+        return finish(train(lambda: serve_rollout(cfg, pool, link, env, mode), pool.global_rank, progress), progress)
     run_id = env.gather(new_run_id())[0]
     rlprof.init(  # the ranks rlprof records are the launch's (a pool's group numbers its own)
         as_dict(cfg),
@@ -105,8 +102,21 @@ def main(argv: Optional[list[str]] = None, one_step_off: bool = False) -> int:
     for note in loaded.notes:  # what became of verl's spellings
         log(f"config: {note}")
     held = env.memory_at_start[1] - env.memory_at_start[0] if env.memory_at_start else None
-    fit = lambda: PPOTrainer(cfg, env, run_id, log, progress, link, launched.per_node).fit()  # noqa: E731
+    trainer = FullyAsyncTrainer if mode == "fully_async" else PPOTrainer
+    fit = lambda: trainer(cfg, env, run_id, log, progress, link, launched.per_node).fit()  # noqa: E731
     return finish(train(fit, env.rank, progress, as_dict(cfg), held), progress)
+
+
+def serve_rollout(cfg: TrainerConfig, pool: Pool, link: Link, env: DistEnv, mode: TrainerMode) -> None:
+    """A rollout process of the pool: the one-step-off loop or the fully-async one; rollout rank 0 logs."""
+    from rlprof_train.rollout_pool import serve
+    from rlprof_train.rollout_stream import serve_stream
+
+    def say(line: str) -> None:
+        if pool.rank == 0:
+            print(f"[INFO] {_rollout_line(line)}", file=sys.stderr, flush=True)
+
+    (serve_stream if mode == "fully_async" else serve)(cfg, pool, link, env, say)
 
 
 def _rollout_line(line: str) -> str:
@@ -115,7 +125,7 @@ def _rollout_line(line: str) -> str:
 
 
 def launch_pool(cfg: TrainerConfig, world_size: int) -> Pool:
-    """This process's pool in the one-step-off trainer's launch (``RANK``: its rank in the launch)."""
+    """This process's pool in an asynchronous trainer's launch (``RANK``: its rank in the launch)."""
     from rlprof_train.pools import pool_of, rollout_pool_size
 
     size = rollout_pool_size(cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, world_size)

@@ -27,7 +27,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if any(arg in ("-h", "--help") for arg in argv):
         print(__doc__)
         return 0
-    return main_ppo([*ONE_STEP_OFF_DEFAULTS, *argv], one_step_off=True)
+    return main_ppo([*ONE_STEP_OFF_DEFAULTS, *argv], mode="one_step_off")
 
 
 if __name__ == "__main__":

@@ -135,6 +135,9 @@ class Link:
         from torch._C._distributed_c10d import PrefixStore
 
         self.pool = pool
+        self.mailbox = PrefixStore("link/mailbox/", store)
+        """Counts the orders sent (:meth:`pending`: a rollout process that generates between orders asks it)."""
+        self.received = 0
         self.batches: Any = dist.ProcessGroupGloo(
             PrefixStore("link/batches/", store), pool.global_rank, pool.world_size, timeout
         )
@@ -149,11 +152,19 @@ class Link:
 
     def send(self, message: Any) -> None:
         """Trainer rank 0: ``message`` to every rollout process."""
+        self.mailbox.add("sent", 1)
         self._broadcast_bytes(pickle.dumps(message))
 
     def receive(self) -> Any:
         """A rollout process: the next message trainer rank 0 sent."""
-        return pickle.loads(self._broadcast_bytes(None))
+        message = pickle.loads(self._broadcast_bytes(None))
+        self.received += 1
+        return message
+
+    def pending(self) -> bool:
+        """A rollout process: whether trainer rank 0 has sent an order this process has not received (one round trip
+        to the launch's store; the order's collective waits for this process until it calls :meth:`receive`)."""
+        return int(self.mailbox.add("sent", 0)) > self.received
 
     def _broadcast_bytes(self, data: Optional[bytes]) -> bytes:
         """``data`` from the sender (rank 0 of ``orders``); every other member passes None and gets them."""

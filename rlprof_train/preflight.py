@@ -20,7 +20,7 @@ from rlprof.tracking import parse_backends
 from rlprof.typed_config import ConfigError, one_message
 from rlprof_train import algos, rollout_correction
 from rlprof_train.config.load import training_device
-from rlprof_train.config.schema import TrainerConfig, as_dict
+from rlprof_train.config.schema import TrainerConfig, TrainerMode, as_dict
 from rlprof_train.launch import launch_world
 from rlprof_train.workers.rollout.registry import check_rollout, rollout_names, rollout_spec
 
@@ -39,17 +39,17 @@ def _fail(key: str, value: Any, allowed: str) -> ConfigError:
     return ConfigError(f"{key}={value!r}: {allowed}")
 
 
-def validate(cfg: TrainerConfig, world_size: int = 1, one_step_off: bool = False) -> None:
-    """Reject a config that cannot run, before any model is loaded or process group used; ``one_step_off``: for the
-    one-step-off trainer, whose trainer pool is the launch's ``world_size`` less its rollout pool."""
+def validate(cfg: TrainerConfig, world_size: int = 1, mode: TrainerMode = "sync") -> None:
+    """Reject a config that cannot run, before any model is loaded or process group used; ``mode``: the trainer
+    (an asynchronous one's trainer pool is the launch's ``world_size`` less its rollout pool)."""
     problems = []
     launched, pool = world_size, cfg.rollout
     rollout_processes = pool.nnodes * pool.n_gpus_per_node
-    if not (one_step_off and 1 <= rollout_processes < world_size):
+    if not (mode != "sync" and 1 <= rollout_processes < world_size):
         rollout_processes = 0  # no rollout pool (or one the pool check refuses)
     world_size -= rollout_processes  # the batch arithmetic is the trainer pool's
     checks = (
-        lambda: _check_pools(cfg, launched, one_step_off),
+        lambda: _check_pools(cfg, launched, mode),
         lambda: _import_user_code(cfg),
         lambda: _check_strategy(cfg),
         lambda: _check_device(cfg, launched, rollout_processes),
@@ -77,11 +77,12 @@ def validate(cfg: TrainerConfig, world_size: int = 1, one_step_off: bool = False
         raise ConfigError(one_message(problems))
 
 
-def _check_pools(cfg: TrainerConfig, world_size: int, one_step_off: bool) -> None:
-    """The one-step-off trainer: a rollout pool of 1 to ``world_size - 1`` of the launch's processes
+def _check_pools(cfg: TrainerConfig, world_size: int, mode: TrainerMode) -> None:
+    """The asynchronous trainers: a rollout pool of 1 to ``world_size - 1`` of the launch's processes
     (:mod:`rlprof_train.pools`), and only what its rollout pool runs (the backends registered ``pooled``, one
-    generation round a step, the whole policy). (``main_ppo`` refuses the pool's keys as it loads them.)"""
-    if not one_step_off:
+    generation round a step, the whole policy); the fully-async one's pipeline (:func:`_check_pipeline`). (``main_ppo``
+    refuses the pool's keys as it loads them.)"""
+    if mode == "sync":
         return
     from rlprof_train.pools import rollout_pool_size
 
@@ -97,7 +98,9 @@ def _check_pools(cfg: TrainerConfig, world_size: int, one_step_off: bool) -> Non
         problems.append(f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: {not_built} ({pooled} is)")
     if cfg.algorithm.filter_groups.enable:
         problems.append(f"algorithm.filter_groups.enable=True: {not_built} (one generation round a step)")
-    if cfg.data.gen_batch_size not in (None, cfg.data.train_batch_size):
+    if mode == "fully_async":
+        problems += _pipeline_problems(cfg)
+    elif cfg.data.gen_batch_size not in (None, cfg.data.train_batch_size):
         problems.append(
             f"data.gen_batch_size={cfg.data.gen_batch_size}: {not_built} (one generation round of "
             f"data.train_batch_size={cfg.data.train_batch_size} prompts a step)"
@@ -106,6 +109,31 @@ def _check_pools(cfg: TrainerConfig, world_size: int, one_step_off: bool) -> Non
         problems.append(f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank}: LoRA {not_built}")
     if problems:
         raise _Problems(problems)
+
+
+def _pipeline_problems(cfg: TrainerConfig) -> list[str]:
+    """The fully-async trainer's pipeline: partial rollouts where a group can be continued (a backend that
+    continues token sequences, one turn), and its prompts one group at a time (verl's ``data.gen_batch_size=1``)."""
+    problems = []
+    rollout = cfg.actor_rollout_ref.rollout
+    if cfg.async_training.partial_rollout:
+        continuing = [name for name in rollout_names() if rollout_spec(name).continues and rollout_spec(name).pooled]
+        if rollout.name in rollout_names() and rollout.name not in continuing:
+            problems.append(
+                f"async_training.partial_rollout=True: actor_rollout_ref.rollout.name={rollout.name!r} cannot continue "
+                f"a trajectory on new weights ({', '.join(continuing)} can); set partial_rollout=false"
+            )
+        if rollout.multi_turn.enable:
+            problems.append(
+                "async_training.partial_rollout=True: not built for multi-turn rollouts here (a trajectory's turns "
+                "are sampled on the weights its first turn started with); set partial_rollout=false"
+            )
+    if cfg.data.gen_batch_size not in (None, 1):
+        problems.append(
+            f"data.gen_batch_size={cfg.data.gen_batch_size}: the fully-async trainer's rollout pool samples one prompt "
+            "group at a time (verl's only value, 1); set it to 1 or leave it out"
+        )
+    return problems
 
 
 def strategy_conflicts(cfg: TrainerConfig) -> list[str]:

@@ -137,65 +137,98 @@ class PolicyCopy:
     module: Any
 
 
+class RolloutProcess:
+    """A rollout process's policy copy, backend and accounting, shared by the one-step-off loop (:func:`serve`) and
+    the fully-async one (:func:`rlprof_train.rollout_stream.serve_stream`): it loads the policy when trainer rank 0
+    says ``Start`` and starts the run's rollout backend on it (``rollout.name``, over several turns with its tools
+    when ``multi_turn.enable``)."""
+
+    def __init__(self, cfg: TrainerConfig, pool: Pool, link: Link, env: DistEnv, log: Callable[[str], None]) -> None:
+        self.cfg, self.pool, self.link = cfg, pool, link
+        with pool_lost("waited for the trainer's first order", "trainer rank 0 (launch rank 0)"):
+            start = link.receive()
+            assert isinstance(start, Start), f"the trainer's first order must be Start, not {start!r}"
+            link.exchange(Member(pool.rank, pool.global_rank, socket.gethostname(), os.getpid()))
+        self.start = start
+        rlprof.init(
+            as_dict(cfg), rank=pool.global_rank, world_size=pool.world_size, run_id=start.run_id, pool=pool.name
+        )
+        self.records = PipelineLog(cfg.trainer.log_dir, pool.global_rank, "rollouter", start.resumed)
+        arr = cfg.actor_rollout_ref
+        self.tokenizer = tokenizer = load_tokenizer(start.model_path)
+        model = load_causal_lm(
+            start.model_path, arr.model.dtype, device=env.device, overrides=arr.model.override_config
+        )
+        self.parameters = dict(model.named_parameters())
+        whole = copy.deepcopy(cfg)
+        whole.actor_rollout_ref.actor.zero_stage = 0  # the copy here is whole: nothing to gather under ZeRO
+        tools = rollout_tools(cfg)
+        self.rollout = make_rollout(
+            whole, env, start.model_path, PolicyCopy(model), tokenizer, log, tools, start.log_probs
+        )
+        self.version, self.samplings = 0, 0
+        self.meter = RolloutMeter(record=self.records.write)  # its waits: for orders, for weights
+        self.trainer = f"the trainer pool (launch ranks 0-{pool.world_size - pool.size - 1})"
+
+    def take_weights(self, order: Weights) -> None:
+        """Load the weights that follow ``order``; report the window they end to every trainer rank."""
+        if order.names != tuple(self.parameters):
+            raise RuntimeError(
+                f"the trainer's policy has other parameters than {self.start.model_path} loaded here: "
+                f"{sorted(set(order.names) ^ set(self.parameters))[:5]}"
+            )
+        with pool_lost(f"received the weights of version {order.version}", self.trainer), self.meter.waiting("weights"):
+            self.link.receive_weights(list(self.parameters.values()))
+        with self.meter.waiting("weights"):  # a backend with its own copy (an engine) loads them
+            self.rollout.sync_weights()
+        self.version, window = order.version, self.meter.synced(order.version)
+        reporting = f"reported its window before the weights of version {self.version}"
+        with pool_lost(reporting, self.trainer), self.meter.waiting("weights"):  # the sync ends as every trainer rank
+            self.link.exchange(window)  # has the window, logged with the step that synced
+
+    def seed_sampling(self) -> None:
+        """Seed the next sampling as the trainer seeds its steps: a run repeats."""
+        self.samplings += 1
+        seed = self.cfg.trainer.seed * 100_003 + self.samplings * self.pool.world_size + self.pool.global_rank
+        torch.manual_seed(seed)
+
+    def answer(self, order: Generate) -> None:
+        """This process's part of ``order``'s prompts, sampled and handed to every trainer rank."""
+        self.seed_sampling()
+        generated = generate(self.rollout, order, self.pool, self.version, self.records)
+        if generated.batch is not None and order.step is not None:
+            self.meter.finished(generated.batch.size // order.sampling.n)  # prompt groups (verl's samples)
+        with pool_lost(f"handed over the batch of step {order.step}", self.trainer), self.meter.waiting("queue_full"):
+            self.link.exchange(generated)
+
+    def close(self) -> None:
+        self.rollout.close()
+        self.records.close()
+
+
 def serve(cfg: TrainerConfig, pool: Pool, link: Link, env: DistEnv, log: Callable[[str], None]) -> None:
-    """A rollout process: load the policy when told and start the run's rollout backend on it (``rollout.name``, over
-    several turns with its tools when ``multi_turn.enable``), then load weights and generate as trainer rank 0
-    orders, until it says stop. Each training batch is sampled inside ``rlprof.step(beside)`` (the step it runs
-    beside), in the ``rollout/generate_async`` range."""
-    with _lost("waited for the trainer's first order", "trainer rank 0 (launch rank 0)"):
-        start = link.receive()
-        assert isinstance(start, Start), f"the trainer's first order must be Start, not {start!r}"
-        link.exchange(Member(pool.rank, pool.global_rank, socket.gethostname(), os.getpid()))
-    rlprof.init(as_dict(cfg), rank=pool.global_rank, world_size=pool.world_size, run_id=start.run_id, pool=pool.name)
-    records = PipelineLog(cfg.trainer.log_dir, pool.global_rank, "rollouter", start.resumed)
-    arr = cfg.actor_rollout_ref
-    tokenizer = load_tokenizer(start.model_path)
-    model = load_causal_lm(start.model_path, arr.model.dtype, device=env.device, overrides=arr.model.override_config)
-    parameters = dict(model.named_parameters())
-    whole = copy.deepcopy(cfg)
-    whole.actor_rollout_ref.actor.zero_stage = 0  # the copy here is whole: nothing to gather under ZeRO
-    tools = rollout_tools(cfg)
-    rollout = make_rollout(whole, env, start.model_path, PolicyCopy(model), tokenizer, log, tools, start.log_probs)
-    version, generated_so_far = 0, 0
-    meter = RolloutMeter(record=records.write)  # its waits: for the trainer's next order (queue_full), for weights
-    trainer = f"the trainer pool (launch ranks 0-{pool.world_size - pool.size - 1})"
+    """A one-step-off rollout process: load weights and generate as trainer rank 0 orders, until it says stop. Each
+    training batch is sampled inside ``rlprof.step(beside)`` (the step it runs beside), in the
+    ``rollout/generate_async`` range."""
+    process = RolloutProcess(cfg, pool, link, env, log)
     try:
         while True:
-            with _lost("waited for the trainer's next order", trainer), meter.waiting("queue_full"):
+            with pool_lost("waited for the trainer's next order", process.trainer), process.meter.waiting("queue_full"):
                 order = link.receive()
             if isinstance(order, Stop):
                 break
             if isinstance(order, Weights):
-                if order.names != tuple(parameters):
-                    raise RuntimeError(
-                        f"the trainer's policy has other parameters than {start.model_path} loaded here: "
-                        f"{sorted(set(order.names) ^ set(parameters))[:5]}"
-                    )
-                with _lost(f"received the weights of version {order.version}", trainer), meter.waiting("weights"):
-                    link.receive_weights(list(parameters.values()))
-                with meter.waiting("weights"):  # a backend with its own copy (an engine) loads them
-                    rollout.sync_weights()
-                version, window = order.version, meter.synced(order.version)
-                reporting = f"reported its window before the weights of version {version}"
-                with _lost(reporting, trainer), meter.waiting("weights"):  # the sync ends as every trainer rank
-                    link.exchange(window)  # has the window, logged with the step that synced
+                process.take_weights(order)
             elif isinstance(order, Generate):
-                generated_so_far += 1  # each sampling seeded as the trainer seeds its steps: a run repeats
-                torch.manual_seed(cfg.trainer.seed * 100_003 + generated_so_far * pool.world_size + pool.global_rank)
-                generated = generate(rollout, order, pool, version, records)
-                if generated.batch is not None and order.step is not None:
-                    meter.finished(generated.batch.size)
-                with _lost(f"handed over the batch of step {order.step}", trainer), meter.waiting("queue_full"):
-                    link.exchange(generated)
+                process.answer(order)
             else:
                 raise RuntimeError(f"unknown order from the trainer: {order!r}")
     finally:
-        rollout.close()
-        records.close()
+        process.close()
 
 
 @contextlib.contextmanager
-def _lost(doing: str, peers: str) -> Iterator[None]:
+def pool_lost(doing: str, peers: str) -> Iterator[None]:
     """A link collective that fails (a peer gone or past the timeout) as :class:`PoolLost`, naming ``peers``."""
     try:
         yield
@@ -260,7 +293,7 @@ class PooledRollout(Rollout):
     def _lost(self, doing: str) -> Iterator[None]:
         members = "; ".join(str(m) for m in self.members) or "its processes"
         try:
-            with _lost(doing, f"the rollout pool ({members})"):
+            with pool_lost(doing, f"the rollout pool ({members})"):
                 yield
         except PoolLost:
             self.lost = True  # nothing more to tell it, at close either

@@ -49,6 +49,9 @@ from rlprof_train.workers.rollout import Rollout, SamplingParams
 
 
 class PPOTrainer:
+    rollout_pool: type[PooledRollout] = PooledRollout
+    """The trainer's side of its rollout pool, when it has one (the one-step-off trainer's)."""
+
     def __init__(
         self,
         cfg: TrainerConfig,
@@ -73,16 +76,15 @@ class PPOTrainer:
         train, self.val_examples, notes = load_datasets(
             cfg.data, self.tokenizer, trainer.seed, [tool.tool_schema for tool in tools] or None
         )
-        round_size = cfg.data.gen_batch_size or cfg.data.train_batch_size
+        round_size = self.round_size()
         setting = "data.gen_batch_size" if cfg.data.gen_batch_size else "data.train_batch_size"
         self.prompts = PromptBatches(train, round_size, trainer.seed, cfg.data.shuffle, setting)
         self.rounds_used = 0
         """Batches of the prompt stream generated so far (a step takes one or more: generation rounds)."""
         self.rounds_total = trainer.total_epochs * self.prompts.batches_per_epoch
-        epoch_steps = self.rounds_total // math.ceil(cfg.data.train_batch_size / round_size)  # at most, filtering
-        self.total_steps = min(trainer.total_training_steps or epoch_steps, epoch_steps)
-        self.actor_lr = LRSchedule(arr.actor.optim, self.total_steps)
-        self.critic_lr = LRSchedule(cfg.critic.optim, self.total_steps)
+        self.total_steps = self.steps_in_run()
+        self.actor_lr = LRSchedule(arr.actor.optim, self.total_steps * self.updates_per_step)
+        self.critic_lr = LRSchedule(cfg.critic.optim, self.total_steps * self.updates_per_step)
         self.sampling = SamplingParams(
             arr.rollout.n, arr.rollout.temperature, arr.rollout.top_p, arr.rollout.top_k, arr.rollout.response_length
         )
@@ -110,7 +112,8 @@ class PPOTrainer:
                 cfg, env, model_path, self.actor, self.tokenizer, log, tools, wants_log_probs=self.correction.active
             )
         else:
-            self.rollout = self.pooled = PooledRollout(link, env, lambda: self.actor.module, arr.actor.zero_stage)
+            self.pooled = self.rollout_pool(link, env, lambda: self.actor.module, arr.actor.zero_stage)
+            self.rollout = self.pooled
             self.pooled.start(model_path, run_id, self.correction.active, resumed_from is not None)
         self.reuse_log_probs = prepare.reuses_on_policy_log_probs(cfg, log)
         self.kl_ctrl = algos.KLController(
@@ -134,6 +137,19 @@ class PPOTrainer:
         prepare.write_rollout_scrape_config(cfg, env, log)
         for note in notes:
             self.log(note)
+
+    updates_per_step = 1
+    """Policy updates a step makes (the fully-async trainer: several, one weight sync)."""
+
+    def round_size(self) -> int:
+        """Prompts per batch of the prompt stream (a generation round)."""
+        return self.cfg.data.gen_batch_size or self.cfg.data.train_batch_size
+
+    def steps_in_run(self) -> int:
+        """``trainer.total_training_steps``, at most what the epochs' prompts fill (``rounds_total``)."""
+        rounds_per_step = math.ceil(self.cfg.data.train_batch_size / self.prompts.batch_size)
+        epoch_steps = self.rounds_total // rounds_per_step  # at most, filtering
+        return min(self.cfg.trainer.total_training_steps or epoch_steps, epoch_steps)
 
     # ----------------------------------------------------------------------------------------- the loop
 
@@ -165,6 +181,7 @@ class PPOTrainer:
                 self.submit_round(self.start_step)
                 self.records = PipelineLog(trainer.log_dir, self.env.rank, "trainer", self.start_step > 1)
                 self.pipeline = TrainerMeter(record=self.records.write)  # its waits for samples, each step from here
+                self.pipeline.version = self.updates_before(self.start_step)
             for step in range(self.start_step, self.total_steps + 1):
                 torch.manual_seed(trainer.seed * 100_003 + step * self.env.world_size + self.env.rank)
                 with rlprof.step(step):
@@ -247,15 +264,26 @@ class PPOTrainer:
                     workers.merge(self.critic.update(batch, self.critic_lr.lr(step)))
             if step >= self.cfg.trainer.critic_warmup:  # before it, only the critic trains (verl's critic_warmup)
                 with self._phase("update_actor", timing, role="actor"):
-                    actor_update = self.updates_before(step) + 1
-                    workers.merge(self.actor.update(batch, self.actor_lr.lr(actor_update)))
+                    workers.merge(self.actor.update(batch, self.actor_lr.lr(self.update_index(step))))
                 if self.pooled is None:  # one-step-off: at the next step, once its batch is in
                     with self._phase("update_weights", timing, role="rollout"):
                         self.rollout.sync_weights()
-        if self.pooled is not None:
+            self.after_update(step, timing, workers)
+        if self.pooled is not None and self.window_ends():
             for key, value in self.pipeline.step_done(step).items():
                 workers.add(key, value, Reduce.MEAN)
         return step_metrics(self.env, self._facts(step), batch, timing, workers)
+
+    def update_index(self, step: int) -> int:
+        """The learning-rate schedule's place for the update of step ``step`` (from 1)."""
+        return self.updates_before(step) + 1
+
+    def after_update(self, step: int, timing: dict[str, float], workers: MetricAggregator) -> None:
+        """After a step's updates, inside its ``step`` phase (the fully-async trainer's weight sync)."""
+
+    def window_ends(self) -> bool:
+        """Whether the pipeline's trainer window (its waits, its idle ratio) ends with this update."""
+        return True
 
     def sample(self, timing: dict[str, float], workers: MetricAggregator) -> Optional[RolloutBatch]:
         """This rank's share of the step's ``train_batch_size`` prompt groups, generated and scored: one round of

@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlprof.typed_config import ConfigError, build, collecting, one_message
 from rlprof_train.config import verl_compat
-from rlprof_train.config.schema import TrainerConfig
+from rlprof_train.config.schema import TrainerConfig, TrainerMode
 
 DEFAULTS = Path(__file__).parent / "ppo_trainer.yaml"
 
@@ -131,12 +131,13 @@ def _parsed(override: str) -> tuple[str, Any]:
 
 
 def load(
-    argv: Sequence[str] = (), world_size: int = 1, defaults: Path = DEFAULTS, one_step_off: bool = False
+    argv: Sequence[str] = (), world_size: int = 1, defaults: Path = DEFAULTS, mode: TrainerMode = "sync"
 ) -> LoadedConfig:
     """The typed configuration from a command line: the defaults, a ``--config-path/--config-name`` YAML over them,
     then the ``key=value`` overrides; verl's keys translated (:mod:`.verl_compat`), interpolations resolved, every
     key's type and range checked. Every problem found is in one :class:`ConfigError`. The rollout pool's keys
-    (:data:`~.verl_compat.POOL_KEYS`) are the ``one_step_off`` trainer's: refused by name for the other."""
+    (:data:`~.verl_compat.POOL_KEYS`) are the asynchronous trainers', the pipeline's
+    (:data:`~.verl_compat.FULLY_ASYNC_KEYS`) the fully-async one's: refused by name for the others (``mode``)."""
     file, overrides = split_config_args(argv)
     base = OmegaConf.load(defaults)
     known = set(_keys(base))
@@ -149,7 +150,20 @@ def load(
             problems.append(str(exc))
     free = [k for k in known if OmegaConf.select(base, k) == {}]  # mappings of any keys: kw_args, override_config
     known |= {key for key, _ in pairs if any(key.startswith(f"{mapping}.") for mapping in free)}
-    translation = verl_compat.translate(pairs, known if one_step_off else known - verl_compat.POOL_KEYS, world_size)
+    if mode != "fully_async":
+        known -= verl_compat.FULLY_ASYNC_KEYS
+    if mode == "sync":
+        known -= verl_compat.POOL_KEYS
+    notes = []
+    if mode == "fully_async":  # a local update's prompts are the pipeline's (verl's scripts give 0)
+        given = [value for key, value in pairs if key == "data.train_batch_size"]
+        pairs = [(key, value) for key, value in pairs if key != "data.train_batch_size"]
+        if given:
+            notes.append(
+                f"data.train_batch_size={given[-1]}: the fully-async trainer's local update takes "
+                "actor_rollout_ref.actor.ppo_mini_batch_size x async_training.require_batches prompt groups"
+            )
+    translation = verl_compat.translate(pairs, known, world_size)
     problems += translation.problems
     for key, value in translation.pairs:
         try:
@@ -167,7 +181,9 @@ def load(
     problems += verl_compat.mirror_problems(translation.mirrors, lambda key: _setting(tree, key))
     if problems:
         raise ConfigError(one_message(problems))
-    return LoadedConfig(cfg, translation.notes)
+    if mode == "fully_async":
+        cfg.data.train_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.async_training.require_batches
+    return LoadedConfig(cfg, notes + translation.notes)
 
 
 def _setting(tree: Any, dotted: str) -> Any:

@@ -15,6 +15,10 @@ from typing import Any, Literal, Optional, Union
 from rlprof.typed_config import bounds
 from rlprof.watchdog import WatchdogConfig
 
+TrainerMode = Literal["sync", "one_step_off", "fully_async"]
+"""Which trainer runs: ``main_ppo``'s (generation in the trainer's processes), or an asynchronous one with a
+rollout pool of its own (:mod:`rlprof_train.one_step_off_policy`, :mod:`rlprof_train.fully_async_main`)."""
+
 KLType = Literal["kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 Dtype = Literal["float32", "bfloat16"]
@@ -653,14 +657,44 @@ class TrainerSection:
 
 @dataclass
 class RolloutPoolConfig:
-    """The rollout's own pool of processes (verl's top-level ``rollout`` block of its one-step-off trainer): the last
-    ``nnodes * n_gpus_per_node`` processes of the launch generate, the others train (:mod:`rlprof_train.pools`)."""
+    """The rollout's own pool of processes (verl's top-level ``rollout`` block of its asynchronous trainers): the
+    last ``nnodes * n_gpus_per_node`` processes of the launch generate, the others train (:mod:`rlprof_train.pools`)."""
 
     nnodes: int = field(default=1, metadata=bounds(ge=1))
     """Nodes of the rollout pool (as ``trainer.nnodes``: the launch's nodes)."""
     n_gpus_per_node: int = field(default=0, metadata=bounds(ge=0))
     """Rollout processes on each node (0: no pool of its own, the ``main_ppo`` trainer's generation in its own
-    processes; the one-step-off trainer needs at least 1)."""
+    processes; the asynchronous trainers need at least 1)."""
+    total_rollout_steps: Optional[int] = field(default=None, metadata=bounds(ge=1))
+    """The fully-async trainer: prompts the run generates for, over all epochs (verl's name; its samples are prompt
+    groups); null: ``trainer.total_epochs`` of the training set."""
+
+
+@dataclass
+class AsyncTrainingConfig:
+    """The fully-async trainer's pipeline (verl's ``async_training`` block; :mod:`rlprof_train.fully_async_main`).
+
+    A local update takes ``required = actor.ppo_mini_batch_size * require_batches`` prompt groups from the queue;
+    every ``trigger_parameter_sync_step`` local updates the weights go to the rollout pool (one parameter version,
+    one logged step). The rollout pool samples ahead of the trainer by at most
+    ``max_required = required * (1 + staleness_threshold) * trigger_parameter_sync_step`` groups not yet trained on,
+    which also bounds the queue (verl's ``max_queue_size``)."""
+
+    staleness_threshold: float = field(default=0.1, metadata=bounds(ge=0))
+    """How far past one sync's samples the rollout may sample ahead, as a fraction of them."""
+    trigger_parameter_sync_step: int = field(default=4, metadata=bounds(ge=1))
+    """Local updates between two weight syncs."""
+    require_batches: int = field(default=1, metadata=bounds(ge=1))
+    """PPO mini-batches of prompt groups each local update takes from the queue."""
+    partial_rollout: bool = True
+    """Samples in flight at a weight sync pause for it and go on with the new weights (each trajectory records the
+    first and last versions its tokens were drawn under); false: the sync waits for the group in flight, which
+    finishes on the weights it started with. Here a rollout process samples its group in flight
+    ``partial_rollout_segment`` tokens at a time and looks for a sync between two segments (continuing backends, one
+    turn)."""
+    partial_rollout_segment: int = field(default=32, metadata=bounds(ge=1))
+    """rlprof's: with partial rollouts, the tokens a rollout process samples of its group in flight before it looks
+    for a sync again (a sync waits at most one segment; each segment re-reads the trajectory's context)."""
 
 
 @dataclass
@@ -675,7 +709,9 @@ class TrainerConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerSection = field(default_factory=TrainerSection)
     rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
-    """The one-step-off trainer's rollout pool."""
+    """The asynchronous trainers' rollout pool."""
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    """The fully-async trainer's pipeline."""
     global_profiler: dict[str, Any] = field(default_factory=dict)
     """rlprof's global block; checked by ``rlprof.config.load_config``."""
 

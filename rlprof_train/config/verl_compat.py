@@ -94,13 +94,24 @@ ENTROPY_COMPILE = (
 RAY = "a Ray placement detail; processes are started by torchrun or the deepspeed launcher here"
 IO = "verl's own I/O; nothing to do here"
 ASYNC_TRAINING = (
-    "a rollout pool apart from the trainer's is verl's one-step-off and fully-async trainers': the one-step-off one "
-    "is python -m rlprof_train.one_step_off_policy (with rollout.nnodes, rollout.n_gpus_per_node and "
-    f"{ARR}.hybrid_engine), the fully-async one (async_training.*, rollout.*) is not built here yet; leave them out "
-    "for the synchronous form"
+    "a rollout pool apart from the trainer's is verl's one-step-off and fully-async trainers': python -m "
+    "rlprof_train.one_step_off_policy (with rollout.nnodes, rollout.n_gpus_per_node and "
+    f"{ARR}.hybrid_engine) and python -m rlprof_train.fully_async_main (those, rollout.total_rollout_steps and "
+    "async_training.*); leave them out for the synchronous form"
 )
 POOL_KEYS = frozenset({"rollout.nnodes", "rollout.n_gpus_per_node", f"{ARR}.hybrid_engine"})
-"""The one-step-off trainer's keys (its rollout pool): refused by ``main_ppo`` as verl's asynchronous keys."""
+"""The asynchronous trainers' keys (their rollout pool): refused by ``main_ppo`` as verl's asynchronous keys."""
+FULLY_ASYNC_KEYS = frozenset(
+    {
+        "rollout.total_rollout_steps",
+        "async_training.staleness_threshold",
+        "async_training.trigger_parameter_sync_step",
+        "async_training.require_batches",
+        "async_training.partial_rollout",
+        "async_training.partial_rollout_segment",
+    }
+)
+"""The fully-async trainer's own keys: refused by the others."""
 RELOCATED = (
     "the rollout engine's traces are written under global_profiler.save_path already (vllm_torch/rank{R}/) and listed "
     "in its manifest"
@@ -199,6 +210,10 @@ RULES: list[tuple[str, Rule]] = [
     ("critic.checkpoint.*", NoOp("checkpoints always hold the model, optimizer and trainer state here")),
     (f"{ARR}.hybrid_engine", Refused(ASYNC_TRAINING, accepted=(True,))),
     ("rollout.*", Refused(ASYNC_TRAINING)),
+    (
+        "async_training.use_trainer_do_validate",
+        NoOp("validation goes through the rollout pool, called by the trainer pool, whichever is set"),
+    ),
     ("async_training.*", Refused(ASYNC_TRAINING)),
     (f"{ARR}.nccl_timeout", NoOp("see trainer settings for timeouts")),
     (f"{ARR}.model.use_shm", NoOp("the model loads from its directory")),

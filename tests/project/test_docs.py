@@ -122,8 +122,11 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
     checked = "tests/rlprof_train/test_verl_scripts.py::test_todays_verl_script_checked_above_also_runs_two_steps"
     assert collected("long", "tests") == {
         "tests/rlprof_train/test_lora.py::test_lora_learns_the_arithmetic_task",
-        "tests/rlprof_train/test_one_step_off.py::test_one_step_off_learns_as_the_synchronous_trainer_within_the_run_"
-        "to_run_spread",
+        *(
+            "tests/rlprof_train/test_one_step_off.py::test_an_async_trainer_learns_as_the_synchronous_trainer_within_"
+            f"the_run_to_run_spread[{trainer}]"
+            for trainer in ("one-step-off", "fully-async")
+        ),
         "tests/rlprof_train/test_tune.py::test_vllms_knobs_are_searched_with_the_vllm_rollout",
         "tests/rlprof_train/test_vllm.py::test_verls_rollout_prometheus_keys_put_vllms_series_and_every_dashboard_query_"
         "in_a_real_server",
@@ -141,5 +144,7 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
             for name in DAPO_LONG
         ),
         "tests/rlprof_train/test_verl_dapo_scripts.py::test_verls_one_step_off_dapo_script_trains_two_steps_with_a_"
+        "trainer_and_a_vllm_rollout_process",
+        "tests/rlprof_train/test_verl_dapo_scripts.py::test_verls_fully_async_dapo_script_trains_two_steps_with_a_"
         "trainer_and_a_vllm_rollout_process",
     }

@@ -78,11 +78,16 @@ os.execv(sys.executable, [sys.executable, "-m", "rlprof_train.main_ppo", *out, *
 """
 POOL_FORM = """
 import os, sys
-# the one-step-off form of a verl script's command, by the rule docs/trainer.md gives: python3 -m
-# verl.experimental.one_step_off_policy.main_ppo becomes python -m rlprof_train.one_step_off_policy under torchrun
-# (the async trainer's --config flags left out, a user's moves added)
+# the asynchronous form of a verl script's command, by the rule docs/trainer.md gives: python3 -m
+# verl.experimental.one_step_off_policy.main_ppo becomes python -m rlprof_train.one_step_off_policy under torchrun,
+# verl.experimental.fully_async_policy.fully_async_main python -m rlprof_train.fully_async_main (the async trainer's
+# --config flags left out, a user's moves added)
+ours = {
+    "verl.experimental.one_step_off_policy.main_ppo": "rlprof_train.one_step_off_policy",
+    "verl.experimental.fully_async_policy.fully_async_main": "rlprof_train.fully_async_main",
+}
 args = sys.argv[1:]
-if len(args) < 2 or args[:2] != ["-m", "verl.experimental.one_step_off_policy.main_ppo"]:
+if len(args) < 2 or args[0] != "-m" or args[1] not in ours:
     os.execv(sys.executable, [sys.executable, *args])
 out, skip = [], False
 for arg in args[2:]:
@@ -96,7 +101,7 @@ with open(".verl_arguments", "w") as f:
     f.write("\\0".join(args[2:]))
 moves = open(os.environ["RLPROF_MOVES"]).read().split("\\0")
 launch = ["-m", "torch.distributed.run", "--nproc_per_node", os.environ["RLPROF_PROCESSES"]]
-launch += ["--master_port", os.environ["RLPROF_PORT"], "-m", "rlprof_train.one_step_off_policy"]
+launch += ["--master_port", os.environ["RLPROF_PORT"], "-m", ours[args[1]]]
 os.execv(sys.executable, [sys.executable, *launch, *out, *moves])
 """
 SHIM = """#!/bin/sh
@@ -173,13 +178,18 @@ def moves(root: Path) -> list[str]:
 
 
 def run(
-    name: str, root: Path, work: Path, record_only: bool = False, pools: tuple[int, int] | None = None
+    name: str,
+    root: Path,
+    work: Path,
+    record_only: bool = False,
+    pools: tuple[int, int] | None = None,
+    more: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
-    """The script run by bash in its synchronous form; ``pools``: in its one-step-off form, (trainer, rollout)
-    processes under torchrun."""
+    """The script run by bash in its synchronous form; ``pools``: in its asynchronous form, (trainer, rollout)
+    processes under torchrun; ``more``: the user's settings after the moves."""
     work.mkdir(parents=True)
     pool_moves = [f"trainer.n_gpus_per_node={pools[0]}", f"rollout.n_gpus_per_node={pools[1]}"] if pools else []
-    (work / ".moves").write_text("\0".join([*moves(root), *pool_moves]))
+    (work / ".moves").write_text("\0".join([*moves(root), *pool_moves, *more]))
     env = subprocess_env(
         PATH=f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}",
         RLPROF_PYTHON=sys.executable,
@@ -281,7 +291,9 @@ def logged_scalars(work: Path, keys: tuple[str, ...]) -> dict[str, list[tuple[in
     return {key: [(int(row["_step"]), float(row[key])) for row in history if key in row] for key in keys}
 
 
-def check_trained(name: str, result: subprocess.CompletedProcess, work: Path) -> None:
+def check_trained(name: str, result: subprocess.CompletedProcess, work: Path, streamed: bool = False) -> None:
+    """Trained 2 steps as the script says (its logger read back, the DAPO reward's overlong penalty, its model
+    override, its validation generations); ``streamed``: by the fully-async trainer (no generation rounds)."""
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     scalars = logged_scalars(work, ("critic/score/mean", "critic/score/min"))
@@ -298,7 +310,7 @@ def check_trained(name: str, result: subprocess.CompletedProcess, work: Path) ->
         assert {"input", "output", "score"} == set(logged[0]["samples"][0])
     else:
         assert generations == []
-    if "data.gen_batch_size=1" in arguments:  # the fully async scripts': a round a prompt
+    if "data.gen_batch_size=1" in arguments and not streamed:  # the fully async scripts': a round a prompt
         assert "step 1: 4 generation rounds for 4 prompt groups; 0 kept beyond them dropped" in output
     assert "verl settings with no effect here" in output and "critic.strategy (verl's engine for the critic" in output
     print(f"\n{name}: trained 2 steps; critic/score/mean {[round(v, 3) for _, v in scores]}")
@@ -338,3 +350,27 @@ def test_the_scripts_are_the_published_fsdp_dapo_scripts():
     shells = {f"verl_scripts_1dda039b/verl/experimental/{name}" for name in SCRIPTS}
     assert len(SCRIPTS) == 16 and shells <= set(listed)
     assert all("dapo" in name and "megatron" not in name for name in SCRIPTS) and set(REFUSED) <= set(SCRIPTS)
+
+
+FULLY_ASYNC = "fully_async_policy/shell/dapo_7b_math_fsdp2_4_4.sh"
+
+
+@pytest.mark.long
+def test_verls_fully_async_dapo_script_trains_two_steps_with_a_trainer_and_a_vllm_rollout_process(place, tmp_path):
+    """dapo_7b_math_fsdp2_4_4.sh as a verl user runs it here: the entry module replaced by the documented rule, its
+    own keys kept (staleness 0.1, a sync every 4 local updates of require_batches=4 mini-batches, partial rollouts,
+    51,200 rollout prompts), the embedded model and a user's moves, one process a pool: 2 steps, a vLLM engine in the
+    rollout process streaming groups while the trainer trains, no sample more than one version old."""
+    work = tmp_path / "work"
+    result = run(FULLY_ASYNC, place, work, pools=(1, 1))
+    check_trained(FULLY_ASYNC, result, work, streamed=True)
+    staleness = logged_scalars(work, ("training/off_policy/trajectory_staleness/max",))
+    assert [step for step, _ in staleness["training/off_policy/trajectory_staleness/max"]] == [1, 2]
+    assert all(value <= 1.0 for _, value in staleness["training/off_policy/trajectory_staleness/max"])
+    record = json.loads(next(work.rglob("run.json")).read_text())
+    assert record["processes"] == {"trainer": 1, "rollout": 1, "per_node": 2} and record["rollout"]["name"] == "vllm"
+    arguments = (work / ".verl_arguments").read_text().split("\0")
+    published = {"async_training.staleness_threshold=0.1", "async_training.trigger_parameter_sync_step=4"}
+    published |= {"async_training.require_batches=4", "async_training.partial_rollout=True"}
+    assert published | {"rollout.total_rollout_steps=51200"} <= set(arguments)
+    assert "data.train_batch_size=4: the fully-async trainer's local update takes" in result.stderr
