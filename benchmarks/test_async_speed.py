@@ -1,16 +1,20 @@
-"""The one-step-off trainer's steps per second against the synchronous trainer's on the same 2 cores, measured in
-one run, alternating the layouts.
+"""The asynchronous trainers' updates per second against the synchronous trainer's on the same 2 cores, measured
+in one run, alternating the layouts.
 
 Layouts (2 cores for each): synchronous in one process with two threads, synchronous in two processes of one
-thread (data parallel), and one-step-off, one process training and one generating (one thread each). The baseline
-is the faster synchronous layout of each repetition. Setups:
+thread (data parallel), one-step-off and fully async, one process training and one generating (one thread each).
+Every layout's update takes the same prompt groups (``data.train_batch_size``; the fully-async trainer's
+``ppo_mini_batch_size``, the same); the fully-async run is the issue's (staleness 0.5, a sync every 2 updates: its
+step is 2 updates, timed per update here). The baseline is the faster synchronous layout of each repetition.
+Setups:
 
 - ``generation-heavy``: the demo's GRPO on the embedded tiny model with random weights (no warm start: it does not
   stop early, so every response is ``data.max_response_length`` tokens long), 8 prompts x 4 responses of 48 tokens.
   Its one-process synchronous step spends 63-65% of its time generating (checked: at least 60%), near real runs' (72%
-  in verl #6747; the issue asks 65%). Stated targets: one-step-off at least 1.3x the synchronous steps per second;
-  its step at most 1.15x the longer of its generation (``timing_s/generate_async``) and the trainer's own work (the
-  step less its wait for the batch).
+  in verl #6747; the issue asks 65%). Stated targets, for each asynchronous trainer: at least 1.3x the synchronous
+  updates per second; its update at most 1.15x the longer of its generation and the trainer's own work (one-step-off:
+  ``timing_s/generate_async`` and the step less its wait for the batch; fully async: the rollouter's busy time
+  between two syncs and the step less its waits, per update).
 - ``demo``: the demo's own setup (update-bound on a CPU: generation about a sixth of its step): the ratio reported,
   no target (``rlprof report`` on the synchronous run says overlapping would gain little there).
 
@@ -42,7 +46,15 @@ SETUPS = {
     ),
     "demo": (),
 }
-LAYOUTS = ("sync, 1 process x 2 threads", "sync, 2 processes", "one-step-off, 1 + 1 processes")
+LAYOUTS = (
+    "sync, 1 process x 2 threads",
+    "sync, 2 processes",
+    "one-step-off, 1 + 1 processes",
+    "fully async, 1 + 1 processes",
+)
+ASYNC = LAYOUTS[2:]
+FULLY_ASYNC = ("async_training.staleness_threshold=0.5", "async_training.trigger_parameter_sync_step=2")
+UPDATES_PER_STEP = {LAYOUTS[3]: 2}
 
 
 def run(folder: Path, layout: str, model: Path | None, *overrides: str) -> dict[str, float]:
@@ -56,55 +68,87 @@ def run(folder: Path, layout: str, model: Path | None, *overrides: str) -> dict[
         LAYOUTS[0]: ("main_ppo", 1, 2, ()),
         LAYOUTS[1]: ("main_ppo", 2, 1, ()),
         LAYOUTS[2]: ("one_step_off_policy", 2, 1, ("rollout.n_gpus_per_node=1",)),
+        LAYOUTS[3]: ("fully_async_main", 2, 1, ("rollout.n_gpus_per_node=1", *FULLY_ASYNC)),
     }[layout]
-    return train(folder, module, processes, threads, STEPS, *common, *extra)
+    per_step = UPDATES_PER_STEP.get(layout, 1)
+    medians = train(folder, module, processes, threads, STEPS // per_step, *common, *extra)
+    return {key: value / per_step for key, value in medians.items()}  # per update
 
 
-def measure(setup: str, folder: Path, model: Optional[Path]) -> tuple[list[float], list[float], list[float], str]:
-    """REPETITIONS of the three layouts, alternating: each repetition's ratio to the faster synchronous layout,
-    overlap efficiency and one-process generation share, and their summary."""
-    ratios, efficiencies, shares = [], [], []
+def busy(measured: dict[str, float]) -> float:
+    """The rollout pool's busy time per update: its sampling (one-step-off) or its time between syncs less its
+    waits (fully async)."""
+    return measured.get("fully_async/rollouter/active_time", measured.get("timing_s/generate_async", 0.0))
+
+
+Figures = dict[str, tuple[list[float], list[float]]]
+"""Each asynchronous layout's ratios to the faster synchronous layout and overlap efficiencies, a repetition each."""
+
+
+def measure(setup: str, folder: Path, model: Optional[Path]) -> tuple[Figures, list[float], str]:
+    """REPETITIONS of the layouts, alternating: each asynchronous layout's ratio to the faster synchronous layout and
+    overlap efficiency, the one-process generation share, a repetition each, and their summary."""
+    figures: Figures = {layout: ([], []) for layout in ASYNC}
+    shares = []
     for repetition in range(REPETITIONS):
         order = LAYOUTS if repetition % 2 == 0 else LAYOUTS[::-1]  # alternating: drift hits both sides alike
         measured = {
             layout: run(folder / f"{repetition}-{i}", layout, model, *SETUPS[setup]) for i, layout in enumerate(order)
         }
         synchronous = min((measured[layout] for layout in LAYOUTS[:2]), key=lambda m: m["timing_s/step"])
-        overlapped = measured[LAYOUTS[2]]
-        ratios.append(synchronous["timing_s/step"] / overlapped["timing_s/step"])
-        own_work = overlapped["timing_s/step"] - overlapped["timing_s/gen"]  # the trainer's, less its wait
-        efficiencies.append(overlapped["timing_s/step"] / max(overlapped["timing_s/generate_async"], own_work))
+        for layout in ASYNC:
+            overlapped = measured[layout]
+            own_work = overlapped["timing_s/step"] - overlapped["timing_s/gen"]  # the trainer's, less its waits
+            figures[layout][0].append(synchronous["timing_s/step"] / overlapped["timing_s/step"])
+            figures[layout][1].append(overlapped["timing_s/step"] / max(busy(overlapped), own_work))
         one_process = measured[LAYOUTS[0]]  # the synchronous trainer as most run it: what the setup is
         shares.append(one_process["timing_s/gen"] / one_process["timing_s/step"])
         print(
             f"\n{setup} #{repetition + 1}: "
-            + "; ".join(f"{layout} {m['timing_s/step'] * 1e3:.0f} ms" for layout, m in measured.items())
-            + f" -> {ratios[-1]:.2f}x, overlap efficiency {efficiencies[-1]:.2f}, generation {shares[-1]:.0%} of the "
-            "one-process synchronous step"
+            + "; ".join(f"{layout} {m['timing_s/step'] * 1e3:.0f} ms an update" for layout, m in measured.items())
+            + "".join(
+                f" -> {layout.split(',')[0]} {ratios[-1]:.2f}x, overlap efficiency {efficiencies[-1]:.2f}"
+                for layout, (ratios, efficiencies) in figures.items()
+            )
+            + f"; generation {shares[-1]:.0%} of the one-process synchronous step"
         )
     summary = (
-        f"{setup}: one-step-off {statistics.median(ratios):.2f}x the faster synchronous layout's steps per second "
-        f"(median of {REPETITIONS}, {min(ratios):.2f}-{max(ratios):.2f}x); its step "
-        f"{statistics.median(efficiencies):.2f}x the longer of generation and the trainer's own work "
-        f"({min(efficiencies):.2f}-{max(efficiencies):.2f}); generation {statistics.median(shares):.0%} of the "
-        "one-process synchronous step"
+        f"{setup}: "
+        + "; ".join(
+            f"{layout.split(',')[0]} {statistics.median(ratios):.2f}x the faster synchronous layout's updates per "
+            f"second (median of {REPETITIONS}, {min(ratios):.2f}-{max(ratios):.2f}x), its update "
+            f"{statistics.median(efficiencies):.2f}x the longer of generation and the trainer's own work "
+            f"({min(efficiencies):.2f}-{max(efficiencies):.2f})"
+            for layout, (ratios, efficiencies) in figures.items()
+        )
+        + f"; generation {statistics.median(shares):.0%} of the one-process synchronous step"
     )
     print(summary)
-    return ratios, efficiencies, shares, summary
+    return figures, shares, summary
+
+
+def met(figures: Figures) -> bool:
+    return all(
+        statistics.median(ratios) >= 1.3 and statistics.median(efficiencies) <= 1.15
+        for ratios, efficiencies in figures.values()
+    )
 
 
 @pytest.mark.parametrize("setup", sorted(SETUPS))
-def test_one_step_off_against_the_faster_synchronous_layout_on_two_cores(setup, tmp_path, speed_target):
+def test_the_async_trainers_against_the_faster_synchronous_layout_on_two_cores(setup, tmp_path, speed_target):
     model = None
     if setup == "generation-heavy":
         model = tmp_path / "random_model"
         create_tiny_model(model, sft_steps=0)
     for attempt in range(1, ATTEMPTS + 1):  # a miss on a noisy machine is measured again, the bound kept
-        ratios, efficiencies, shares, summary = measure(setup, tmp_path / f"attempt{attempt}", model)
-        met = statistics.median(ratios) >= 1.3 and statistics.median(efficiencies) <= 1.15
-        if setup != "generation-heavy" or met:
+        figures, shares, summary = measure(setup, tmp_path / f"attempt{attempt}", model)
+        if setup != "generation-heavy" or met(figures):
             break
     if setup == "generation-heavy":
         assert statistics.median(shares) >= 0.6, summary  # the setup is what it says
-        speed_target(statistics.median(ratios) >= 1.3, f"{summary}, attempt {attempt} (target >= 1.3x)")
-        speed_target(statistics.median(efficiencies) <= 1.15, f"{summary}, attempt {attempt} (target <= 1.15x)")
+        for layout, (ratios, efficiencies) in figures.items():
+            name = layout.split(",")[0]
+            speed_target(statistics.median(ratios) >= 1.3, f"{summary}, attempt {attempt} ({name}: target >= 1.3x)")
+            speed_target(
+                statistics.median(efficiencies) <= 1.15, f"{summary}, attempt {attempt} ({name}: target <= 1.15x)"
+            )

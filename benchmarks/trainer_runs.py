@@ -25,7 +25,8 @@ def free_port() -> int:
 def train(folder: Path, module: str, processes: int, threads: int, steps: int, *overrides: str) -> dict[str, float]:
     """``python -m rlprof_train.{module}`` on the demo config for ``steps`` steps (one process, or ``processes``
     under torchrun), ``threads`` OpenMP threads each, logs under ``folder``; the medians from step STEADY_FROM on of
-    the step, its wait for the batch and the rollout pool's sampling (those it logged)."""
+    the step, its wait for the batch, the rollout pool's sampling and the rollouter's busy time between two syncs
+    (those it logged)."""
     arguments = [
         "--config-name=demo",
         f"trainer.log_dir={folder / 'logs'}",
@@ -49,6 +50,6 @@ def train(folder: Path, module: str, processes: int, threads: int, steps: int, *
     steady = [r for r in rows if r["step"] >= STEADY_FROM]
     return {
         key: statistics.median(r[key] for r in steady)
-        for key in ("timing_s/step", "timing_s/gen", "timing_s/generate_async")
+        for key in ("timing_s/step", "timing_s/gen", "timing_s/generate_async", "fully_async/rollouter/active_time")
         if key in steady[0]
     }

@@ -136,14 +136,7 @@ class FullyAsyncTrainer(PPOTrainer):
         for key, value in self.pipeline.consumed(trajectories).items():
             workers.add(key, value, Reduce.LAST)  # every rank measured all the update's groups
         workers.add("timing_s/generate_async", max(group.seconds for group in taken), Reduce.MAX)
-        if self.estimator.needs_baseline:
-            prompts = [self.prompts.batch(group.position)[0] for group in mine]
-            with self._phase("gen_max", timing, role="rollout"):
-                batch.extras["reward_baselines"] = self.greedy_baselines(prompts)
-        with self._phase("reward", timing, role="reward"):
-            scores = self.reward.score(batch)
-            batch.token_level_scores = scores.token_level
-            workers.merge(scores.metrics)
+        self.score(batch, [self.prompts.batch(group.position)[0] for group in mine], timing, workers)
         return batch
 
     def _record(self, groups: list[Group]) -> None:

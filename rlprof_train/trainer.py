@@ -45,6 +45,7 @@ from rlprof_train.progress import Progress
 from rlprof_train.rollout_pool import PooledRollout
 from rlprof_train.step_reduction import StepFacts, step_metrics
 from rlprof_train.workers.engine import DistEnv
+from rlprof_train.workers.reward_worker import Scores
 from rlprof_train.workers.rollout import Rollout, SamplingParams
 
 
@@ -317,13 +318,7 @@ class PPOTrainer:
                 for key, value in window.items():  # the rollout pool's time since the last sync, ended by this one
                     workers.add(key, value, Reduce.LAST)
                 self.submit_round(self.step + 1)
-            if self.estimator.needs_baseline:
-                with self._phase("gen_max", timing, role="rollout"):
-                    batch.extras["reward_baselines"] = self.greedy_baselines(prompts)
-            with self._phase("reward", timing, role="reward"):
-                scores = self.reward.score(batch)
-                batch.token_level_scores = scores.token_level
-                workers.merge(scores.metrics)
+            scores = self.score(batch, prompts, timing, workers)
             rounds.keep(batch, filtering, scores.per_response, self.env.gather, len(round_prompts))
         if len(rounds.kept) == 1 and not filtering.enable:
             return rounds.kept[0].batch  # the usual step: one round, all of it
@@ -347,6 +342,20 @@ class PPOTrainer:
             f"{dropped}; {surplus} kept beyond them dropped"
         )
         return batch
+
+    def score(
+        self, batch: RolloutBatch, prompts: list[Example], timing: dict[str, float], workers: MetricAggregator
+    ) -> Scores:
+        """``batch``'s rewards (``token_level_scores``), after ReMax's greedy baselines of its ``prompts`` when the
+        estimator needs them."""
+        if self.estimator.needs_baseline:
+            with self._phase("gen_max", timing, role="rollout"):
+                batch.extras["reward_baselines"] = self.greedy_baselines(prompts)
+        with self._phase("reward", timing, role="reward"):
+            scores = self.reward.score(batch)
+            batch.token_level_scores = scores.token_level
+            workers.merge(scores.metrics)
+        return scores
 
     def submit_round(self, step: int) -> None:
         """One-step-off: step ``step``'s prompts to the rollout pool (none after the last step, or once the prompt

@@ -94,7 +94,7 @@ EOF
 # a GPU each), then against the synchronous trainer on the same GPUs.
 async_steps() {
   cat <<'EOF'
-150|the one-step-off trainer on the device: a trainer and a rollout process (sharing one GPU, or on one each), the torch tool on step 2: staleness, weight syncs, both pools' kernels|python3 -m pytest -m gpu tests/rlprof_train/test_one_step_off.py -k "pools_sharing" -p no:cacheprovider -q -rs --basetemp="$WORK/pytest"
+240|both asynchronous trainers on the device (one-step-off, fully async): a trainer and a rollout process (sharing one GPU, or on one each), the torch tool on step 2: staleness, weight syncs, both pools' kernels|python3 -m pytest -m gpu tests/rlprof_train/test_one_step_off.py -k "pools_sharing" -p no:cacheprovider -q -rs --basetemp="$WORK/pytest"
 380|one-step-off against the synchronous trainer on the same GPUs: 155M, 32 x 8, up to 64 new tokens, alternated pairs|python3 -m pytest -m gpu benchmarks/test_gpu.py -k "one_step_off" -p no:cacheprovider -q -s -rs --basetemp="$WORK/bench"; cat outputs/benchmarks/gpu_one_step_off.md
 EOF
 }

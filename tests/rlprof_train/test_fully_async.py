@@ -6,7 +6,6 @@ asynchronous trainers.)"""
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from rlprof_train.one_step_off_policy import main as one_step_off_main
 from rlprof_train.rollout_stream import Budget
 
 from conftest import ROOT, subprocess_env
-from test_one_step_off import one_step_off_command, overlap, rlprof_cli, sample_lives
+from test_one_step_off import one_step_off_command, recounted_figures, rlprof_cli, sample_lives
 
 
 def test_the_budget_is_verls_required_and_max_required_samples():
@@ -209,22 +208,8 @@ def recount(folder: Path, trainer_ranks: tuple[int, ...], rollout_rank0: int) ->
         consumed = [r for r in samples if r["step"] == step]
         assert all(generated[r["uid"]]["version"] == r["version"] for r in consumed)
         staleness = [r["consumed_version"] - r["version"] for r in consumed]
-        ratios = []
-        for rank in trainer_ranks:
-            (window,) = [r for r in records[rank] if r["event"] == "window" and r["step"] == step]
-            waits = [r for r in records[rank] if r["event"] == "wait"]
-            ratios.append(overlap(waits, window) / (window["ended"] - window["began"]))
         (rollouter,) = [r for r in records[rollout_rank0] if r["event"] == "window" and r["version"] == step]
-        rollouter_waits = [r for r in records[rollout_rank0] if r["event"] == "wait"]
-        version_time = rollouter["ended"] - rollouter["began"]
-        out[step] = {
-            "training/off_policy/trajectory_staleness/mean": statistics.fmean(staleness),
-            "training/off_policy/trajectory_staleness/max": max(staleness),
-            "training/off_policy/trajectory_staleness/min": min(staleness),
-            "fully_async/trainer/idle_ratio": statistics.fmean(ratios),
-            "fully_async/rollouter/version_time": version_time,
-            "fully_async/rollouter/idle_ratio": overlap(rollouter_waits, rollouter) / version_time,
-        }
+        out[step] = recounted_figures(records, trainer_ranks, rollout_rank0, step, staleness, rollouter)
     return out
 
 

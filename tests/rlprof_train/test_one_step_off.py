@@ -77,12 +77,17 @@ def test_a_one_gpu_machine_takes_a_trainer_and_a_rollout_process_and_not_two_of_
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_on_the_gpu_one_trains_while_one_generates_the_pools_sharing_a_gpu_or_on_their_own(tmp_path):
+@pytest.mark.parametrize("trainer", ["one-step-off", "fully-async"])
+def test_on_the_gpu_one_trains_while_one_generates_the_pools_sharing_a_gpu_or_on_their_own(tmp_path, trainer):
     """The real device (scripts/gpu_kit.sh run --part async): a trainer and a rollout process, on one GPU when the
     machine has one (they share it), on two otherwise; 3 steps with the torch tool on step 2 (cuda activities): the
-    staleness is verl's (0, then 1), the weights cross each step, and both pools' traces hold kernels of their GPU."""
+    staleness is verl's (one-step-off: 0, then 1; fully async, a sync every update, staleness 1: 0, then at most 1),
+    the weights cross each step, and both pools' traces hold kernels of their GPU."""
+    module, *settings = ASYNC_TRAINERS[trainer]
     command = one_step_off_command(
         tmp_path,
+        *settings,
+        *(("async_training.staleness_threshold=1",) if trainer == "fully-async" else ()),
         "rollout.n_gpus_per_node=1",
         "trainer.device=cuda",
         "trainer.total_training_steps=3",
@@ -92,11 +97,16 @@ def test_on_the_gpu_one_trains_while_one_generates_the_pools_sharing_a_gpu_or_on
         f"global_profiler.save_path={tmp_path / 'profile'}",
         "actor_rollout_ref.rollout.profiler.all_ranks=true",
         processes=2,
+        module=module,
     )
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     steps = {r["step"]: r for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl")}
-    assert [steps[s]["training/off_policy/trajectory_staleness/max"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    staleness = [steps[s]["training/off_policy/trajectory_staleness/max"] for s in (1, 2, 3)]
+    if trainer == "one-step-off":
+        assert staleness == [0.0, 1.0, 1.0]
+    else:
+        assert staleness[0] == 0.0 and max(staleness) <= 1.0
     assert all(steps[s]["timing_s/sync_rollout_weights"] > 0 for s in (2, 3))
     kernels = {}
     for trace in sorted((tmp_path / "profile").rglob("rank*.pt.trace.json*")):  # one a process of either pool
@@ -350,11 +360,6 @@ def recount(folder: Path, trainer_ranks: tuple[int, ...], rollout_rank0: int) ->
         consumed = [r for r in samples if r["step"] == step]
         assert sum(g["rows"] for g in generated if g["step"] == step) == len(consumed)  # one rollout process here
         staleness = [r["consumed_version"] - r["version"] for r in consumed]
-        ratios = []
-        for rank in trainer_ranks:
-            (window,) = [r for r in records[rank] if r["event"] == "window" and r["step"] == step]
-            waits = [r for r in records[rank] if r["event"] == "wait"]
-            ratios.append(overlap(waits, window) / (window["ended"] - window["began"]))
         (sampling,) = [g for g in generated if g["step"] == step]
         assert {r["version"] for r in consumed} == {sampling["version"]}
         (step_window,) = [r for r in records[trainer_ranks[0]] if r["event"] == "window" and r["step"] == step]
@@ -363,17 +368,36 @@ def recount(folder: Path, trainer_ranks: tuple[int, ...], rollout_rank0: int) ->
             for r in records[rollout_rank0]
             if r["event"] == "window" and step_window["began"] < r["ended"] < step_window["ended"]
         ]
-        rollouter_waits = [r for r in records[rollout_rank0] if r["event"] == "wait"]
-        version_time = rollouter["ended"] - rollouter["began"]
-        out[step] = {
-            "training/off_policy/trajectory_staleness/mean": statistics.fmean(staleness),
-            "training/off_policy/trajectory_staleness/max": max(staleness),
-            "training/off_policy/trajectory_staleness/min": min(staleness),
-            "fully_async/trainer/idle_ratio": statistics.fmean(ratios),
-            "fully_async/rollouter/version_time": version_time,
-            "fully_async/rollouter/idle_ratio": overlap(rollouter_waits, rollouter) / version_time,
-        }
+        out[step] = recounted_figures(records, trainer_ranks, rollout_rank0, step, staleness, rollouter)
     return out
+
+
+def recounted_figures(
+    records: dict[int, list[dict]],
+    trainer_ranks: tuple[int, ...],
+    rollout_rank0: int,
+    step: int,
+    staleness: list[int],
+    rollouter: dict,
+) -> dict[str, float]:
+    """A step's staleness spread over ``staleness`` (each trajectory it consumed), the trainer's idle ratio (each
+    trainer rank's waits inside its step's window over the window, their mean over the ranks) and the rollouter's
+    (rollout rank 0's waits inside ``rollouter``, its window that the step's weight sync ended, over that window)."""
+    ratios = []
+    for rank in trainer_ranks:
+        (window,) = [r for r in records[rank] if r["event"] == "window" and r["step"] == step]
+        waits = [r for r in records[rank] if r["event"] == "wait"]
+        ratios.append(overlap(waits, window) / (window["ended"] - window["began"]))
+    rollouter_waits = [r for r in records[rollout_rank0] if r["event"] == "wait"]
+    version_time = rollouter["ended"] - rollouter["began"]
+    return {
+        "training/off_policy/trajectory_staleness/mean": statistics.fmean(staleness),
+        "training/off_policy/trajectory_staleness/max": max(staleness),
+        "training/off_policy/trajectory_staleness/min": min(staleness),
+        "fully_async/trainer/idle_ratio": statistics.fmean(ratios),
+        "fully_async/rollouter/version_time": version_time,
+        "fully_async/rollouter/idle_ratio": overlap(rollouter_waits, rollouter) / version_time,
+    }
 
 
 SAME = (*SMALL_RUN, "trainer.total_training_steps=6", "algorithm.rollout_correction.bypass_mode=true")
