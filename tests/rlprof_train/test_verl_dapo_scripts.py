@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,7 @@ from conftest import ROOT, free_port, subprocess_env
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="the scripts' rollout is vLLM")
 
 SHELL = ROOT / "tests" / "data" / "verl_scripts_1dda039b" / "verl" / "experimental"
-SCRIPTS = sorted(str(p.relative_to(SHELL)) for p in SHELL.glob("*/shell/dapo_*.sh"))
+SCRIPTS = sorted(str(p.relative_to(SHELL)) for p in SHELL.glob("*/shell/dapo_*.sh") if "megatron" not in p.name)
 ONE_STEP_OFF = "one_step_off_policy/shell/dapo_7b_math_fsdp2_4_12.sh"
 IN_CI = (ONE_STEP_OFF, "fully_async_policy/shell/dapo_7b_math_fsdp2_4_4.sh")
 """Trained 2 steps in their synchronous form in the test command (each start of vLLM costs about half a minute); the
@@ -60,6 +61,8 @@ SYNC_FORM = f"""
 import os, sys
 # the synchronous form of a verl DAPO script's command: its asynchronous keys left out, a user's moves added
 args, out, skip = sys.argv[1:], [], False
+while args[:1] == ["-X"]:  # interpreter options (python3 -X faulthandler -m ...)
+    args = args[2:]
 if len(args) < 2 or args[0] != "-m" or args[1] not in {ENTRY_MODULES!r}:
     os.execv(sys.executable, [sys.executable, *args])
 for arg in args[2:]:
@@ -71,6 +74,8 @@ for arg in args[2:]:
         out.append(arg)
 with open(".verl_arguments", "w") as f:
     f.write("\\0".join(args[2:]))
+with open(".verl_entry", "w") as f:
+    f.write(args[1])
 moves = open(os.environ["RLPROF_MOVES"]).read().split("\\0")
 if os.environ.get("RLPROF_RECORD_ONLY"):
     sys.exit(0)
@@ -374,3 +379,64 @@ def test_verls_fully_async_dapo_script_trains_two_steps_with_a_trainer_and_a_vll
     published |= {"async_training.require_batches=4", "async_training.partial_rollout=True"}
     assert published | {"rollout.total_rollout_steps=51200"} <= set(arguments)
     assert "data.train_batch_size=4: the fully-async trainer's local update takes" in result.stderr
+
+
+OTHERS = sorted(
+    str(p.relative_to(SHELL))
+    for p in SHELL.glob("*/shell/*.sh")
+    if str(p.relative_to(SHELL)) not in SCRIPTS and p.name != "grpo_0.6b_gsm8k_fsdp2_2_6.sh"
+)
+"""The two folders' other scripts (Megatron, Qwen-VL on geo3k, NPU, TensorRT-LLM, SGLang, GSM8K; verl 1dda039b):
+their keys are checked here, none of them trains (their one-step-off GRPO sibling does: test_verl_scripts.py)."""
+MODES = {
+    "verl.experimental.one_step_off_policy.main_ppo": "one_step_off",
+    "verl.experimental.fully_async_policy.fully_async_main": "fully_async",
+    "verl.trainer.main_ppo": "sync",
+}
+"""Each entry module's trainer here (docs/trainer.md's rule)."""
+
+
+def test_every_key_of_the_async_folders_other_scripts_is_accepted_a_no_op_or_refused_by_name(
+    place, tmp_path, monkeypatch
+):
+    """Each of the other scripts run by bash as published (its environment knobs set, its command recorded), then its
+    keys loaded by the trainer its entry module becomes, launched as one process a pool (a user's moves): it loads
+    (every key applied or named as a no-op), or stops with one error whose every problem names a key the script sets.
+    Three are broken as published, said here: a blank line inside the command (the keys after it never reach
+    python), a ``tee`` into a log folder the script does not make, ``${True}`` under ``set -u`` (bash stops first)."""
+    moves_here = ["trainer.nnodes=1", "trainer.n_gpus_per_node=1", "rollout.nnodes=1", "rollout.n_gpus_per_node=1"]
+    outcomes = {}
+    for name in OTHERS:
+        work = tmp_path / name.replace("/", "_")
+        result = run(name, place, work, record_only=True)
+        if not (work / ".verl_entry").exists():  # bash stopped before its command: the script as published
+            (line,) = [line for line in result.stderr.splitlines() if "unbound variable" in line]
+            outcomes[name] = f"stops in bash before its command: {line.split(': ', 1)[1]}"
+            continue
+        broken = [  # the script's own shell failing after its command (a blank line in it, its log folder absent)
+            line for line in result.stderr.splitlines() if "command not found" in line or line.startswith("tee: ")
+        ]
+        assert result.returncode == 0 or broken, (name, result.stderr[-3000:])
+        mode = MODES[(work / ".verl_entry").read_text()]
+        processes = "1" if mode == "sync" else "2"
+        launch = {"WORLD_SIZE": processes, "LOCAL_WORLD_SIZE": processes, "RANK": "0", "LOCAL_RANK": "0"}
+        for variable, value in launch.items():
+            monkeypatch.setenv(variable, value)
+        arguments = sync_arguments(work, keep_async=True)
+        here = [m for m in moves_here if mode != "sync" or not m.startswith("rollout.")]
+        keys = {a.split("=", 1)[0].lstrip("+") for a in [*arguments, *here] if "=" in a}
+        note = f" (as published: {broken[0].rsplit(': ', 2)[-2:]})" if broken else ""
+        try:
+            loaded = load([*arguments, *here], world_size=int(processes), mode=mode)
+        except ConfigError as exc:
+            message = str(exc)
+            assert "\n" not in message, (name, message)
+            problems = re.split(r"; \(\d+\) ", re.sub(r"^\d+ problems: \(1\) ", "", message))
+            named = [re.match(r"(?:unknown config key ')?\+?([\w.]+)", problem) for problem in problems]
+            assert all(m is not None and m.group(1) in keys for m in named), (name, message)
+            outcomes[name] = f"refused, {len(problems)} keys named: {message[:300]}...{note}"
+            continue
+        outcomes[name] = f"loads: {len(keys)} keys; {'; '.join(loaded.notes)[:300]}{note}"
+    for name, outcome in outcomes.items():
+        print(f"\n{name}: {outcome}")
+    assert len(outcomes) == len(OTHERS) == 17
