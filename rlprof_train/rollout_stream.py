@@ -1,5 +1,5 @@
-"""The fully-async trainer's rollout pool: each rollout process samples prompt groups one after another into its
-queue while the trainer trains, and hands its queue over when the trainer pulls (:func:`serve_stream`); the trainer's
+"""The fully-async trainer's rollout pool: each rollout process samples prompt groups into its queue while the
+trainer trains, and hands its queue over when the trainer pulls (:func:`serve_stream`); the trainer's
 side is :class:`StreamedRollout`. Over the link between the pools (:mod:`rlprof_train.pools`).
 
 The protocol adds to the one-step-off one (:mod:`rlprof_train.rollout_pool`: ``Start``, ``Weights``, ``Generate``
@@ -8,13 +8,14 @@ for validation, ``Stop``):
     trainer rank 0 --orders--> rollout processes:  Feed (prompts to sample), Pull (hand your queue over)
     rollout processes --batches--> every trainer rank:  one Handed per Pull
 
-A rollout process samples the prompts fed to it, a group at a time, and asks the link between two groups whether an
-order waits (:meth:`~rlprof_train.pools.Link.pending`): a sync or a pull waits at most for the group in flight, which
-finishes on the weights it started with (verl's ``partial_rollout=False``). The stream's position ``p`` (1-based) is
-sampled by rollout process ``(p - 1) % R``. The trainer feeds the stream up to ``consumed + max_required`` positions
-(:class:`Budget`): the rollout pool runs ahead of the updates by at most ``max_required`` groups, as verl's
-rollouter pauses once ``staleness_samples`` reaches ``max_required_samples`` (the groups sampled since a sync plus
-those queued at it), and its queue, bounded by the same number, holds no more.
+A rollout process samples the prompts fed to it, up to ``concurrent_samples_per_replica`` groups at once (verl's
+requests in flight per replica), and asks the link between two samplings whether an order waits
+(:meth:`~rlprof_train.pools.Link.pending`): a sync or a pull waits for the groups in flight, which finish on the
+weights they started with (``partial_rollout=False``), or for their current segment (partial rollouts). The
+stream's position ``p`` (1-based) is sampled by rollout process ``(p - 1) % R``. The trainer feeds the stream up to
+``consumed + max_required`` positions (:class:`Budget`): the rollout pool runs ahead of the updates by at most
+``max_required`` groups, as verl's rollouter pauses once ``staleness_samples`` reaches ``max_required_samples`` (the
+groups sampled since a sync plus those queued at it), and its queue, bounded by the same number, holds no more.
 """
 
 from __future__ import annotations
@@ -136,7 +137,9 @@ class Stream:
         self.process, self.link, self.pool = process, process.link, process.pool
         pipeline = cfg.async_training
         self.segment = pipeline.partial_rollout_segment if pipeline.partial_rollout else None
-        """Partial rollouts: tokens of the group in flight sampled between two looks for an order."""
+        """Partial rollouts: tokens of the groups in flight sampled between two looks for an order."""
+        self.concurrency = pipeline.concurrent_samples_per_replica
+        """Groups sampled at once (one batched call)."""
         self.todo: deque[tuple[int, Example]] = deque()
         self.queue: list[Group] = []
         self.sampling: Optional[SamplingParams] = None
@@ -147,8 +150,8 @@ class Stream:
         try:
             while True:
                 if self.todo and not self.link.pending():
-                    group = self.sample(*self.todo.popleft())  # a pull taken meanwhile replaces the queue
-                    self.queue.append(group)
+                    groups = self.sample_next()  # a pull taken meanwhile replaces the queue
+                    self.queue += groups
                     continue
                 reason = "staleness" if not self.todo else "orders"  # nothing fed left: the budget holds it
                 if not self.take(self.receive(reason)):
@@ -176,7 +179,7 @@ class Stream:
             self.beside.enter_context(rlprof.step(process.version + 1))
         elif isinstance(order, Pull):
             if not self.queue and self.todo and not self.in_flight:  # every pull gets a group from a process
-                self.queue = [self.sample(*self.todo.popleft())]  # that has one to sample
+                self.queue = self.sample_next()  # that has one to sample
             handing = f"handed over its queue for step {order.step}"
             with pool_lost(handing, process.trainer), process.meter.waiting("handover"):
                 self.link.exchange(Handed(self.pool.rank, self.queue))
@@ -187,62 +190,74 @@ class Stream:
             raise RuntimeError(f"unknown order from the trainer: {order!r}")
         return True
 
-    def sample(self, position: int, prompt: Example) -> Group:
-        """Prompt ``position`` of the stream, its group sampled on the host (groups cross over gloo) and recorded."""
+    def sample_next(self) -> list[Group]:
+        """The next groups fed to this process, up to ``concurrent_samples_per_replica`` sampled at once."""
+        return self.sample([self.todo.popleft() for _ in range(min(self.concurrency, len(self.todo)))])
+
+    def sample(self, fed: list[tuple[int, Example]]) -> list[Group]:
+        """The groups of the stream's prompts ``fed`` (position, prompt), sampled together on the host (groups cross
+        over gloo), each recorded."""
         process, sampling = self.process, self.sampling
         assert sampling is not None, "a Feed says how to sample"
         process.seed_sampling()
-        prompt = _at(prompt, position)
+        prompts = [_at(prompt, position) for position, prompt in fed]
         first = process.version
         self.in_flight = True
         with rlprof.profile_range("generate_async", role="rollout"):
             began = time.monotonic()
             if self.segment is None:
-                batch = process.rollout.generate([prompt], sampling)
+                batch = process.rollout.generate(prompts, sampling)
                 versions = [(first, first)] * batch.size
             else:
-                batch, versions = self.sample_in_segments(prompt, sampling, self.segment)
+                batch, versions = self.sample_in_segments(prompts, sampling, self.segment)
             batch = batch.to(torch.device("cpu"))
             ended = time.monotonic()
         self.in_flight = False
-        process.meter.finished()  # one sample (verl's unit: a prompt group)
-        last = max(v for _, v in versions)
-        process.records.write(
-            {
-                "event": "generate",
-                "uid": position,
-                "step": last + 1,
-                "version": last,
-                "first_version": first,
-                "rows": batch.size,
-                "began": began,
-                "ended": ended,
-            }
-        )
-        return Group(position, batch, versions, self.pool.rank, ended - began)
+        process.meter.finished(len(prompts))  # samples: verl's unit, a prompt group each
+        groups = []
+        for i, prompt in enumerate(prompts):
+            rows = list(range(i * sampling.n, (i + 1) * sampling.n))
+            mine = [versions[row] for row in rows]
+            last = max(v for _, v in mine)
+            process.records.write(
+                {
+                    "event": "generate",
+                    "uid": prompt.index,
+                    "step": last + 1,
+                    "version": last,
+                    "first_version": first,
+                    "rows": sampling.n,
+                    "began": began,
+                    "ended": ended,
+                }
+            )
+            groups.append(Group(prompt.index, batch.select(rows), mine, self.pool.rank, ended - began))
+        return groups
 
     def sample_in_segments(
-        self, prompt: Example, sampling: SamplingParams, segment: int
+        self, prompts: list[Example], sampling: SamplingParams, segment: int
     ) -> tuple[RolloutBatch, list[tuple[int, int]]]:
-        """verl's partial rollout: the group's trajectories sampled ``segment`` tokens at a time, each continued from
+        """verl's partial rollout: the groups' trajectories sampled ``segment`` tokens at a time, each continued from
         its context so far; between two segments the orders waiting are taken, a weight sync among them, so the
-        group pauses for it and goes on with the new weights (each trajectory's versions recorded)."""
+        groups pause for it and go on with the new weights (each trajectory's versions recorded)."""
         rollout, process = self.process.rollout, self.process
         assert isinstance(rollout, ContinuingRollout), "the preflight allows partial rollouts on continuing backends"
         eos = process.tokenizer.eos_token_id
-        tokens: list[list[int]] = [[] for _ in range(sampling.n)]
-        log_probs: list[list[float]] = [[] for _ in range(sampling.n)]
+        count = len(prompts) * sampling.n
+        tokens: list[list[int]] = [[] for _ in range(count)]
+        log_probs: list[list[float]] = [[] for _ in range(count)]
         first = process.version
-        last = [first] * sampling.n
-        open_rows = list(range(sampling.n))
+        last = [first] * count
+        open_rows = list(range(count))
         started = False
         while open_rows:
             budgets = [min(segment, sampling.response_length - len(tokens[row])) for row in open_rows]
-            if not started:  # the first segment: n continuations of the prompt
-                sampled = rollout.complete([prompt.prompt_ids], sampling.n, budgets[:1], sampling).rows
+            if not started:  # the first segment: n continuations of each prompt
+                contexts = [prompt.prompt_ids for prompt in prompts]
+                sampled = rollout.complete(contexts, sampling.n, budgets[: len(prompts)], sampling).rows
                 started = True
             else:
-                contexts = [(*prompt.prompt_ids, *tokens[row]) for row in open_rows]
+                contexts = [(*prompts[row // sampling.n].prompt_ids, *tokens[row]) for row in open_rows]
                 sampled = rollout.complete(contexts, 1, budgets, sampling).rows
             still_open = []
             for row, budget, completion in zip(open_rows, budgets, sampled, strict=True):
@@ -253,22 +268,23 @@ class Stream:
                 if not ended and len(tokens[row]) < sampling.response_length:
                     still_open.append(row)
             open_rows = still_open
-            while open_rows and self.link.pending():  # the group pauses for the orders waiting (a sync among them)
+            while open_rows and self.link.pending():  # the groups pause for the orders waiting (a sync among them)
                 paused, version = time.monotonic(), process.version
                 if not self.take(self.receive("orders")):
                     raise _Stopped
                 if process.version != version:
-                    process.records.write(
-                        {
-                            "event": "pause",
-                            "uid": prompt.index,
-                            "version": process.version,
-                            "began": paused,
-                            "ended": time.monotonic(),
-                        }
-                    )
+                    for uid in sorted({prompts[row // sampling.n].index for row in open_rows}):
+                        process.records.write(
+                            {
+                                "event": "pause",
+                                "uid": uid,
+                                "version": process.version,
+                                "began": paused,
+                                "ended": time.monotonic(),
+                            }
+                        )
         rows = [Completion(t, lp or None) for t, lp in zip(tokens, log_probs, strict=True)]
-        batch = completions_batch([prompt], Completions(rows), sampling, process.tokenizer.pad_token_id, eos)
+        batch = completions_batch(prompts, Completions(rows), sampling, process.tokenizer.pad_token_id, eos)
         return batch, [(first, v) for v in last]
 
     def close(self) -> None:

@@ -689,9 +689,12 @@ class AsyncTrainingConfig:
     partial_rollout: bool = True
     """Samples in flight at a weight sync pause for it and go on with the new weights (each trajectory records the
     first and last versions its tokens were drawn under); false: the sync waits for the group in flight, which
-    finishes on the weights it started with. Here a rollout process samples its group in flight
+    finishes on the weights it started with. Here a rollout process samples its groups in flight
     ``partial_rollout_segment`` tokens at a time and looks for a sync between two segments (continuing backends, one
     turn)."""
+    concurrent_samples_per_replica: int = field(default=16, metadata=bounds(ge=1))
+    """Prompt groups a rollout process samples at once (one batched call: verl's requests in flight per replica),
+    at most those the budget lets it sample."""
     partial_rollout_segment: int = field(default=32, metadata=bounds(ge=1))
     """rlprof's: with partial rollouts, the tokens a rollout process samples of its group in flight before it looks
     for a sync again (a sync waits at most one segment; each segment re-reads the trajectory's context)."""

@@ -109,6 +109,7 @@ FULLY_ASYNC_KEYS = frozenset(
         "async_training.require_batches",
         "async_training.partial_rollout",
         "async_training.partial_rollout_segment",
+        "async_training.concurrent_samples_per_replica",
     }
 )
 """The fully-async trainer's own keys: refused by the others."""

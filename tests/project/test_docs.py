@@ -122,6 +122,12 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
     checked = "tests/rlprof_train/test_verl_scripts.py::test_todays_verl_script_checked_above_also_runs_two_steps"
     assert collected("long", "tests") == {
         "tests/rlprof_train/test_lora.py::test_lora_learns_the_arithmetic_task",
+        "tests/rlprof_train/test_lora.py::test_lora_checkpoint_holds_the_adapters_and_resumes_to_the_same_steps",
+        "tests/rlprof_train/test_trainer_e2e.py::test_gae_actor_critic_learns_the_arithmetic_task",
+        "tests/rlprof_train/test_fast_paths.py::test_the_rollouts_compile_is_timed_once_before_step_1_and_logged_with_it",
+        "tests/rlprof_train/test_tune.py::test_a_memory_limit_nothing_fits_under_is_reported_with_the_closest_trial",
+        "tests/rlprof_train/test_tune.py::test_a_crashing_trial_is_recorded_and_the_search_goes_on_with_two_processes_"
+        "per_trial",
         *(
             "tests/rlprof_train/test_one_step_off.py::test_an_async_trainer_learns_as_the_synchronous_trainer_within_"
             f"the_run_to_run_spread[{trainer}]"

@@ -68,7 +68,7 @@ def test_sixty_steps_with_the_fast_paths_learn_as_the_eager_paths_do_within_the_
         assert statistics.fmean(rewards[-20:]) >= statistics.fmean(rewards[:5]) + 0.1, rewards  # it learned
 
 
-@pytest.mark.slow
+@pytest.mark.long  # about a minute on 2 cores: the compiled decode itself is checked in the test command
 def test_the_rollouts_compile_is_timed_once_before_step_1_and_logged_with_it(tmp_path):
     """The fast paths for three steps: the compile is timed once, on its own (Trainer.warm_up, before step 1's
     window), logged with step 1 and named in the log once; an eager run logs no compile."""

@@ -128,7 +128,7 @@ def test_lora_learns_the_arithmetic_task(tmp_path):
     assert start <= 0.3 and plateau >= 0.5, windows
 
 
-@pytest.mark.slow
+@pytest.mark.long  # about a minute on 2 cores: kept out of the test command for its time (CI under 45 minutes)
 def test_lora_checkpoint_holds_the_adapters_and_resumes_to_the_same_steps(tmp_path):
     import shutil
 

@@ -84,6 +84,7 @@ def test_grpo_learns_the_arithmetic_task(tmp_path):
     assert val[-1]["val-core/rlprof/arithmetic/reward/mean@1"] > val[0]["val-core/rlprof/arithmetic/reward/mean@1"]
 
 
+@pytest.mark.long  # about a minute on 2 cores: GAE and the critic also run in the test command (the simulated device)
 def test_gae_actor_critic_learns_the_arithmetic_task(tmp_path):
     # docs/trainer.md's command: one response per prompt makes the curve noisier than GRPO's, so the plateau is the mean
     # of the last 100 steps; the page also states the low entropy from step 200 and the 25-step means after 125

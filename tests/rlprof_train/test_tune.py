@@ -142,7 +142,7 @@ def test_from_a_poor_base_tune_returns_a_verified_faster_configuration_with_the_
     assert (tmp_path / "tune" / "verify" / "base-1" / "logs" / "metrics.jsonl").exists()  # for rlprof compare
 
 
-@pytest.mark.slow
+@pytest.mark.long  # a search to its end, about a minute on 2 cores: tune's search runs in the test command
 def test_a_memory_limit_nothing_fits_under_is_reported_with_the_closest_trial(tmp_path):
     result, results = tune(
         tmp_path, "--config-name=demo", "tune.memory_limit_gb=0.2", "tune.budget_minutes=30", "tune.max_trials=2"
@@ -167,7 +167,7 @@ CRASH_WHEN_PACKED = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
+@pytest.mark.long  # two-process trials, about two minutes on 2 cores: kept out of the test command for its time
 def test_a_crashing_trial_is_recorded_and_the_search_goes_on_with_two_processes_per_trial(tmp_path):
     reward = tmp_path / "reward.py"
     reward.write_text(CRASH_WHEN_PACKED)
