@@ -8,7 +8,8 @@ trained together) from sampling to update: a slice per group named for its ``uid
 free at its start, holding three:
 
 - ``generating``: the rollout process's sampling of the batch (under weights ``version``); the fully-async
-  trainer's rollout processes sample a group at a time, each recorded with its ``uid``;
+  trainer's rollout processes record each group's sampling with its ``uid``, and with partial rollouts it is cut by
+  ``paused for a sync`` where the group waited for new weights;
 - ``queued``: from the end of that sampling until the trainer rank received the group (the end of its first wait
   for samples in the step's window that ended after the sampling; its last one, or the window's start when it did
   not wait, where none did);
@@ -227,11 +228,14 @@ def sample_lives(pipeline: Pipeline) -> list[SampleLife]:
     """Each prompt group consumed by a trainer rank, from its sampling to its update (see the module doc)."""
     rollouts = [p for p in pipeline.processes if p.side == "rollouter"]
     sampled: dict[tuple[int, Any], dict[str, Any]] = {}  # (rollout pool rank, step or group) -> its sampling
+    paused: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)  # a streamed group's pauses
     for pool_rank, process in enumerate(rollouts):  # launch ranks in order: the pool's ranks
         for event in process.events:
             if event.get("event") == "generate" and isinstance(event.get("step"), int):
                 # a batch's sampling by its step; a streamed group's by its uid (a resumed run's later one wins)
                 sampled[(pool_rank, f"uid {event['uid']}" if "uid" in event else event["step"])] = event
+            elif event.get("event") == "pause" and "uid" in event:
+                paused[(pool_rank, f"uid {event['uid']}")].append((event["began"], event["ended"]))
     lives = []
     for process in pipeline.processes:
         if process.side != "trainer":
@@ -255,11 +259,12 @@ def sample_lives(pipeline: Pipeline) -> list[SampleLife]:
             inside = [w["ended"] for w in waits if window["began"] <= w["ended"] <= window["ended"]]
             after = [ended for ended in inside if ended >= generated["ended"]]  # the wait that brought it in
             received = min(after) if after else max(inside, default=window["began"])
+            pauses = paused.get((rollout_rank, f"uid {uid}"), []) if isinstance(rollout_rank, int) else []
             lives.append(
                 SampleLife(
                     uid,
                     [
-                        ("generating", generated["began"], generated["ended"]),
+                        *_sampling(generated["began"], generated["ended"], pauses),
                         ("queued", generated["ended"], max(received, generated["ended"])),
                         ("training", max(received, generated["ended"]), window["ended"]),
                     ],
@@ -275,3 +280,13 @@ def sample_lives(pipeline: Pipeline) -> list[SampleLife]:
                 )
             )
     return sorted(lives, key=lambda life: life.phases[0][1])
+
+
+def _sampling(began: float, ended: float, pauses: list[tuple[float, float]]) -> list[tuple[str, float, float]]:
+    """``generating`` from ``began`` to ``ended``, cut by each pause for a weight sync inside it (partial
+    rollouts)."""
+    phases, start = [], began
+    for pause_began, pause_ended in sorted(p for p in pauses if began <= p[0] and p[1] <= ended):
+        phases += [("generating", start, pause_began), ("paused for a sync", pause_began, pause_ended)]
+        start = pause_ended
+    return [*phases, ("generating", start, ended)]

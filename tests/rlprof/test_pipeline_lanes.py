@@ -70,6 +70,40 @@ def test_each_process_and_prompt_is_drawn_on_one_clock(tmp_path, capsys):
     assert shown["missing"] == [] and shown["errors"] == "", shown
 
 
+def test_a_streamed_groups_pause_for_a_sync_cuts_its_sampling(tmp_path, capsys):
+    """A fully-async rollout process's group (uid 9) sampled from 105 to 109 on its clock, paused for new weights from
+    106 to 107 (a partial rollout), then taken by the trainer's wait that ends at 9.5 (its clock) in step 1's window
+    (4 to 10): generating, paused for a sync, generating, queued, training, one after the other."""
+    trainer_clock, rollout_clock = Clock(), Clock()
+    rollout_clock.now = 100.0
+    trainer = PipelineLog(tmp_path / "logs", 0, "trainer", clock=trainer_clock)
+    rollout = PipelineLog(tmp_path / "logs", 1, "rollouter", clock=rollout_clock)
+    rollout.write({"event": "pause", "uid": 9, "version": 1, "began": 106.0, "ended": 107.0})
+    generated = {"event": "generate", "uid": 9, "step": 2, "version": 1, "first_version": 0, "rows": 2}
+    rollout.write({**generated, "began": 105.0, "ended": 109.0})
+    trainer.write({"event": "wait", "side": "trainer", "reason": "samples", "began": 8.0, "ended": 9.5})
+    trainer.write({"event": "window", "side": "trainer", "began": 4.0, "ended": 10.0, "step": 1})
+    trainer.write({"event": "sample", "step": 1, "uid": 9, "version": 1, "consumed_version": 0, "rollout_rank": 0})
+    trainer.close()
+    rollout.close()
+    with Tracker("p", "pipeline", ["file"], log_dir=tmp_path / "logs") as tracker:  # what a run logs beside them
+        tracker.log({"timing_s/step": 6.0}, 1)
+    for path in (tmp_path / "logs" / "pipeline").glob("rank*.jsonl"):  # one wall-clock start for both
+        lines = path.read_text().splitlines()
+        path.write_text("\n".join([json.dumps(json.loads(lines[0]) | {"wall": 1_800_000_000.0}), *lines[1:]]) + "\n")
+    output = tmp_path / "timeline.json"
+    assert main(["timeline", str(tmp_path / "logs"), "-o", str(output)]) == 0
+    events = json.loads(output.read_text())["traceEvents"]
+    lanes = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    (life,) = sample_lives(events, next(pid for pid, name in lanes.items() if name == "sample lives"))
+    names = [name for name, _, _ in life["phases"]]
+    assert names == ["generating", "paused for a sync", "generating", "queued", "training"]
+    ends = [time for _, began, ended in life["phases"] for time in (began, ended)]
+    assert ends == sorted(ends)
+    spans = [round((ended - began) / 1e6, 3) for _, began, ended in life["phases"]]
+    assert spans == [1.0, 1.0, 2.0, 0.5, 0.5]
+
+
 def test_broken_lines_and_links_are_skipped_and_said(tmp_path, capsys):
     folder = written(tmp_path / "logs")
     with (folder / "rank0.jsonl").open("a") as handle:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -120,7 +121,8 @@ RUN = (
     "trainer.val_before_train=true",
     "trainer.test_freq=2",
     "actor_rollout_ref.actor.ppo_epochs=8",  # updates far longer than a group's sampling: the budget holds the rollout
-    "async_training.partial_rollout=false",  # a sync waits for the group in flight (below: partial rollouts)
+    "async_training.partial_rollout=false",  # a sync waits for the groups in flight (below: partial rollouts)
+    "async_training.concurrent_samples_per_replica=8",  # of the 12 groups fed first: 8 sampled at once, then 4
 )
 PER_STEP, MAX_REQUIRED = 8, 12
 
@@ -128,7 +130,8 @@ PER_STEP, MAX_REQUIRED = 8, 12
 @pytest.mark.slow
 def test_two_train_on_groups_streamed_within_the_staleness_budget_and_the_metrics_recount(tmp_path):
     """2 trainer + 1 rollout processes, 3 steps of 2 local updates on 4 groups each (2 responses), staleness 0.5,
-    no partial rollouts, validation before and at steps 2 and 3, the torch tool on step 2 in every process: every
+    no partial rollouts, at most 8 groups sampled at once, validation before and at steps 2 and 3, the torch tool on
+    step 2 in every process: the first 8 groups fed are sampled in one call; every
     stream position is trained on once; by each sync the rollout pool has sampled at most 12 groups past those
     trained on (verl's ``max_required_samples``), so no trajectory is more than one version old; the staleness and
     both idle ratios equal an independent count of the run's own pipeline records; every process records step 2."""
@@ -162,6 +165,9 @@ def test_two_train_on_groups_streamed_within_the_staleness_budget_and_the_metric
         assert steps[s]["fully_async/partial/partial_ratio"] == 0.0
         assert steps[s]["fully_async/count/dropped_stale_samples"] == 0.0  # the queue's bound is the budget's
     assert steps[1]["training/off_policy/trajectory_staleness/max"] == 0.0  # the first version's samples
+    sampled = [g for g in read_jsonl(folder / "rank2.jsonl") if g["event"] == "generate" and "uid" in g]
+    calls = Counter(g["began"] for g in sampled)  # the groups of one batched call share its times
+    assert max(calls.values()) == 8 and [g["uid"] for g in sampled][:8] == list(range(1, 9))
 
     recounted = recount(folder, trainer_ranks=(0, 1), rollout_rank0=2)
     for s in (1, 2, 3):
