@@ -160,14 +160,18 @@ class FullyAsyncTrainer(PPOTrainer):
 
     def after_update(self, step: int, timing: dict[str, float], workers: MetricAggregator) -> None:
         """After the step's last local update: the weights to the rollout pool (version ``updates_before(step +
-        1)``), its window's metrics, and the stream fed for the next version."""
+        1)``), its window's metrics, the groups its processes hold (pulled now: between two samplings, as they just
+        took the weights, they hand them over at once, where a pull during a sampling waits for it), and the stream
+        fed for the next version."""
         self.local += 1
         if self.local < self.budget.trigger:
             return
-        assert self.pooled is not None
+        assert isinstance(self.pooled, StreamedRollout)
         with self._phase("sync_rollout_weights", timing, role="rollout"):
             window = self.pooled.publish_weights(self.updates_before(step + 1))
         self.pipeline.synced()
         for key, value in window.items():  # the rollout pool's time since the last sync, ended by this one
             workers.add(key, value, Reduce.LAST)
+        with self._phase("gen", timing, role="rollout"), self.pipeline.waiting("samples"):  # what the rollout
+            self.pulled += self.pooled.pull(step + 1)  # processes hold, taken while they are between samplings
         self.submit_round(step + 1)

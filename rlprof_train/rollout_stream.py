@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -138,8 +139,12 @@ class Stream:
         pipeline = cfg.async_training
         self.segment = pipeline.partial_rollout_segment if pipeline.partial_rollout else None
         """Partial rollouts: tokens of the groups in flight sampled between two looks for an order."""
-        self.concurrency = pipeline.concurrent_samples_per_replica
-        """Groups sampled at once (one batched call)."""
+        share = math.ceil(
+            Budget.of(cfg.actor_rollout_ref.actor.ppo_mini_batch_size, pipeline).required / self.pool.size
+        )
+        self.concurrency = min(pipeline.concurrent_samples_per_replica, share)
+        """Groups sampled at once: one batched call returns them together, so at most this process's share of a
+        local update (the trainer takes the first update's groups while the next ones are sampled)."""
         self.todo: deque[tuple[int, Example]] = deque()
         self.queue: list[Group] = []
         self.sampling: Optional[SamplingParams] = None

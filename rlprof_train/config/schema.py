@@ -694,7 +694,7 @@ class AsyncTrainingConfig:
     turn)."""
     concurrent_samples_per_replica: int = field(default=16, metadata=bounds(ge=1))
     """Prompt groups a rollout process samples at once (one batched call: verl's requests in flight per replica),
-    at most those the budget lets it sample."""
+    at most those the budget lets it sample and its share of a local update's (a call's groups come back together)."""
     partial_rollout_segment: int = field(default=32, metadata=bounds(ge=1))
     """rlprof's: with partial rollouts, the tokens a rollout process samples of its group in flight before it looks
     for a sync again (a sync waits at most one segment; each segment re-reads the trajectory's context)."""
