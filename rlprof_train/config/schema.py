@@ -695,9 +695,11 @@ class AsyncTrainingConfig:
     concurrent_samples_per_replica: int = field(default=16, metadata=bounds(ge=1))
     """Prompt groups a rollout process samples at once (one batched call: verl's requests in flight per replica),
     at most those the budget lets it sample and its share of a local update's (a call's groups come back together)."""
-    partial_rollout_segment: int = field(default=32, metadata=bounds(ge=1))
-    """rlprof's: with partial rollouts, the tokens a rollout process samples of its group in flight before it looks
-    for a sync again (a sync waits at most one segment; each segment re-reads the trajectory's context)."""
+    partial_rollout_segment: int = field(default=256, metadata=bounds(ge=1))
+    """rlprof's: with partial rollouts, the tokens a rollout process samples of its groups in flight before it looks
+    for a sync again (a sync waits at most one segment). Each segment is a sampling call that re-reads every
+    trajectory's context: 32 cost a quarter of the update's time on 48-token responses (benchmarks/test_async_speed.py's
+    setup), so responses up to 256 tokens are sampled whole, and longer ones (verl's 8k-token DAPO runs) cut."""
 
 
 @dataclass
