@@ -698,8 +698,8 @@ class AsyncTrainingConfig:
     partial_rollout_segment: int = field(default=256, metadata=bounds(ge=1))
     """rlprof's: with partial rollouts, the tokens a rollout process samples of its groups in flight before it looks
     for a sync again (a sync waits at most one segment). Each segment is a sampling call that re-reads every
-    trajectory's context: 32 cost a quarter of the update's time on 48-token responses (benchmarks/test_async_speed.py's
-    setup), so responses up to 256 tokens are sampled whole, and longer ones (verl's 8k-token DAPO runs) cut."""
+    trajectory's context, a cost longer segments spread: responses up to 256 tokens are sampled whole, longer ones
+    (verl's 8k-token DAPO runs) cut."""
 
 
 @dataclass
