@@ -167,11 +167,14 @@ class FullyAsyncTrainer(PPOTrainer):
         if self.local < self.budget.trigger:
             return
         assert isinstance(self.pooled, StreamedRollout)
+        version = self.updates_before(step + 1)  # none during trainer.critic_warmup
         with self._phase("sync_rollout_weights", timing, role="rollout"):
-            window = self.pooled.publish_weights(self.updates_before(step + 1))
-        self.pipeline.synced()
+            window = self.pooled.publish_weights(version)
+        self.pipeline.version = version  # the next update's weights
         for key, value in window.items():  # the rollout pool's time since the last sync, ended by this one
             workers.add(key, value, Reduce.LAST)
+        if step == self.total_steps:
+            return  # nothing more to take or feed
         with self._phase("gen", timing, role="rollout"), self.pipeline.waiting("samples"):  # what the rollout
             self.pulled += self.pooled.pull(step + 1)  # processes hold, taken while they are between samplings
         self.submit_round(step + 1)
