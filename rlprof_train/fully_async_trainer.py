@@ -76,17 +76,20 @@ class FullyAsyncTrainer(PPOTrainer):
         return Budget.of(self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size, self.cfg.async_training)
 
     @property
-    def updates_per_step(self) -> int:  # type: ignore[override]  # a setting here, a constant there
+    def updates_per_step(self) -> int:
         return self.cfg.async_training.trigger_parameter_sync_step
 
     def round_size(self) -> int:
         return 1  # the stream's positions are single prompts (verl's data.gen_batch_size=1)
 
-    def steps_in_run(self) -> int:
-        """Parameter versions the run's prompts make: ``rollout.total_rollout_steps`` prompts (at most the epochs'),
-        ``required * trigger`` a version; at most ``trainer.total_training_steps``."""
+    def rounds_in_run(self) -> int:
+        """``rollout.total_rollout_steps`` prompts, at most the epochs'."""
         limit = self.cfg.rollout.total_rollout_steps
-        self.rounds_total = min(self.rounds_total, limit) if limit is not None else self.rounds_total
+        return min(super().rounds_in_run(), limit) if limit is not None else super().rounds_in_run()
+
+    def steps_in_run(self) -> int:
+        """Parameter versions the run's prompts make, ``required * trigger`` a version; at most
+        ``trainer.total_training_steps``."""
         versions = self.rounds_total // self.budget.per_version
         return min(self.cfg.trainer.total_training_steps or versions, versions)
 

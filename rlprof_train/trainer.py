@@ -82,7 +82,7 @@ class PPOTrainer:
         self.prompts = PromptBatches(train, round_size, trainer.seed, cfg.data.shuffle, setting)
         self.rounds_used = 0
         """Batches of the prompt stream generated so far (a step takes one or more: generation rounds)."""
-        self.rounds_total = trainer.total_epochs * self.prompts.batches_per_epoch
+        self.rounds_total = self.rounds_in_run()
         self.total_steps = self.steps_in_run()
         self.actor_lr = LRSchedule(arr.actor.optim, self.total_steps * self.updates_per_step)
         self.critic_lr = LRSchedule(cfg.critic.optim, self.total_steps * self.updates_per_step)
@@ -139,12 +139,18 @@ class PPOTrainer:
         for note in notes:
             self.log(note)
 
-    updates_per_step = 1
-    """Policy updates a step makes (the fully-async trainer: several, one weight sync)."""
+    @property
+    def updates_per_step(self) -> int:
+        """Policy updates a step makes (the fully-async trainer: several, one weight sync)."""
+        return 1
 
     def round_size(self) -> int:
         """Prompts per batch of the prompt stream (a generation round)."""
         return self.cfg.data.gen_batch_size or self.cfg.data.train_batch_size
+
+    def rounds_in_run(self) -> int:
+        """Batches of the prompt stream the run may generate: ``trainer.total_epochs`` of them."""
+        return self.cfg.trainer.total_epochs * self.prompts.batches_per_epoch
 
     def steps_in_run(self) -> int:
         """``trainer.total_training_steps``, at most what the epochs' prompts fill (``rounds_total``)."""
