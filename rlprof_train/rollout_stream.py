@@ -45,6 +45,8 @@ from rlprof_train.workers.rollout.base import (
     ContinuingRollout,
     SamplingParams,
     completions_batch,
+    noise_key,
+    prompt_keys,
 )
 
 
@@ -254,16 +256,18 @@ class Stream:
         first = process.version
         last = [first] * count
         open_rows = list(range(count))
+        keys = prompt_keys(prompts, sampling)
         started = False
         while open_rows:
             budgets = [min(segment, sampling.response_length - len(tokens[row])) for row in open_rows]
             if not started:  # the first segment: n continuations of each prompt
                 contexts = [prompt.prompt_ids for prompt in prompts]
-                sampled = rollout.complete(contexts, sampling.n, budgets[: len(prompts)], sampling).rows
+                sampled = rollout.complete(contexts, sampling.n, budgets[: len(prompts)], sampling, keys).rows
                 started = True
             else:
                 contexts = [(*prompts[row // sampling.n].prompt_ids, *tokens[row]) for row in open_rows]
-                sampled = rollout.complete(contexts, 1, budgets, sampling).rows
+                own = [noise_key(keys[row // sampling.n], row % sampling.n) for row in open_rows]
+                sampled = rollout.complete(contexts, 1, budgets, sampling, own).rows
             still_open = []
             for row, budget, completion in zip(open_rows, budgets, sampled, strict=True):
                 tokens[row] += completion.token_ids

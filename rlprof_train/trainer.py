@@ -47,6 +47,7 @@ from rlprof_train.step_reduction import StepFacts, step_metrics
 from rlprof_train.workers.engine import DistEnv
 from rlprof_train.workers.reward_worker import Scores
 from rlprof_train.workers.rollout import Rollout, SamplingParams
+from rlprof_train.workers.rollout.base import noise_key
 
 
 class PPOTrainer:
@@ -87,7 +88,12 @@ class PPOTrainer:
         self.actor_lr = LRSchedule(arr.actor.optim, self.total_steps * self.updates_per_step)
         self.critic_lr = LRSchedule(cfg.critic.optim, self.total_steps * self.updates_per_step)
         self.sampling = SamplingParams(
-            arr.rollout.n, arr.rollout.temperature, arr.rollout.top_p, arr.rollout.top_k, arr.rollout.response_length
+            arr.rollout.n,
+            arr.rollout.temperature,
+            arr.rollout.top_p,
+            arr.rollout.top_k,
+            arr.rollout.response_length,
+            trainer.seed,
         )
         self.log_prob_batching = MicroBatching(
             arr.rollout.log_prob_micro_batch_size_per_gpu,
@@ -317,7 +323,8 @@ class PPOTrainer:
                 offset = len(rounds.kept) * len(self.prompts.examples)
                 prompts = [dataclasses.replace(p, index=p.index + offset) for p in prompts]
             with self._phase("gen_refill" if rounds.kept else "gen", timing, role="rollout"):
-                batch = self.generate(prompts, self.sampling) if self.pooled is None else self.collect(workers)
+                sampling = self.round_sampling(self.rounds_used)
+                batch = self.generate(prompts, sampling) if self.pooled is None else self.collect(workers)
             if self.pooled is not None:  # one-step-off: the next batch is sampled while this one trains
                 with self._phase("sync_rollout_weights", timing, role="rollout"):
                     window = self.pooled.publish_weights(self.updates_before(self.step))
@@ -369,7 +376,7 @@ class PPOTrainer:
         assert self.pooled is not None
         if step <= self.total_steps and step <= self.rounds_total:
             prompts = shard(self.prompts.batch(step), self.env.rank, self.env.world_size)
-            self.pooled.submit(prompts, self.sampling, step, step - 1 if step > self.start_step else None)
+            self.pooled.submit(prompts, self.round_sampling(step), step, step - 1 if step > self.start_step else None)
 
     def collect(self, workers: MetricAggregator) -> RolloutBatch:
         """One-step-off: this step's batch from the rollout pool, with what the pool measured: its sampling time
@@ -458,8 +465,13 @@ class PPOTrainer:
         prompts = shard(self.prompts.batch(self.rounds_used + 1), self.env.rank, self.env.world_size)
         timing: dict[str, float] = {}
         with rlprof.marked_timer("rollout_compile", timing, role="rollout"):
-            compiled = self.rollout.warm_up(prompts, self.sampling)
+            compiled = self.rollout.warm_up(prompts, self.round_sampling(self.rounds_used + 1))
         return {"timing_s/rollout_compile": timing["rollout_compile"]} if compiled else {}
+
+    def round_sampling(self, k: int) -> SamplingParams:
+        """How generation round ``k`` (batch ``k`` of the prompt stream) samples: its own seed, so its prompts get
+        the same responses whichever rank, process or pool samples them."""
+        return dataclasses.replace(self.sampling, seed=noise_key(self.cfg.trainer.seed, k))
 
     def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch:
         """The rollout's batch for ``prompts``, on this rank's device: where the step's data crosses to the models,
@@ -479,7 +491,7 @@ class PPOTrainer:
         if not self.val_examples:
             return {}
         val_kwargs = self.cfg.actor_rollout_ref.rollout.val_kwargs
-        sampling = validation_sampling(val_kwargs, self.sampling.response_length)
+        sampling = validation_sampling(val_kwargs, self.sampling.response_length, self.cfg.trainer.seed, step)
         prompts = self.val_examples[self.env.rank :: self.env.world_size]
         per_call = max(1, (self.cfg.data.val_batch_size or len(self.val_examples)) // self.env.world_size)
         samples = []
@@ -587,9 +599,20 @@ class PPOTrainer:
         self.run_directory.release()
 
 
-def validation_sampling(val_kwargs: ValKwargs, response_length: int) -> SamplingParams:
+VALIDATION_SEED = 0x56414C
+"""Mixed into validation's seeds, so that they differ from every training round's."""
+
+
+def validation_sampling(val_kwargs: ValKwargs, response_length: int, seed: int, step: int) -> SamplingParams:
     """Validation's sampling as verl's rollout sets it: ``val_kwargs.n`` responses per prompt, greedy unless
-    ``do_sample`` (then its temperature, top-p and top-k)."""
+    ``do_sample`` (then its temperature, top-p and top-k), seeded by the run's ``seed`` and the ``step`` it follows."""
     if not val_kwargs.do_sample:
         return SamplingParams(val_kwargs.n, 0.0, 1.0, -1, response_length)
-    return SamplingParams(val_kwargs.n, val_kwargs.temperature, val_kwargs.top_p, val_kwargs.top_k, response_length)
+    return SamplingParams(
+        val_kwargs.n,
+        val_kwargs.temperature,
+        val_kwargs.top_p,
+        val_kwargs.top_k,
+        response_length,
+        noise_key(seed, VALIDATION_SEED, step),
+    )

@@ -413,10 +413,13 @@ def test_the_learning_rate_of_every_update_equals_verls_scheduler(optim):
 
 
 def test_validation_samples_only_with_do_sample_as_verl():
-    greedy = validation_sampling(ValKwargs(temperature=1.0, top_p=0.7, top_k=5, n=2), 16)
+    greedy = validation_sampling(ValKwargs(temperature=1.0, top_p=0.7, top_k=5, n=2), 16, seed=1, step=0)
     assert (greedy.temperature, greedy.top_p, greedy.top_k, greedy.n) == (0.0, 1.0, -1, 2)
-    sampled = validation_sampling(ValKwargs(do_sample=True, temperature=0.8, top_p=0.7, top_k=5, n=3), 16)
+    kwargs = ValKwargs(do_sample=True, temperature=0.8, top_p=0.7, top_k=5, n=3)
+    sampled = validation_sampling(kwargs, 16, seed=1, step=0)
     assert (sampled.temperature, sampled.top_p, sampled.top_k, sampled.n) == (0.8, 0.7, 5, 3)
+    seeds = {validation_sampling(kwargs, 16, seed, step).seed for seed in (1, 2) for step in (0, 5)}
+    assert len(seeds) == 4  # each validation of each run draws afresh
 
 
 def test_model_config_overrides_reach_the_loaded_model_and_unknown_keys_are_named(tmp_path):

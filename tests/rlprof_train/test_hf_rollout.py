@@ -1,7 +1,10 @@
 """The hf rollout's sampling loop samples exactly the tokens transformers ``generate`` samples from the same random
-state, while computing less: one prefill per prompt (not per response) and no forward for rows that have ended."""
+state, while computing less: one prefill per prompt (not per response) and no forward for rows that have ended; with
+the trainer's keyed noise, a response's tokens depend on its key and the model only."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -10,7 +13,8 @@ from rlprof_train.data import Example, arithmetic_rows, left_pad
 from rlprof_train.models import load_causal_lm, load_tokenizer
 from rlprof_train.tiny_model import create_tiny_model
 from rlprof_train.workers.rollout import SamplingParams
-from rlprof_train.workers.rollout.decode import Sampling, loop_applies, sample
+from rlprof_train.workers.rollout.base import noise_key
+from rlprof_train.workers.rollout.decode import Sampling, keyed_exponential, loop_applies, sample
 from rlprof_train.workers.rollout.hf import HFRollout, _generate
 
 
@@ -204,3 +208,57 @@ def test_asked_for_them_the_rollout_returns_each_tokens_log_prob_under_the_distr
         .generate(examples[:2], SamplingParams(2, 0.7, 1.0, -1, 4))
         .extras
     )  # not asked: not computed
+
+
+def test_keyed_noise_is_exponential_and_a_rows_noise_depends_on_its_key_alone():
+    """The trainer's noise (``keyed_exponential``): Exp(1) (Kolmogorov-Smirnov distance within the 99.9% bound of
+    its sample size), unrelated between neighbouring tokens, steps and keys, and the same for a key whatever the
+    other rows of its batch."""
+    keys = torch.tensor([noise_key(7, row) for row in range(64)])
+    noise = keyed_exponential(keys, 3, 4096)  # [64, 4096]
+    values = noise.flatten().double().sort().values
+    size = values.numel()
+    expected = 1 - torch.exp(-values)
+    distance = torch.maximum(
+        (torch.arange(1, size + 1) / size - expected).abs().max(), (torch.arange(size) / size - expected).abs().max()
+    )
+    assert distance < 1.95 / size**0.5
+    assert noise.min() > 0 and torch.isfinite(noise).all()
+    later = keyed_exponential(keys, 4, 4096)
+    for a, b in ((noise[:, :-1], noise[:, 1:]), (noise, later), (noise[:-1], noise[1:])):  # tokens, steps, keys
+        correlation = torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1]
+        assert abs(correlation) < 4 / a.numel() ** 0.5
+    alone = keyed_exponential(keys[5:6], 3, 4096)
+    shuffled = keyed_exponential(keys.flip(0), 3, 4096)
+    assert torch.equal(alone[0], noise[5]) and torch.equal(shuffled.flip(0), noise)
+
+
+def test_a_responses_tokens_depend_on_its_prompts_key_not_on_the_batch_chunk_or_random_state(model_dir, prompts):
+    """What makes a run's samples independent of its world size and pool split: prompt ``p`` of a round gets the
+    same responses sampled with all the prompts, one at a time (micro-batches of 1), or among others in another
+    order, whatever torch's random state; another round's seed gives other responses."""
+    model = load_causal_lm(model_dir).eval()
+    tokenizer = load_tokenizer(model_dir)
+    ids, mask = prompts
+    examples = [
+        Example(i, tuple(row[m.bool()].tolist()), "x", "0") for i, (row, m) in enumerate(zip(ids, mask, strict=True))
+    ]
+    sampling = SamplingParams(4, 1.0, 1.0, -1, 10, seed=noise_key(1, 5))
+
+    def responses(rollout: HFRollout, chosen: list[Example], sampling: SamplingParams) -> dict[tuple[int, int], list]:
+        batch = rollout.generate(chosen, sampling)
+        rows = (batch.responses * batch.response_mask).tolist()
+        return {(e.index, j): rows[i * sampling.n + j] for i, e in enumerate(chosen) for j in range(sampling.n)}
+
+    whole = HFRollout(lambda: model, tokenizer, 1, None, torch.device("cpu"))
+    torch.manual_seed(1)
+    together = responses(whole, examples, sampling)
+    torch.manual_seed(2)
+    one_by_one = responses(HFRollout(lambda: model, tokenizer, 1, 1, torch.device("cpu")), examples, sampling)
+    torch.manual_seed(3)
+    others = responses(whole, examples[::-3], sampling)
+    assert one_by_one == together
+    assert others == {key: together[key] for key in others}
+    assert len({tuple(together[(0, j)]) for j in range(4)}) > 1  # a prompt's n responses differ
+    another_round = responses(whole, examples, dataclasses.replace(sampling, seed=noise_key(1, 6)))
+    assert sum(another_round[key] != together[key] for key in together) > len(together) // 2

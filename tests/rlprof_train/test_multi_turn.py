@@ -48,7 +48,8 @@ class Scripted(Rollout):
     def generate(self, prompts, sampling):
         raise AssertionError("the multi-turn loop continues sequences")
 
-    def complete(self, contexts, n, budgets, sampling):
+    def complete(self, contexts, n, budgets, sampling, keys):
+        assert len(keys) == len(contexts) and len(set(keys)) == len(keys)  # each context its own noise
         self.contexts.append([list(c) for c in contexts])
         text = self.turns[min(len(self.contexts), len(self.turns)) - 1]
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]

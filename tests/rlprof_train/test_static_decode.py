@@ -12,6 +12,7 @@ from rlprof_train.data import Example, arithmetic_rows, left_pad
 from rlprof_train.models import CompiledForward, load_causal_lm, load_tokenizer, response_log_probs
 from rlprof_train.tiny_model import create_tiny_model
 from rlprof_train.workers.rollout import SamplingParams
+from rlprof_train.workers.rollout.base import noise_key
 from rlprof_train.workers.rollout.decode import Sampling, sample
 from rlprof_train.workers.rollout.hf import HFRollout
 from rlprof_train.workers.rollout.static_decode import StaticDecoder, bucket, prompt_bucket
@@ -75,6 +76,10 @@ def test_it_samples_the_eager_loops_tokens_and_log_probs_from_the_same_random_st
     assert expected_log_probs is not None and got_log_probs is not None
     torch.testing.assert_close(got_log_probs, expected_log_probs, rtol=0, atol=1e-5)
     assert torch.equal(torch.rand(4), expected_next)  # the same draws were consumed
+    keys = torch.tensor([noise_key(5, row) for row in range(12 * 8)])  # the trainer's keyed noise: the same tokens
+    assert torch.equal(
+        decoder.sample(model, ids, mask, settings, keys=keys)[0], sample(model, ids, mask, settings, keys=keys)[0]
+    )
     if temperature > 0:
         ends = {row.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in row else -1 for row in got.tolist()}
         assert len(ends) > 1, "rows end at different steps: finished rows are padded while the others go on"

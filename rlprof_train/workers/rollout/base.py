@@ -22,6 +22,33 @@ class SamplingParams:
     top_p: float
     top_k: int  # -1: off
     response_length: int
+    seed: int = 0
+    """The generation round's seed: prompt ``p``'s noise key is ``noise_key(seed, p.index)`` (:func:`prompt_keys`),
+    so a prompt of a round gets the same responses whichever batch, chunk, rank or pool samples it."""
+
+
+def noise_key(*parts: int) -> int:
+    """A 63-bit key from integers (a seed, a prompt, a response index, a context length, ...): distinct parts give
+    unrelated keys (each part mixed in with SplitMix64's finaliser)."""
+    key = 0x9E3779B97F4A7C15
+    for part in parts:
+        key = (key ^ (part & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        key ^= key >> 31
+        key = key * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        key ^= key >> 29
+    return key >> 1
+
+
+def prompt_keys(prompts: Sequence[Example], sampling: SamplingParams) -> list[int]:
+    """Each prompt's noise key in this round (what :meth:`ContinuingRollout.complete` takes for a first turn)."""
+    return [noise_key(sampling.seed, p.index) for p in prompts]
+
+
+def row_keys(keys: Sequence[int], n: int, contexts: Sequence[Sequence[int]]) -> list[int]:
+    """The noise key of each of the ``n`` continuations of each context (context ``i``'s at ``i*n .. i*n+n-1``):
+    its context's key, its index among the ``n`` and the context's length (a trajectory continued later draws
+    afresh)."""
+    return [noise_key(key, j, len(context)) for key, context in zip(keys, contexts, strict=True) for j in range(n)]
 
 
 @dataclass(frozen=True)
@@ -92,11 +119,18 @@ class ContinuingRollout(Rollout):
 
     @abstractmethod
     def complete(
-        self, contexts: Sequence[Sequence[int]], n: int, budgets: Sequence[int], sampling: SamplingParams
+        self,
+        contexts: Sequence[Sequence[int]],
+        n: int,
+        budgets: Sequence[int],
+        sampling: SamplingParams,
+        keys: Sequence[int],
     ) -> Completions:
         """``n`` continuations of each of ``contexts`` (context ``i``'s at rows ``i*n .. i*n+n-1``), continuation
-        ``i`` of at most ``budgets[i]`` tokens, sampled as ``sampling`` says (its ``n`` and ``response_length``
-        are not used)."""
+        ``i`` of at most ``budgets[i]`` tokens, sampled as ``sampling`` says (its ``n``, ``response_length`` and
+        ``seed`` are not used). ``keys[i]``: context ``i``'s noise key (:func:`prompt_keys` for prompts, a
+        trajectory's own for one continued); each continuation draws from its :func:`row_keys` key, so its tokens
+        depend on the key and the weights only."""
 
 
 def build_rollout_batch(

@@ -8,11 +8,20 @@ Two savings, neither of which changes a sampled token:
   forward (``generate`` keeps computing it until the last row ends, then throws the tokens away).
 
 Sampling is ``generate``'s, step for step: the same logits processors in the same order (non-finite removal,
-temperature, top-k, top-p), and ``torch.multinomial(p, 1)``'s own rule, ``argmax(p / q)`` with ``q ~ Exp(1)`` drawn
-for the full ``[B, V]`` batch every step, finished rows included. So from the same random state, the tokens are
-those ``generate`` samples (on the CPU, where ``generate`` checks for the end every step; tested). A model whose
-generation config asks for more processing (repetition penalty, min-p, suppressed tokens, ...) is sampled by
-``generate`` itself.
+temperature, top-k, top-p), and ``torch.multinomial(p, 1)``'s own rule, ``argmax(p / q)`` with ``q ~ Exp(1)``. The
+noise ``q`` comes from one of two sources:
+
+- **keyed** (what the trainer uses): each row has a key (:func:`~.base.row_keys`: from the round's seed, its
+  prompt, its response index and its context's length) and its noise at decode step ``s`` for token ``v`` is a hash
+  of (key, s, v) (:func:`keyed_exponential`). A response's tokens then depend on its key and the model only: not on
+  the batch it is sampled in, its chunk, the rank or process that samples it, or how the processes are split into
+  pools (tested: alone and in a batch, the same tokens);
+- **torch's random state** (no keys): drawn for the full ``[B, V]`` batch every step, finished rows included, as
+  ``generate`` draws it. From the same random state, the tokens are those ``generate`` samples (on the CPU, where
+  ``generate`` checks for the end every step; tested): the proof that the rule is ``generate``'s.
+
+A model whose generation config asks for more processing (repetition penalty, min-p, suppressed tokens, ...) is
+sampled by ``generate`` itself, from torch's random state.
 
 Asked for, the loop also returns each sampled token's log-prob under the distribution it was drawn from: the log-softmax
 of the processed scores (after temperature, top-k and top-p), verl's ``processed_logprobs``.
@@ -101,6 +110,39 @@ def processors_for(sampling: Sampling) -> Any:
     return processors
 
 
+_MASK32 = 0xFFFFFFFF
+
+
+def _low32_product(x: torch.Tensor, factor: int) -> torch.Tensor:
+    """``(x * factor) mod 2**32`` for int64 ``x`` in ``[0, 2**32)`` and a 32-bit ``factor``, without an int64
+    overflow (each partial product stays below ``2**49``)."""
+    low, high = x & 0xFFFF, x >> 16
+    return (low * factor + (((high * factor) & 0xFFFF) << 16)) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finaliser (a bijection of ``[0, 2**32)`` that spreads every input bit over the output)."""
+    x = x ^ (x >> 16)
+    x = _low32_product(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _low32_product(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def keyed_exponential(keys: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
+    """Exp(1) noise ``[A, vocab]`` (float32) for rows of ``keys`` ``[A]`` (int64, :func:`~.base.row_keys`) at decode
+    step ``step``: element ``(a, v)`` is ``-log(u)`` with ``u`` the top 24 bits of a hash of ``(keys[a], step, v)``,
+    plus one half, over ``2**24`` (so ``0 < u < 1``: never an infinite or zero noise). A row's noise is a function of
+    its key alone: which other rows share its batch changes nothing."""
+    device = keys.device
+    step_part = _mix32(torch.tensor(step & _MASK32, dtype=torch.int64, device=device) ^ 0x68E31DA4)
+    row = _mix32((keys & _MASK32) ^ _mix32((keys >> 32) ^ step_part))  # [A]
+    token = _mix32(torch.arange(vocab, dtype=torch.int64, device=device) ^ 0x1B873593)  # [V]
+    hashed = _mix32(_mix32(row[:, None] ^ token[None, :]) ^ row[:, None])  # [A, V]
+    uniform = ((hashed >> 8).to(torch.float32) + 0.5) * 2.0**-24
+    return -torch.log(uniform)
+
+
 def draw(
     processors: Any,
     sampling: Sampling,
@@ -109,16 +151,23 @@ def draw(
     rows: int,
     active: Optional[torch.Tensor] = None,
     with_log_probs: bool = False,
+    keys: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """One step's tokens ``[A]`` for the ``active`` rows' last logits ``[A, V]`` (``history``: their tokens so far,
     ``[A, step]``), and with ``with_log_probs`` each token's log-prob under the processed scores it was drawn from.
-    Sampling draws the exponential noise of ``torch.multinomial(p, 1)`` for all ``rows`` of the batch, finished rows
-    included, so the draws of a row do not depend on which others are still going; ``active`` None: all rows are."""
+    With ``keys`` (``[rows]``, every row's noise key) the noise is :func:`keyed_exponential` of the active
+    rows' keys at this step; without, torch's random state gives the exponential noise of
+    ``torch.multinomial(p, 1)`` for all ``rows`` of the batch, finished rows included. Either way the draws of a row
+    do not depend on which others are still going; ``active`` None: all rows are."""
     scores = processors(history, logits)
     if sampling.temperature > 0:
         probs = torch.softmax(scores, dim=-1)
-        noise = torch.empty((rows, probs.shape[-1]), dtype=probs.dtype, device=probs.device).exponential_(1)
-        chosen = (probs / (noise if active is None else noise[active])).argmax(dim=-1)
+        if keys is not None:
+            noise = keyed_exponential(keys if active is None else keys[active], history.shape[1], probs.shape[-1])
+        else:
+            noise = torch.empty((rows, probs.shape[-1]), dtype=probs.dtype, device=probs.device).exponential_(1)
+            noise = noise if active is None else noise[active]
+        chosen = (probs / noise.to(probs.dtype)).argmax(dim=-1)
     else:
         chosen = scores.argmax(dim=-1)
     if not with_log_probs:
@@ -134,11 +183,12 @@ def sample(
     sampling: Sampling,
     step_times: Optional[list[float]] = None,
     with_log_probs: bool = False,
+    keys: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Responses ``[B·n, T]`` (T <= ``max_new_tokens``; rows of a prompt consecutive; EOS kept; pad after it) for
     left-padded prompts ``[B, P]`` with ``prompt_mask`` ``[B, P]``, and with ``with_log_probs`` each token's sampling
     log-prob ``[B·n, T]`` (0 after the EOS; else None); ``step_times`` gets ``time.perf_counter()`` once each step's
-    tokens are known (T of them)."""
+    tokens are known (T of them); ``keys`` ``[B·n]``: each row's noise key (None: torch's random state)."""
     from transformers import DynamicCache
 
     n, device = sampling.n, prompt_ids.device
@@ -163,7 +213,9 @@ def sample(
     active = torch.arange(rows, device=device)  # the rows still sampling, in batch order
     for step in range(sampling.max_new_tokens):
         history = tokens[active, :step]
-        chosen, chosen_log_probs = draw(processors, sampling, history, logits, rows, active, log_probs is not None)
+        chosen, chosen_log_probs = draw(
+            processors, sampling, history, logits, rows, active, log_probs is not None, keys
+        )
         tokens[active, step] = chosen
         if log_probs is not None and chosen_log_probs is not None:
             log_probs[active, step] = chosen_log_probs

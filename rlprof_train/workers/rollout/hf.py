@@ -21,6 +21,8 @@ from rlprof_train.workers.rollout.base import (
     ContinuingRollout,
     SamplingParams,
     completions_batch,
+    prompt_keys,
+    row_keys,
 )
 from rlprof_train.workers.rollout.decode import Sampling, loop_applies, sample
 from rlprof_train.workers.rollout.engine_stats import RequestTimes, hf_request_times
@@ -68,12 +70,13 @@ class HFRollout(ContinuingRollout):
             )
             return False
         budgets = [sampling.response_length] * len(prompts)
-        self.complete([p.prompt_ids for p in prompts], sampling.n, budgets, sampling, steps=2)
+        contexts = [p.prompt_ids for p in prompts]
+        self.complete(contexts, sampling.n, budgets, sampling, prompt_keys(prompts, sampling), steps=2)
         return True
 
     def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch:
         contexts, budgets = [p.prompt_ids for p in prompts], [sampling.response_length] * len(prompts)
-        sampled = self.complete(contexts, sampling.n, budgets, sampling)
+        sampled = self.complete(contexts, sampling.n, budgets, sampling, prompt_keys(prompts, sampling))
         return completions_batch(prompts, sampled, sampling, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
 
     @torch.no_grad()
@@ -83,6 +86,7 @@ class HFRollout(ContinuingRollout):
         n: int,
         budgets: Sequence[int],
         sampling: SamplingParams,
+        keys: Sequence[int],
         steps: Optional[int] = None,
     ) -> Completions:
         model = self.module()
@@ -108,15 +112,18 @@ class HFRollout(ContinuingRollout):
                 for start in range(0, len(contexts), chunk_size):
                     chunk = contexts[start : start + chunk_size]
                     ids, mask = (t.to(self.device) for t in left_pad(chunk, self.tokenizer.pad_token_id))
+                    chunk_keys = torch.tensor(
+                        row_keys(keys[start : start + chunk_size], n, chunk), dtype=torch.int64, device=self.device
+                    )
                     step_times: list[float] = []
-                    if not loop:
+                    if not loop:  # generate: torch's random state, which the trainer seeds per step and rank
                         tokens, log_probs = _generate(model, ids, mask, settings, self.log_probs)
                     elif self.static is not None:
                         tokens, log_probs = self.static.sample(
-                            model, ids, mask, settings, step_times, self.log_probs, steps
+                            model, ids, mask, settings, step_times, self.log_probs, steps, chunk_keys
                         )
                     else:
-                        tokens, log_probs = sample(model, ids, mask, settings, step_times, self.log_probs)
+                        tokens, log_probs = sample(model, ids, mask, settings, step_times, self.log_probs, chunk_keys)
                     out = tokens.tolist()
                     scores = log_probs.tolist() if log_probs is not None else [None] * len(out)
                     lengths = [_length(row, settings.eos_token_id) for row in out]

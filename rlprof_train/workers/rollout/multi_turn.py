@@ -39,7 +39,14 @@ from rlprof_train.agent.tool import Tool
 from rlprof_train.batch import RolloutBatch
 from rlprof_train.config.schema import MultiTurnConfig
 from rlprof_train.data import Example, left_pad
-from rlprof_train.workers.rollout.base import Completions, ContinuingRollout, Rollout, SamplingParams
+from rlprof_train.workers.rollout.base import (
+    Completions,
+    ContinuingRollout,
+    Rollout,
+    SamplingParams,
+    noise_key,
+    prompt_keys,
+)
 
 
 @dataclass
@@ -124,6 +131,7 @@ class MultiTurnRollout(Rollout):
         start = time.perf_counter()
         limit, n = sampling.response_length, sampling.n
         trajectories = [Trajectory(p) for p in prompts for _ in range(n)]
+        keys = prompt_keys(prompts, sampling)
         calls: list[ToolCallRecord] = []
         sampled: list[Completions] = []
         generating_s = tool_wait_s = 0.0
@@ -132,11 +140,13 @@ class MultiTurnRollout(Rollout):
             turn_start = time.perf_counter()
             with rlprof.profile_range("gen_turn", role="rollout"):
                 if not sampled:  # the first turn: each prompt once, its n trajectories sampled together
-                    done = self.backend.complete([p.prompt_ids for p in prompts], n, [limit] * len(prompts), sampling)
+                    contexts = [p.prompt_ids for p in prompts]
+                    done = self.backend.complete(contexts, n, [limit] * len(prompts), sampling, keys)
                 else:
                     contexts = [(*trajectories[i].prompt.prompt_ids, *trajectories[i].response) for i in active]
                     budgets = [limit - len(trajectories[i].response) for i in active]
-                    done = self.backend.complete(contexts, 1, budgets, sampling)
+                    own = [noise_key(keys[i // n], i % n) for i in active]  # trajectory i: response i % n of its prompt
+                    done = self.backend.complete(contexts, 1, budgets, sampling, own)
             sampled.append(done)
             generating_s += time.perf_counter() - turn_start
             wanted: list[tuple[int, list[ToolCall]]] = []

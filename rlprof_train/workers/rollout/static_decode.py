@@ -15,8 +15,8 @@ So a run compiles one decode step per (rows, positions) bucket: one for training
 for multi-turn contexts that grow; past :data:`MAX_SHAPES` of them a new shape decodes eagerly (said once) instead of
 compiling again. Each cache is kept for the next call with its shape (a CUDA graph replays on the same buffers).
 Sampling is the eager loop's (:func:`.decode.draw`: the same processors and the same noise for the real rows): from
-the same random state and weights, the tokens are the eager loop's up to the compiled kernels' float rounding (greedy
-tokens equal on the CPU; tested). The prefill runs eagerly, its shape varies with the prompts.
+the same keys (or the same random state) and weights, the tokens are the eager loop's up to the compiled kernels'
+float rounding (greedy tokens equal on the CPU; tested). The prefill runs eagerly, its shape varies with the prompts.
 """
 
 from __future__ import annotations
@@ -108,10 +108,11 @@ class StaticDecoder:
         step_times: Optional[list[float]] = None,
         with_log_probs: bool = False,
         steps: Optional[int] = None,
+        keys: Optional[torch.Tensor] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """What :func:`.decode.sample` returns for the same arguments: responses ``[B·n, T]`` and with
         ``with_log_probs`` their sampling log-probs; ``steps`` caps the decode steps below ``max_new_tokens`` (a
-        warm-up compiles with a few)."""
+        warm-up compiles with a few); ``keys`` ``[B·n]``: each row's noise key (None: torch's random state)."""
         n, device = sampling.n, prompt_ids.device
         prompts, width = prompt_ids.shape
         padded = prompt_bucket(prompts)
@@ -120,7 +121,7 @@ class StaticDecoder:
         shape = (rows, positions, next(model.parameters()).dtype)
         new_shape = shape not in self.compiled
         if new_shape and self._past_most_shapes(shape):
-            return sample(model, prompt_ids, prompt_mask, sampling, step_times, with_log_probs)
+            return sample(model, prompt_ids, prompt_mask, sampling, step_times, with_log_probs, keys)
         if padded > prompts:  # padding rows: the last prompt again
             extra = padded - prompts
             prompt_ids = torch.cat([prompt_ids, prompt_ids[-1:].expand(extra, -1)])
@@ -149,7 +150,9 @@ class StaticDecoder:
         compiled = self.compiled_forward(model)
         for step in range(total):
             history = tokens[:, :step]
-            chosen, chosen_log_probs = draw(processors, sampling, history, logits[:real], real, None, with_log_probs)
+            chosen, chosen_log_probs = draw(
+                processors, sampling, history, logits[:real], real, None, with_log_probs, keys
+            )
             chosen = chosen.masked_fill(done, sampling.pad_token_id)
             tokens[:, step] = chosen
             if log_probs is not None and chosen_log_probs is not None:

@@ -48,6 +48,8 @@ from rlprof_train.workers.rollout.base import (
     ContinuingRollout,
     SamplingParams,
     completions_batch,
+    prompt_keys,
+    row_keys,
 )
 from rlprof_train.workers.rollout.engine_stats import vllm_request_times
 from rlprof_train.workers.rollout.registry import RolloutContext, register_rollout
@@ -120,7 +122,8 @@ def explain_start_failure(exc: BaseException, model_path: str) -> str:
 def prefill_scheduling(rollout: RolloutConfig, max_model_len: int, on_gpu: bool) -> tuple[bool, int, Optional[str]]:
     """``(enable_chunked_prefill, max_num_batched_tokens, note)`` the engine starts with.
 
-    Every request is sampled with its own seeded generator (reproducible rollouts). When vLLM splits a prompt's
+    Every request is sampled with its own seeded generator, seeded from its context's noise key (reproducible
+    rollouts, whichever batch or process samples the request). When vLLM splits a prompt's
     prefill over several engine steps it discards the token sampled for the unfinished part and rewinds that
     request's generator by its offset, which CPU generators do not have (``RuntimeError: CPU Generator does not use
     offset`` in step 1 of a batch with more prompt tokens than ``max_num_batched_tokens``). On CPU, prefills are
@@ -278,17 +281,22 @@ class VLLMRollout(ContinuingRollout, WindowListener):
 
     def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch:
         contexts, budgets = [p.prompt_ids for p in prompts], [sampling.response_length] * len(prompts)
-        sampled = self.complete(contexts, sampling.n, budgets, sampling)
+        sampled = self.complete(contexts, sampling.n, budgets, sampling, prompt_keys(prompts, sampling))
         return completions_batch(prompts, sampled, sampling, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
 
     def complete(
-        self, contexts: Sequence[Sequence[int]], n: int, budgets: Sequence[int], sampling: SamplingParams
+        self,
+        contexts: Sequence[Sequence[int]],
+        n: int,
+        budgets: Sequence[int],
+        sampling: SamplingParams,
+        keys: Sequence[int],
     ) -> Completions:
         from vllm import SamplingParams as VLLMSampling
         from vllm.inputs import TokensPrompt
 
         greedy = sampling.temperature == 0
-        seeds = torch.randint(0, 2**31 - 1, (len(contexts),)).tolist()  # from the trainer's per-step seed
+        seeds = [key % (2**31 - 1) for key in row_keys(keys, 1, contexts)]  # a request's n share its generator
         params = [
             VLLMSampling(
                 n=n,
