@@ -48,12 +48,29 @@ def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     return squares / count.clamp(min=1)
 
 
-def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
-    """``(x - μ) / sqrt(σ² + eps)`` with μ, σ² over the masked elements (μ added back when not shift_mean).
+Total = Callable[[float], float]
+"""Σ of a number over the ranks that hold the batch's rows (``DistEnv.sum``; the identity on one process)."""
+
+
+def masked_whiten(
+    values: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8, total: Optional[Total] = None
+) -> Tensor:
+    """``(x - μ) / sqrt(σ² + eps)`` with μ, σ² (unbiased) over the masked elements (μ added back when not
+    shift_mean). With ``total``, μ and σ² are over the masked elements of every rank's rows: the whole batch's, as
+    verl whitens the batch it holds whole, however the batch is split over processes.
 
     values, mask: same shape; returns values' shape."""
-    mean = masked_mean(values, mask)
-    whitened = (values - mean) * torch.rsqrt(masked_var(values, mask) + eps)
+    if total is None:
+        mean, variance = masked_mean(values, mask), masked_var(values, mask)
+    else:
+        count = total(float(mask.sum()))
+        if count <= 1:
+            raise ValueError(f"masked_whiten: the unbiased variance needs at least 2 masked elements, got {count:g}")
+        mean = torch.tensor(total(float(masked_sum(values, mask))) / count, dtype=values.dtype, device=values.device)
+        variance = torch.tensor(
+            total(float(masked_sum((values - mean) ** 2, mask))) / (count - 1), dtype=values.dtype, device=values.device
+        )
+    whitened = (values - mean) * torch.rsqrt(variance + eps)
     return whitened if shift_mean else whitened + mean
 
 
@@ -121,13 +138,15 @@ def gae_advantages(
     gamma: float,
     lam: float,
     whiten: bool = True,
+    total: Optional[Total] = None,
     **_ignored: Any,
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation (actor-critic PPO). Returns (advantages, returns), each ``[B, T]``.
 
     Over the real tokens of each sequence (padding is skipped, not treated as a step):
     ``δ_t = r_t + γ·V_{t+1} - V_t`` (``V`` after the last token = 0), ``A_t = δ_t + γλ·A_{t+1}``,
-    ``returns_t = A_t + V_t``. The advantages are then whitened over the batch (``whiten``).
+    ``returns_t = A_t + V_t``. The advantages are then whitened over the batch (``whiten``; every rank's rows with
+    ``total``).
     """
     batch, length = token_level_rewards.shape
     next_value = torch.zeros(batch, dtype=values.dtype, device=values.device)
@@ -142,7 +161,7 @@ def gae_advantages(
         next_advantage = advantage_t * m + next_advantage * (1 - m)
     returns = (advantages + values) * mask
     if whiten:
-        advantages = masked_whiten(advantages, mask) * mask
+        advantages = masked_whiten(advantages, mask, total=total) * mask
     return advantages, returns
 
 
@@ -214,10 +233,10 @@ def rloo_advantages(
 
 @register_adv_estimator("reinforce_plus_plus")
 def reinforce_plus_plus_advantages(
-    token_level_rewards: Tensor, mask: Tensor, gamma: float, **_ignored: Any
+    token_level_rewards: Tensor, mask: Tensor, gamma: float, total: Optional[Total] = None, **_ignored: Any
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++: discounted return-to-go ``G_t = r_t + γ·G_{t+1}`` over the real tokens of each sequence,
-    whitened over the batch.
+    whitened over the batch (every rank's rows with ``total``).
 
     Masked positions inside a response (tool output, another turn) are skipped, not steps: the running return is
     carried across them unchanged, so rewards after the hole reach the tokens before it (as in verl and in GAE
@@ -230,20 +249,21 @@ def reinforce_plus_plus_advantages(
         new_running = token_level_rewards[:, t] + gamma * running
         returns[:, t] = new_running * m
         running = new_running * m + running * (1 - m)
-    return masked_whiten(returns, mask) * mask, returns
+    return masked_whiten(returns, mask, total=total) * mask, returns
 
 
 @register_adv_estimator("reinforce_plus_plus_baseline", needs_groups=True, groups_of_one=True)
 def reinforce_plus_plus_baseline_advantages(
-    token_level_rewards: Tensor, mask: Tensor, index: GroupIndex, **_ignored: Any
+    token_level_rewards: Tensor, mask: Tensor, index: GroupIndex, total: Optional[Total] = None, **_ignored: Any
 ) -> tuple[Tensor, Tensor]:
-    """REINFORCE++ with a group baseline: ``s_i - mean_g`` broadcast to tokens, then whitened over the batch.
+    """REINFORCE++ with a group baseline: ``s_i - mean_g`` broadcast to tokens, then whitened over the batch
+    (every rank's rows with ``total``).
 
     token_level_rewards, mask: ``[B, T]``; index: ``[B]`` group ids. Returns (A, A), each ``[B, T]``."""
     scores = masked_sum(token_level_rewards, mask, dim=-1)
     mean, _, _ = group_mean_std(scores, index)
     centred = (scores - mean)[:, None] * mask
-    advantages = masked_whiten(centred, mask) * mask
+    advantages = masked_whiten(centred, mask, total=total) * mask
     return advantages, advantages
 
 
@@ -273,8 +293,10 @@ def compute_advantage(
     lam: float = 1.0,
     norm_adv_by_std_in_grpo: bool = True,
     reward_baselines: Optional[Tensor] = None,
+    total: Optional[Total] = None,
 ) -> tuple[Tensor, Tensor]:
-    """(advantages, returns) by ``algorithm.adv_estimator``; see each estimator for its formula."""
+    """(advantages, returns) by ``algorithm.adv_estimator``; see each estimator for its formula. ``total``: Σ over
+    the ranks holding the batch's other rows, for the estimators that whiten over the batch."""
     spec = adv_estimator(estimator)
     if spec.needs_critic and values is None:
         raise ValueError(f"algorithm.adv_estimator={estimator} needs critic values (enable the critic)")
@@ -291,6 +313,7 @@ def compute_advantage(
         lam=lam,
         norm_adv_by_std=norm_adv_by_std_in_grpo,
         reward_baselines=reward_baselines,
+        total=total,
     )
 
 

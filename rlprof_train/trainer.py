@@ -456,6 +456,7 @@ class PPOTrainer:
             lam=algorithm.lam,
             norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo,
             reward_baselines=batch.extras.get("reward_baselines"),
+            total=self.env.sum,
         )
         return metrics
 

@@ -96,7 +96,10 @@ class ActorWorker:
         mini_size = cfg.ppo_mini_batch_size * batch.n // self.env.world_size
         for i, rows in enumerate(mini_batches(batch.size, mini_size, cfg.ppo_epochs, cfg.shuffle, seed=batch.uid[0])):
             with rlprof.mini_batch(i, role="actor"):  # a torch schedule over mini-batches walks these (verl)
-                metrics.add("actor/pg_loss", self.accumulate_gradients(batch.select(rows), metrics), Reduce.MEAN)
+                share = self.accumulate_gradients(batch.select(rows), metrics)
+                # this rank's share of the loss (normalised by the global counts) times the ranks: the mean over ranks
+                # is the whole mini-batch's loss, whatever the ranks (verl sums it over its data-parallel ranks)
+                metrics.add("actor/pg_loss", share * self.env.world_size, Reduce.MEAN)
                 optimizer_step(self.engine, "actor", metrics)
         return metrics
 

@@ -110,5 +110,7 @@ class CriticWorker:
                 Reduce.WEIGHTED_MEAN,
                 tokens,
             )
-        metrics.add("critic/vf_loss", mini_loss, Reduce.MEAN)
+        # this rank's share of the mini-batch's loss (normalised by the global counts) times the ranks: the mean over
+        # ranks is then the whole mini-batch's loss (verl sums such a loss over its data-parallel ranks)
+        metrics.add("critic/vf_loss", mini_loss * world, Reduce.MEAN)
         optimizer_step(self.engine, "critic", metrics)

@@ -34,6 +34,24 @@ def test_masked_helpers():
     close(algos.masked_whiten(VALUES, MASK, shift_mean=False)[0, 0], (1 - 7 / 3) / math.sqrt(7 / 3) + 7 / 3)
 
 
+def test_whitening_over_ranks_uses_every_ranks_rows():
+    """With ``total`` (Σ over the ranks), a rank's rows are whitened by the whole batch's mean and variance: rank 0
+    holding the first row gets what one process holding both rows gets (its ``total`` adds rank 1's count, sum and
+    squares about the batch's mean, in that order); alone, the row would be whitened by its own."""
+    whole = algos.masked_whiten(VALUES, MASK)
+    close(algos.masked_whiten(VALUES, MASK, total=lambda x: x), whole)  # one process
+    mean = float(algos.masked_mean(VALUES, MASK))
+    rank_1 = iter(
+        [
+            float(MASK[1:].sum()),
+            float(algos.masked_sum(VALUES[1:], MASK[1:])),
+            float(algos.masked_sum((VALUES[1:] - mean) ** 2, MASK[1:])),
+        ]
+    )
+    close(algos.masked_whiten(VALUES[:1], MASK[:1], total=lambda share: share + next(rank_1)), whole[:1])
+    assert not torch.allclose(algos.masked_whiten(VALUES[:1], MASK[:1]), whole[:1])
+
+
 def test_gae_by_hand_and_padding_is_skipped():
     rewards, values = T([[0.0, 0.0, 1.0]]), T([[0.5, 0.6, 0.7]])
     adv, ret = algos.gae_advantages(rewards, values, torch.ones(1, 3), gamma=0.9, lam=0.8, whiten=False)

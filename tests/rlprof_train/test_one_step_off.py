@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import gzip
 import json
+import math
 import os
 import signal
 import socket
@@ -31,6 +32,8 @@ from rlprof.typed_config import ConfigError
 from rlprof_train.one_step_off_policy import main as one_step_off_main
 from rlprof_train.pools import Link, device_index, pool_of, rollout_pool_size, sharing_problem
 from rlprof_train.rollout_pool import part
+from rlprof_train.tune.trial import LEARNING_KEYS
+from rlprof_train.tune.verify import ATOL, RTOL
 
 from conftest import ROOT, SMALL_RUN, foreground_sigint, free_port, subprocess_env, torchrun, trainer_command
 
@@ -184,6 +187,37 @@ def one_step_off_command(
     command = trainer_command(folder, *SMALL_RUN, *overrides, prefix=(*torchrun(processes), "-m"))
     command[command.index("rlprof_train.main_ppo")] = module
     return command
+
+
+@pytest.mark.slow
+def test_a_runs_learning_does_not_depend_on_how_its_processes_are_split_between_the_pools(tmp_path):
+    """Three processes, one generating or two (the split ``tune`` searches), the trainer computing the old log-probs:
+    every learning metric tune's verification compares (GAE: the critic's too) is equal for the first 3 steps within
+    its tolerance. The rollout samples each prompt from its own noise key (the same tokens whichever process samples
+    it) and the losses are normalised by the whole batch's counts (the same gradient, and the same logged loss, on 1
+    or 2 trainer processes)."""
+    runs = []
+    for rollout in (1, 2):
+        folder = tmp_path / f"rollout{rollout}"
+        command = one_step_off_command(
+            folder,
+            f"rollout.n_gpus_per_node={rollout}",
+            "trainer.total_training_steps=3",
+            "algorithm.rollout_correction.bypass_mode=false",
+            "algorithm.adv_estimator=gae",  # a critic's loss too
+            "actor_rollout_ref.actor.ppo_epochs=2",  # a second pass: a policy loss that is not 0 (on-policy it is)
+        )
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
+        assert result.returncode == 0, result.stderr[-3000:]
+        records = [r for r in read_jsonl(folder / "logs" / "metrics.jsonl") if "actor/pg_loss" in r]
+        runs.append([{key: r[key] for key in LEARNING_KEYS if key in r} for r in records])
+    one, two = runs
+    assert len(one) == len(two) == 3 and all(len(step) == 6 for step in one)
+    assert all(step["actor/pg_loss"] != 0 and step["critic/vf_loss"] != 0 for step in one)
+    for step, (a, b) in enumerate(zip(one, two, strict=True), start=1):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert math.isclose(a[key], b[key], rel_tol=RTOL, abs_tol=ATOL), (step, key, a[key], b[key])
 
 
 @pytest.mark.slow
