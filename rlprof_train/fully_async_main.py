@@ -19,8 +19,8 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
+from rlprof_train.config.verl_compat import ONE_STEP_OFF_DEFAULTS
 from rlprof_train.main_ppo import main as main_ppo
-from rlprof_train.one_step_off_policy import ONE_STEP_OFF_DEFAULTS
 
 
 def main(argv: Optional[list[str]] = None) -> int:

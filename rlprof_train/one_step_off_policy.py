@@ -16,10 +16,8 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
+from rlprof_train.config.verl_compat import ONE_STEP_OFF_DEFAULTS
 from rlprof_train.main_ppo import main as main_ppo
-
-ONE_STEP_OFF_DEFAULTS = ("algorithm.rollout_correction.bypass_mode=true",)
-"""verl's one-step-off config over its trainer's defaults, that apply here (before the command line's overrides)."""
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -99,6 +99,9 @@ ASYNC_TRAINING = (
     f"{ARR}.hybrid_engine) and python -m rlprof_train.fully_async_main (those, rollout.total_rollout_steps and "
     "async_training.*); leave them out for the synchronous form"
 )
+ONE_STEP_OFF_DEFAULTS = ("algorithm.rollout_correction.bypass_mode=true",)
+"""verl's one-step-off config over its trainer's defaults, that apply to both asynchronous trainers here (before the
+command line's overrides)."""
 POOL_KEYS = frozenset({"rollout.nnodes", "rollout.n_gpus_per_node", f"{ARR}.hybrid_engine"})
 """The asynchronous trainers' keys (their rollout pool): refused by ``main_ppo`` as verl's asynchronous keys."""
 FULLY_ASYNC_KEYS = frozenset(

@@ -24,7 +24,9 @@ from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
 from rlprof.typed_config import ConfigError, bounds, build
-from rlprof_train.config.load import load_trainer_config
+from rlprof_train.config.load import load
+from rlprof_train.config.schema import TrainerMode
+from rlprof_train.config.verl_compat import ONE_STEP_OFF_DEFAULTS
 from rlprof_train.preflight import validate
 from rlprof_train.tune.search import Budget, Search, SearchResult, SearchSettings, speed_ratio
 from rlprof_train.tune.space import as_overrides, knobs_for
@@ -57,11 +59,24 @@ class TuneConfig:
     max_trials: Optional[int] = field(default=None, metadata=bounds(ge=1))
     """Configurations to measure besides the base, at most (null: as many as the budget allows)."""
     nproc_per_node: int = field(default=1, metadata=bounds(ge=1))
-    """Processes per trial (each trial runs under torchrun when more than 1)."""
+    """Processes per trial (each trial runs under torchrun when more than 1); the one-step-off trainer's are both
+    pools'."""
+    trainer: str = "sync"
+    """The trainer the trials run: ``sync`` (``rlprof_train.main_ppo``) or ``one_step_off``
+    (``rlprof_train.one_step_off_policy``, whose split between the pools is searched too). Not ``fully_async``: its
+    samples depend on when each sync lands, so two runs of one config differ and no trial can be checked against
+    the base."""
     trial_timeout_s: Optional[float] = field(default=None, metadata=bounds(gt=0))
     """A trial run taking longer fails (default: 5x the base's first run, at least 120 s)."""
     dir: Optional[str] = None
     """Where the results go (default ``outputs/tune/{time}``)."""
+
+
+TRAINERS: dict[str, tuple[TrainerMode, str, tuple[str, ...]]] = {
+    "sync": ("sync", "rlprof_train.main_ppo", ()),
+    "one_step_off": ("one_step_off", "rlprof_train.one_step_off_policy", ONE_STEP_OFF_DEFAULTS),
+}
+"""``tune.trainer``: its mode, its module and the defaults that module puts before the command line."""
 
 
 def parse(argv: list[str]) -> tuple[TuneConfig, list[str]]:
@@ -71,7 +86,16 @@ def parse(argv: list[str]) -> tuple[TuneConfig, list[str]]:
         data = OmegaConf.to_container(OmegaConf.from_dotlist(tune_args))
     except OmegaConfBaseException as exc:
         raise ConfigError(f"tune: {' '.join(str(exc).split())}") from None
-    return build(TuneConfig, data, "tune"), [a for a in argv if not a.startswith("tune.")]
+    tune = build(TuneConfig, data, "tune")
+    if tune.trainer not in TRAINERS:
+        why = (
+            ": its samples depend on when each weight sync lands, so two runs of one config differ and a trial cannot "
+            "be checked against the base"
+            if tune.trainer == "fully_async"
+            else ""
+        )
+        raise ConfigError(f"tune.trainer={tune.trainer!r} is not tuned{why}; allowed: {', '.join(TRAINERS)}")
+    return tune, [a for a in argv if not a.startswith("tune.")]
 
 
 def default_memory_limit_gb() -> float:
@@ -107,8 +131,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     try:
         tune, overrides = parse(argv)
-        cfg = load_trainer_config(overrides)
-        validate(cfg, tune.nproc_per_node)
+        mode, module, defaults = TRAINERS[tune.trainer]
+        cfg = load([*defaults, *overrides], tune.nproc_per_node, mode=mode).cfg
+        validate(cfg, tune.nproc_per_node, mode)
         knobs = knobs_for(cfg, tune.space)
     except (ConfigError, ValueError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
@@ -118,7 +143,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     root.mkdir(parents=True, exist_ok=True)
     limit = tune.memory_limit_gb or default_memory_limit_gb()
     budget = Budget(tune.budget_minutes * 60)
-    launch = Launch(overrides, root, tune.nproc_per_node, tune.trial_timeout_s or budget.seconds)
+    launch = Launch(overrides, root, tune.nproc_per_node, tune.trial_timeout_s or budget.seconds, module)
     settings = SearchSettings(
         tune.warmup_steps,
         tune.trial_steps,
@@ -148,7 +173,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if partial is None:
             save(search.trials, root / "results.json", {"stopped": f"interrupted by {stop.name}"})
         else:
-            write_results(root, overrides, partial, None, limit, budget)
+            write_results(root, launch, partial, None, limit, budget)
         print(
             f"tune: interrupted by {stop.name} after {len(search.trials)} configurations; the trial running was "
             f"stopped; {'results so far' if partial else 'no result yet'} in {root}",
@@ -163,7 +188,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         verification = verify(
             search.launch, result.base, result.best, tune.warmup_steps, tune.verify_steps, tune.verify_repeats, progress
         )
-    write_results(root, overrides, result, verification, limit, budget)
+    write_results(root, launch, result, verification, limit, budget)
     print((root / "results.md").read_text())
     return 0
 
@@ -210,15 +235,16 @@ HEADER += ["status", "notes"]
 
 def write_results(
     root: Path,
-    overrides: list[str],
+    launch: Launch,
     result: SearchResult,
     verification: Optional[Verification],
     limit: float,
     budget: Budget,
 ) -> None:
-    best = result.best
+    best, overrides = result.best, launch.base
     best_overrides = as_overrides(best.changes)
-    command = " ".join(["python -m rlprof_train.main_ppo", *_each_key_once([*overrides, *best_overrides])])
+    start = f"torchrun --nproc_per_node {launch.nproc} -m" if launch.nproc > 1 else "python -m"
+    command = " ".join([start, launch.module, *_each_key_once([*overrides, *best_overrides])])
     yaml = OmegaConf.to_yaml(OmegaConf.from_dotlist(best_overrides)) if best_overrides else "{}\n"
     (root / "best.yaml").write_text(yaml)
     (root / "best_command.txt").write_text(command + "\n")

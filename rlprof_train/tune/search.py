@@ -216,7 +216,7 @@ class Search:
         for knob in self.knobs:
             if knob.group != group:
                 continue
-            for change in knob.candidates(self.cfg, self.world):
+            for change in knob.candidates(self.cfg, self.world if group == "pools" else self.trainer_processes(best)):
                 changes = {**best.changes, **change}
                 changes = {k: v for k, v in changes.items() if _base_value(self.cfg, k) != v}
                 key = tuple(sorted(changes.items()))
@@ -226,6 +226,10 @@ class Search:
                 out.append(Trial(f"t{len(self.trials) + len(out):02d}", changes))
         self.trials.extend(out)
         return out
+
+    def trainer_processes(self, trial: Trial) -> int:
+        """The processes that train in ``trial``: the launch's, less the rollout pool's where it has one."""
+        return self.world - int(trial.changes.get("rollout.n_gpus_per_node", self.cfg.rollout.n_gpus_per_node))
 
     def halve(self, candidates: list[Trial]) -> Optional[Trial]:
         """Successive halving: run all, keep the faster half, run those again, until one is left."""
@@ -275,7 +279,9 @@ def _span(interval: Interval) -> str:
 
 
 def _base_value(cfg: TrainerConfig, key: str) -> Any:
+    """The base config's value of ``key``; None for a launch key that the config does not hold
+    (``trainer.n_gpus_per_node``: checked against the launch, never stored)."""
     node: Any = cfg
     for part in key.split("."):
-        node = getattr(node, part)
+        node = getattr(node, part, None)
     return node

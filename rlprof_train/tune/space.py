@@ -30,9 +30,11 @@ class Knob:
     key: str
     """The dotted trainer key (or keys joined by ``+`` for a coupled pair: use_dynamic_bsz + its budget)."""
     group: str
-    """``micro_batching``, ``log_prob``, ``packing``, ``token_budget``, ``memory``, ``rollout`` or ``compile``."""
+    """``micro_batching``, ``log_prob``, ``packing``, ``token_budget``, ``memory``, ``rollout``, ``compile`` or
+    ``pools``."""
     candidates: Callable[[TrainerConfig, int], list[dict[str, Any]]]
-    """The overrides to try, given the base config and the number of processes (the base's value left out)."""
+    """The overrides to try, given the base config and the number of processes (the base's value left out): the
+    trainer's processes for its knobs, the launch's for the split between the pools."""
     applies: Applies
     """Whether the knob does anything for this config (the critic's knobs only with a critic, ...)."""
 
@@ -95,6 +97,28 @@ def token_budget(switch: str, budget: str, prompts: Callable[[TrainerConfig], in
 def choices(key: str, values: Sequence[Any], applies: Applies) -> Knob:
     """A rollout engine setting, tried at each of ``values``."""
     return Knob(key, "rollout", lambda cfg, world: [{key: v} for v in values if v != _get(cfg, key)], applies)
+
+
+def pool_split() -> Knob:
+    """The asynchronous trainers' split of the launch's processes (one node): the rollout pool's
+    ``rollout.n_gpus_per_node`` at every size that leaves the trainer one, ``trainer.n_gpus_per_node`` set to the
+    rest (as verl's scripts give it). What each pool computes stays the same: the rollout samples each prompt from
+    its own noise key (the same tokens whichever process samples it) and the losses are normalised by the whole
+    batch's counts."""
+
+    def candidates(cfg: TrainerConfig, world: int) -> list[dict[str, Any]]:
+        current = cfg.rollout.n_gpus_per_node
+        return [
+            {"rollout.n_gpus_per_node": size, "trainer.n_gpus_per_node": world - size}
+            for size in range(1, world)
+            if size != current
+        ]
+
+    return Knob("rollout.n_gpus_per_node+trainer.n_gpus_per_node", "pools", candidates, _has_rollout_pool)
+
+
+def _has_rollout_pool(cfg: TrainerConfig) -> bool:
+    return cfg.rollout.n_gpus_per_node > 0 and cfg.rollout.nnodes == 1
 
 
 def _always(cfg: TrainerConfig) -> bool:
@@ -180,15 +204,46 @@ KNOBS = (
     choices(f"{ARR}.rollout.kv_cache_space_gb", (1, 2, 4), _read_by_rollout("kv_cache_space_gb", "cpu")),
     compiled(f"{ARR}.rollout.enforce_eager", _read_by_rollout("enforce_eager")),
     compiled(f"{ARR}.model.torch_compile", _always),
+    pool_split(),
 )
 TUNABLE = tuple(part for knob in KNOBS for part in knob.key.split("+"))
 """Every key a trial may change."""
 GROUP_ORDER = {
-    "rollout-bound": ("rollout", "log_prob", "micro_batching", "packing", "token_budget", "compile", "memory"),
-    "training-bound": ("micro_batching", "log_prob", "packing", "token_budget", "rollout", "compile", "memory"),
-    "memory-bound": ("memory", "token_budget", "packing", "micro_batching", "log_prob", "rollout", "compile"),
+    "async-rollout-bound": (
+        "rollout",
+        "pools",
+        "log_prob",
+        "micro_batching",
+        "packing",
+        "token_budget",
+        "compile",
+        "memory",
+    ),
+    "async-train-bound": (
+        "micro_batching",
+        "pools",
+        "log_prob",
+        "packing",
+        "token_budget",
+        "rollout",
+        "compile",
+        "memory",
+    ),
+    "rollout-bound": ("rollout", "pools", "log_prob", "micro_batching", "packing", "token_budget", "compile", "memory"),
+    "training-bound": (
+        "micro_batching",
+        "pools",
+        "log_prob",
+        "packing",
+        "token_budget",
+        "rollout",
+        "compile",
+        "memory",
+    ),
+    "memory-bound": ("memory", "token_budget", "packing", "micro_batching", "log_prob", "rollout", "compile", "pools"),
 }
-"""Which knob groups are searched first, by what ``rlprof report`` diagnosed on the base trial."""
+"""Which knob groups are searched first, by what ``rlprof report`` diagnosed on the base trial (an asynchronous
+trainer's own rules first: the pool's own speed knobs, then the split between the pools, as the report advises)."""
 DEFAULT_ORDER = GROUP_ORDER["training-bound"]
 
 
@@ -207,8 +262,9 @@ def knobs_for(cfg: TrainerConfig, space: Sequence[str] | None) -> list[Knob]:
 
 
 def ordered_groups(findings: Sequence[str]) -> tuple[str, ...]:
-    """The group order for the first of ``findings`` (rule names of ``rlprof report``) that has one."""
-    for finding in findings:
+    """The group order for ``findings`` (rule names of ``rlprof report``): an asynchronous trainer's own rule first
+    (which pool sets the pace), else the first of them that has an order."""
+    for finding in sorted(findings, key=lambda name: not name.startswith("async-")):
         if finding in GROUP_ORDER:
             return GROUP_ORDER[finding]
     return DEFAULT_ORDER

@@ -99,6 +99,8 @@ class Launch:
     nproc: int
     """Processes per trial (``torchrun --nproc_per_node``)."""
     timeout_s: float
+    module: str = "rlprof_train.main_ppo"
+    """The trainer's module (``python -m``): the synchronous trainer's or the one-step-off one's."""
 
 
 def command(launch: Launch, overrides: list[str], folder: Path, steps: int) -> list[str]:
@@ -108,7 +110,7 @@ def command(launch: Launch, overrides: list[str], folder: Path, steps: int) -> l
     return [
         *prefix,
         "-m",
-        "rlprof_train.main_ppo",
+        launch.module,
         *launch.base,
         *overrides,
         f"trainer.total_training_steps={steps}",

@@ -134,6 +134,8 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
             for trainer in ("one-step-off", "fully-async")
         ),
         "tests/rlprof_train/test_tune.py::test_vllms_knobs_are_searched_with_the_vllm_rollout",
+        "tests/rlprof_train/test_tune.py::test_tune_searches_the_one_step_off_trainers_pool_split_and_verifies_the_"
+        "same_math",
         "tests/rlprof_train/test_vllm.py::test_verls_rollout_prometheus_keys_put_vllms_series_and_every_dashboard_query_"
         "in_a_real_server",
         *(

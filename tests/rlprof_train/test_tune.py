@@ -6,17 +6,19 @@ knobs."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from rlprof_train.config.load import load_trainer_config
+from rlprof_train.config.load import load, load_trainer_config
 from rlprof_train.tune.cli import main
 from rlprof_train.tune.search import Budget, Search, SearchSettings
-from rlprof_train.tune.space import GROUP_ORDER, KNOBS, TUNABLE, knobs_for
+from rlprof_train.tune.space import GROUP_ORDER, KNOBS, TUNABLE, knobs_for, ordered_groups
 from rlprof_train.tune.trial import Launch, Measurement, Trial
+from rlprof_train.tune.verify import ATOL, RTOL
 
 from conftest import ROOT, subprocess_env
 from tune_runs import ARR, POOR_BASE, POOR_BASE_SEARCH
@@ -73,6 +75,35 @@ def test_the_compile_switches_are_searched_where_the_trainer_takes_them():
     assert not {eager, compiled} & searched(f"{ARR}.actor.zero_stage=3")  # the trainer refuses both under ZeRO 3
     assert eager in searched(f"{ARR}.actor.zero_stage=3", f"{ARR}.rollout.name=vllm")  # vLLM's CUDA graphs
     assert compiled not in searched(f"{ARR}.actor.zero_stage=3", f"{ARR}.rollout.name=vllm")
+
+
+def test_the_one_step_off_trainers_split_between_its_pools_is_searched_and_the_fully_async_trainer_is_refused(
+    capsys, tmp_path
+):
+    """tune.trainer=one_step_off: the rollout pool at every size that leaves the trainer a process (verl's
+    trainer.n_gpus_per_node set to the rest), the other knobs sized by the trial's trainer processes; no split for
+    the synchronous trainer; fully_async refused in one line, with why, before any trial."""
+    one_step_off = load(["--config-name=demo", "rollout.n_gpus_per_node=1"], 4, mode="one_step_off").cfg
+    (split,) = [knob for knob in knobs_for(one_step_off, None) if knob.group == "pools"]
+    assert split.candidates(one_step_off, 4) == [
+        {"rollout.n_gpus_per_node": 2, "trainer.n_gpus_per_node": 2},
+        {"rollout.n_gpus_per_node": 3, "trainer.n_gpus_per_node": 1},
+    ]
+    assert not [knob for knob in knobs_for(load_trainer_config(["--config-name=demo"]), None) if knob.group == "pools"]
+    settings = SearchSettings(1, 3, None, verify_runs=2, verify_steps=3)
+    search = Search(one_step_off, 4, [split], Launch([], tmp_path, 4, 60), settings, Budget(60), print)
+    assert search.trainer_processes(Trial("base", {})) == 3
+    assert search.trainer_processes(Trial("t01", split.candidates(one_step_off, 4)[1])) == 1
+    assert [t.changes for t in search.candidates(Trial("base", {}), "pools")] == split.candidates(one_step_off, 4)
+    # the report's rules on a one-step-off run: its own pace first (a run measured here fired all three)
+    assert ordered_groups(["training-bound", "straggler-bound", "async-train-bound"])[:2] == ("micro_batching", "pools")
+    assert ordered_groups(["training-bound", "async-rollout-bound"])[:2] == ("rollout", "pools")
+    assert ordered_groups(["memory-bound", "rollout-bound"])[0] == "memory"  # otherwise the first that has an order
+    assert main(["--config-name=demo", "tune.trainer=fully_async", f"tune.dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "tune.trainer='fully_async' is not tuned: its samples depend on when each weight sync lands" in err
+    assert "allowed: sync, one_step_off" in err and not list(tmp_path.iterdir())
 
 
 def test_a_run_is_expected_to_take_the_quickest_start_up_plus_its_steps_and_the_verification_is_held_back(tmp_path):
@@ -274,3 +305,36 @@ def test_a_budget_that_ends_before_the_base_has_run_once_says_so(tmp_path):
         result.stderr
     )
     assert "give a larger tune.budget_minutes (now 0.01;" in result.stderr and "does not run" not in result.stderr
+
+
+@pytest.mark.long  # six three-process runs, about 6 minutes on 2 cores: left out of scripts/test.sh, run with -m long
+def test_tune_searches_the_one_step_off_trainers_pool_split_and_verifies_the_same_math(tmp_path):
+    """The demo on three processes, one of them generating (verl's one-step-off trainer with the trainer computing
+    its old log-probs): tune measures the other split (two generate, one trains), and whichever wins, the runs'
+    first steps have the same learning metrics: the split changes where the work runs, not what is computed."""
+    result, results = tune(
+        tmp_path,
+        "--config-name=demo",
+        "rollout.n_gpus_per_node=1",
+        "algorithm.rollout_correction.bypass_mode=false",
+        "tune.trainer=one_step_off",
+        "tune.nproc_per_node=3",
+        "tune.space=[rollout.n_gpus_per_node,trainer.n_gpus_per_node]",
+        "tune.budget_minutes=30",
+        "tune.verify_repeats=1",
+        "tune.verify_steps=3",
+    )
+    print(result.stdout)
+    measured = {tuple(sorted(t["changes"].items())) for t in results["trials"] if t["runs"]}
+    assert measured == {(), (("rollout.n_gpus_per_node", 2), ("trainer.n_gpus_per_node", 1))}
+    command = (tmp_path / "tune" / "best_command.txt").read_text().split()
+    assert command[:5] == ["torchrun", "--nproc_per_node", "3", "-m", "rlprof_train.one_step_off_policy"]
+    if results["best_overrides"]:
+        verification = results["verification"]
+        assert verification["same_math"] and verification["compared"] >= 9, verification
+    else:  # the base won: compare its runs with the split's first run directly, as the verification would
+        runs = {tuple(sorted(t["changes"].items())): t["runs"][0]["first_steps"] for t in results["trials"]}
+        base, other = runs[()], runs[(("rollout.n_gpus_per_node", 2), ("trainer.n_gpus_per_node", 1))]
+        compared = [(a[key], b[key]) for a, b in zip(base, other, strict=True) for key in set(a) & set(b)]
+        assert len(compared) >= 9
+        assert all(math.isclose(x, y, rel_tol=RTOL, abs_tol=ATOL) for x, y in compared), (base, other)
