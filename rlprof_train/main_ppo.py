@@ -26,7 +26,7 @@ from rlprof.typed_config import ConfigError
 from rlprof_train.config import TrainerConfig, as_dict
 from rlprof_train.config.load import load, training_device
 from rlprof_train.config.schema import TrainerMode
-from rlprof_train.launch import launch_world, settle_local_rank
+from rlprof_train.launch import LaunchWorld, launch_world, settle_local_rank
 from rlprof_train.preflight import validate
 
 if TYPE_CHECKING:
@@ -70,19 +70,15 @@ def main(argv: Optional[list[str]] = None, mode: TrainerMode = "sync") -> int:
 
     settle_local_rank(launched)
     from rlprof_train.fully_async_trainer import FullyAsyncTrainer
-    from rlprof_train.pools import device_index, join_pool
+    from rlprof_train.pools import join_pool
     from rlprof_train.progress import Progress
     from rlprof_train.trainer import PPOTrainer
     from rlprof_train.workers.engine import init_distributed
 
-    links: list[Link] = []
-    join = (lambda backend, timeout: links.append(join_pool(pool, backend, timeout))) if pool else None
     device = training_device(cfg)
-    cuda_index = None
-    if pool is not None and device == "cuda":  # the pools share the node's GPUs where it has fewer than processes
-        import torch
-
-        cuda_index = device_index(pool, launched.per_node, launched.local_rank, torch.cuda.device_count())
+    cuda_index, weights_device = gpu_placement(pool, device, launched)
+    links: list[Link] = []
+    join = (lambda backend, timeout: links.append(join_pool(pool, backend, timeout, weights_device))) if pool else None
     env = init_distributed(device, cfg.trainer.collective_timeout_s, join, cuda_index)
     link = links[0] if links else None
     progress = Progress(env.rank, env.world_size, cfg.trainer.collective_timeout_s)
@@ -101,10 +97,28 @@ def main(argv: Optional[list[str]] = None, mode: TrainerMode = "sync") -> int:
     )
     for note in loaded.notes:  # what became of verl's spellings
         log(f"config: {note}")
+    if link is not None:
+        how = "GPU to GPU over NCCL" if link.weights is not None else "as host copies over gloo"
+        log(f"rollout pool: the weights cross {how} (rlprof_train.pools.weights_on_gpus)")
     held = env.memory_at_start[1] - env.memory_at_start[0] if env.memory_at_start else None
     trainer = FullyAsyncTrainer if mode == "fully_async" else PPOTrainer
     fit = lambda: trainer(cfg, env, run_id, log, progress, link, launched.per_node).fit()  # noqa: E731
     return finish(train(fit, env.rank, progress, as_dict(cfg), held), progress)
+
+
+def gpu_placement(pool: Optional[Pool], device: str, launched: LaunchWorld) -> tuple[Optional[int], Any]:
+    """An asynchronous trainer's process on CUDA: (its GPU, that GPU where the weights cross GPU to GPU, else None);
+    (None, None) otherwise. The pools share a node's GPUs where it has fewer than processes
+    (:func:`~rlprof_train.pools.device_index`, :func:`~rlprof_train.pools.weights_on_gpus`)."""
+    if pool is None or device != "cuda":
+        return None, None
+    import torch
+
+    from rlprof_train.pools import device_index, weights_on_gpus
+
+    visible = torch.cuda.device_count()
+    index = device_index(pool, launched.per_node, launched.local_rank, visible)
+    return index, torch.device("cuda", index) if weights_on_gpus(device, launched.per_node, visible) else None
 
 
 def serve_rollout(cfg: TrainerConfig, pool: Pool, link: Link, env: DistEnv, mode: TrainerMode) -> None:

@@ -5,10 +5,12 @@ the first ``W - R`` train, the last ``R = rollout.nnodes * rollout.n_gpus_per_no
 group of its own, made over the launch's rendezvous store under the pool's prefix with the pool's own ranks
 (``0 .. size - 1``), so DeepSpeed, the trainer's collectives and its stall reports see one pool only. Two gloo groups
 join the pools (:class:`Link`): ``orders`` (trainer rank 0 and every rollout process: what to generate, the weights)
-and ``batches`` (every process: the generated batches, to every trainer rank). Both carry host memory: on a GPU the
-weights cross as host copies (no NCCL group joins the pools yet). On GPUs, each process has a GPU of its own where
-the node has one for each (its local rank); where it has fewer, the pools share them (:func:`device_index`: one GPU
-holds a process of each pool, as on a one-GPU machine).
+and ``batches`` (every process: the generated batches, to every trainer rank). Both carry host memory. On GPUs, each
+process has a GPU of its own where the node has one for each (its local rank), and the weights go from trainer rank
+0's GPU to the rollout processes' over a third group, ``weights`` (NCCL, the same members as ``orders``); where a node
+has fewer GPUs than processes, the pools share them (:func:`device_index`: one GPU holds a process of each pool, as on
+a one-GPU machine) and the weights cross as host copies over ``orders`` (NCCL takes one rank a GPU, and trainer rank 0
+shares its GPU with a rollout process: :func:`weights_on_gpus`).
 """
 
 from __future__ import annotations
@@ -86,6 +88,13 @@ def sharing_problem(world_size: int, per_node: int, rollout_size: int, visible: 
     return None
 
 
+def weights_on_gpus(device: str, per_node: int, visible: int) -> bool:
+    """Whether the weights cross GPU to GPU (an NCCL group): on CUDA where each of a node's ``per_node`` processes has
+    one of its ``visible`` GPUs to itself. Where the pools share GPUs, trainer rank 0 and a rollout process are on one
+    GPU, which an NCCL group cannot hold twice: the weights cross as host copies over gloo."""
+    return device == "cuda" and per_node <= visible
+
+
 def rollout_pool_size(nnodes: int, n_gpus_per_node: int, world_size: int) -> int:
     """``rollout.nnodes * rollout.n_gpus_per_node`` processes, checked to leave the trainer at least one; else a
     :class:`ConfigError` naming both keys, the launch and what is allowed."""
@@ -99,8 +108,11 @@ def rollout_pool_size(nnodes: int, n_gpus_per_node: int, world_size: int) -> int
     return size
 
 
-def join_pool(pool: Pool, backend: str, timeout: datetime.timedelta) -> Link:
-    """Make this process's pool group the default process group (pool ranks), and the link between the pools.
+def join_pool(
+    pool: Pool, backend: str, timeout: datetime.timedelta, weights_device: Optional[torch.device] = None
+) -> Link:
+    """Make this process's pool group the default process group (pool ranks), and the link between the pools
+    (``weights_device``: this process's GPU where the weights cross GPU to GPU, :func:`weights_on_gpus`).
 
     The launcher's rendezvous (``env://``: ``MASTER_ADDR``, ``MASTER_PORT``, torchrun's agent store) gives the store
     all of them are made over. ``RANK`` and ``WORLD_SIZE`` are then the pool's, as DeepSpeed reads them."""
@@ -122,15 +134,18 @@ def join_pool(pool: Pool, backend: str, timeout: datetime.timedelta) -> Link:
         timeout=timeout,
     )
     os.environ.update(RANK=str(pool.rank), WORLD_SIZE=str(pool.size))
-    return Link(store, pool, timeout)
+    return Link(store, pool, timeout, weights_device)
 
 
 class Link:
     """The groups between the pools. ``orders``: trainer rank 0 (its rank 0) and the rollout processes (1 + their
-    pool rank); ``batches``: every process by launch rank. Every call is a collective of its group, made in the same
-    order by every member; a peer that is gone makes it raise (within the collective timeout)."""
+    pool rank); ``batches``: every process by launch rank; ``weights`` (with a ``weights_device``): the members of
+    ``orders``, over NCCL on their GPUs. Every call is a collective of its group, made in the same order by every
+    member; a peer that is gone makes it raise (within the collective timeout)."""
 
-    def __init__(self, store: Any, pool: Pool, timeout: datetime.timedelta) -> None:
+    def __init__(
+        self, store: Any, pool: Pool, timeout: datetime.timedelta, weights_device: Optional[torch.device] = None
+    ) -> None:
         import torch.distributed as dist
         from torch._C._distributed_c10d import PrefixStore
 
@@ -143,10 +158,20 @@ class Link:
         )
         in_orders = pool.name == "rollout" or pool.rank == 0
         self.orders: Optional[Any] = None
+        self.weights: Optional[Any] = None
+        self.weights_device = torch.device("cpu")
+        """Where the weights cross: this process's GPU over ``weights``, else the host over ``orders``."""
         if in_orders:
             rank = 1 + pool.rank if pool.name == "rollout" else 0
             prefix = PrefixStore("link/orders/", store)
             self.orders = dist.ProcessGroupGloo(prefix, rank, 1 + pool.rollout_size, timeout)
+            if weights_device is not None:
+                options = dist.ProcessGroupNCCL.Options()  # CUDA builds only
+                options._timeout = timeout
+                self.weights = dist.ProcessGroupNCCL(
+                    PrefixStore("link/weights/", store), rank, 1 + pool.rollout_size, options
+                )
+                self.weights_device = weights_device
 
     # ------------------------------------------------------------------------------------------------ orders
 
@@ -180,11 +205,11 @@ class Link:
 
     def send_weights(self, tensors: Sequence[torch.Tensor]) -> int:
         """Trainer rank 0: ``tensors`` (the policy's parameters, in ``named_parameters`` order) to every rollout
-        process, one flat host buffer per dtype; the bytes sent."""
+        process, one flat buffer per dtype on :attr:`weights_device`; the bytes sent."""
         sent = 0
         for dtype in sorted({t.dtype for t in tensors}, key=str):
-            flat = torch.cat([t.detach().reshape(-1).to("cpu") for t in tensors if t.dtype == dtype])
-            self._broadcast(flat)
+            flat = torch.cat([t.detach().reshape(-1).to(self.weights_device) for t in tensors if t.dtype == dtype])
+            self._broadcast_weights(flat)
             sent += flat.numel() * flat.element_size()
         return sent
 
@@ -195,8 +220,8 @@ class Link:
         received = 0
         for dtype in sorted({t.dtype for t in tensors}, key=str):
             same = [t for t in tensors if t.dtype == dtype]
-            flat = torch.empty(sum(t.numel() for t in same), dtype=dtype)
-            self._broadcast(flat)
+            flat = torch.empty(sum(t.numel() for t in same), dtype=dtype, device=self.weights_device)
+            self._broadcast_weights(flat)
             received += flat.numel() * flat.element_size()
             offset = 0
             for t in same:
@@ -204,13 +229,17 @@ class Link:
                 offset += t.numel()
         return received
 
-    def _broadcast(self, tensor: torch.Tensor) -> None:
+    def _broadcast_weights(self, tensor: torch.Tensor) -> None:
+        self._broadcast(tensor, self.weights)
+
+    def _broadcast(self, tensor: torch.Tensor, group: Optional[Any] = None) -> None:
+        """``tensor`` from rank 0 of ``group`` (default ``orders``) to its other members."""
         import torch.distributed as dist
 
         assert self.orders is not None, "only trainer rank 0 and the rollout processes are in the orders group"
         options = dist.BroadcastOptions()
         options.rootRank = 0
-        self.orders.broadcast([tensor], options).wait()
+        (group or self.orders).broadcast([tensor], options).wait()
 
     # ------------------------------------------------------------------------------------------------ batches
 

@@ -187,7 +187,8 @@ class RolloutProcess:
             self.link.exchange(window)  # has the window, logged with the step that synced
 
     def seed_sampling(self) -> None:
-        """Seed the next sampling as the trainer seeds its steps: a run repeats."""
+        """Seed torch's random state for the next sampling as the trainer seeds its steps: what samples from it (a
+        model sampled by ``generate``, whose noise is not keyed) repeats from run to run."""
         self.samplings += 1
         seed = self.cfg.trainer.seed * 100_003 + self.samplings * self.pool.world_size + self.pool.global_rank
         torch.manual_seed(seed)

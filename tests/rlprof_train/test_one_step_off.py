@@ -30,7 +30,14 @@ from rlprof.metrics.timing import timing_shares
 from rlprof.tracking.jsonl import read_jsonl
 from rlprof.typed_config import ConfigError
 from rlprof_train.one_step_off_policy import main as one_step_off_main
-from rlprof_train.pools import Link, device_index, pool_of, rollout_pool_size, sharing_problem
+from rlprof_train.pools import (
+    Link,
+    device_index,
+    pool_of,
+    rollout_pool_size,
+    sharing_problem,
+    weights_on_gpus,
+)
 from rlprof_train.rollout_pool import part
 from rlprof_train.tune.trial import LEARNING_KEYS
 from rlprof_train.tune.verify import ATOL, RTOL
@@ -41,7 +48,8 @@ from conftest import ROOT, SMALL_RUN, foreground_sigint, free_port, subprocess_e
 def test_on_gpus_each_process_has_its_own_where_the_node_has_enough_and_the_pools_share_them_where_not():
     """GPU indices by layout (no GPU needed: the count is an argument): a GPU for each process, the local rank; one
     GPU for a trainer and a rollout process, both on it; 2 GPUs a node for 3 processes, the trainer's two on 0 and 1,
-    the rollout's on 0; a pool with more processes on a node than it has GPUs is a problem, named."""
+    the rollout's on 0; a pool with more processes on a node than it has GPUs is a problem, named; the weights cross
+    GPU to GPU only where no GPU is shared."""
 
     def indices(world: int, rollout: int, per_node: int, visible: int) -> list[int]:
         pools = [pool_of(rank, world, rollout) for rank in range(world)]
@@ -57,6 +65,10 @@ def test_on_gpus_each_process_has_its_own_where_the_node_has_enough_and_the_pool
     )
     # two nodes of 2 processes with a GPU each, 2 + 2: launch ranks fill node 0 with the trainer's two
     assert "node 0 has 2 trainer and 0 rollout processes" in (sharing_problem(4, 2, 2, 1) or "")
+    # the weights cross GPU to GPU (NCCL) where each process has a GPU of its own; where the pools share, trainer rank
+    # 0 and a rollout process hold one GPU, which an NCCL group cannot: host copies over gloo, as on a CPU
+    assert weights_on_gpus("cuda", 8, 8) and weights_on_gpus("cuda", 2, 4)
+    assert not weights_on_gpus("cuda", 2, 1) and not weights_on_gpus("cuda", 3, 2) and not weights_on_gpus("cpu", 2, 0)
 
 
 def test_a_one_gpu_machine_takes_a_trainer_and_a_rollout_process_and_not_two_of_one_pool(monkeypatch, capsys):
@@ -85,7 +97,8 @@ def test_on_the_gpu_one_trains_while_one_generates_the_pools_sharing_a_gpu_or_on
     """The real device (scripts/gpu_kit.sh run --part async): a trainer and a rollout process, on one GPU when the
     machine has one (they share it), on two otherwise; 3 steps with the torch tool on step 2 (cuda activities): the
     staleness is verl's (one-step-off: 0, then 1; fully async, a sync every update, staleness 1: 0, then at most 1),
-    the weights cross each step, and both pools' traces hold kernels of their GPU."""
+    the weights cross each step (GPU to GPU over NCCL on two GPUs, as host copies on one), and both pools' traces hold
+    kernels of their GPU."""
     module, *settings = ASYNC_TRAINERS[trainer]
     command = one_step_off_command(
         tmp_path,
@@ -111,6 +124,8 @@ def test_on_the_gpu_one_trains_while_one_generates_the_pools_sharing_a_gpu_or_on
     else:
         assert staleness[0] == 0.0 and max(staleness) <= 1.0
     assert all(steps[s]["timing_s/sync_rollout_weights"] > 0 for s in (2, 3))
+    own_gpus = torch.cuda.device_count() >= 2  # one GPU each: over NCCL; one shared: host copies over gloo
+    assert ("GPU to GPU over NCCL" if own_gpus else "as host copies over gloo") in result.stderr
     kernels = {}
     for trace in sorted((tmp_path / "profile").rglob("rank*.pt.trace.json*")):  # one a process of either pool
         data = gzip.decompress(trace.read_bytes()) if trace.suffix == ".gz" else trace.read_bytes()
@@ -240,6 +255,7 @@ def test_two_train_while_one_generates_the_next_batch_a_version_behind(tmp_path)
     )
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
     assert result.returncode == 0, result.stderr[:3000]
+    assert "rollout pool: the weights cross as host copies over gloo" in result.stderr  # the CPU's way
     records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     steps = {r["step"]: r for r in records}
     assert sorted(steps) == [0, 1, 2, 3]
@@ -464,8 +480,8 @@ STOP_AT_3 = ("trainer.total_training_steps=3", "trainer.save_freq=3")
 @pytest.mark.slow
 def test_the_same_seed_samples_the_same_batches(small_runs):
     """Two runs of one config (one process trains, one generates): every step's rewards and response lengths agree
-    up to step 3, where ``resumed`` stopped, as two runs of the synchronous trainer do (the rollout process seeds
-    each sampling as the trainer seeds steps)."""
+    up to step 3, where ``resumed`` stopped, as two runs of the synchronous trainer do (each response's sampling
+    noise is keyed by its round and prompt)."""
     runs = []
     for name in ("first", "resumed"):
         records = read_jsonl(small_runs / name / "logs" / "metrics.jsonl")
