@@ -113,7 +113,7 @@ def _check_pools(cfg: TrainerConfig, world_size: int, mode: TrainerMode) -> None
 
 def _pipeline_problems(cfg: TrainerConfig) -> list[str]:
     """The fully-async trainer's pipeline: partial rollouts where a group can be continued (a backend that
-    continues token sequences, one turn), and its prompts one group at a time (verl's ``data.gen_batch_size=1``)."""
+    continues token sequences), and its prompts one group at a time (verl's ``data.gen_batch_size=1``)."""
     problems = []
     rollout = cfg.actor_rollout_ref.rollout
     if cfg.async_training.partial_rollout:
@@ -122,11 +122,6 @@ def _pipeline_problems(cfg: TrainerConfig) -> list[str]:
             problems.append(
                 f"async_training.partial_rollout=True: actor_rollout_ref.rollout.name={rollout.name!r} cannot continue "
                 f"a trajectory on new weights ({', '.join(continuing)} can); set partial_rollout=false"
-            )
-        if rollout.multi_turn.enable:
-            problems.append(
-                "async_training.partial_rollout=True: not built for multi-turn rollouts here (a trajectory's turns "
-                "are sampled on the weights its first turn started with); set partial_rollout=false"
             )
     if cfg.data.gen_batch_size not in (None, 1):
         problems.append(

@@ -48,6 +48,7 @@ from rlprof_train.workers.rollout.base import (
     noise_key,
     prompt_keys,
 )
+from rlprof_train.workers.rollout.multi_turn import MultiTurnRollout, Segments
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,8 @@ class Stream:
             if self.segment is None:
                 batch = process.rollout.generate(prompts, sampling)
                 versions = [(first, first)] * batch.size
+            elif isinstance(process.rollout, MultiTurnRollout):
+                batch, versions = self.sample_turns_in_segments(prompts, sampling, self.segment)
             else:
                 batch, versions = self.sample_in_segments(prompts, sampling, self.segment)
             batch = batch.to(torch.device("cpu"))
@@ -277,24 +280,53 @@ class Stream:
                 if not ended and len(tokens[row]) < sampling.response_length:
                     still_open.append(row)
             open_rows = still_open
-            while open_rows and self.link.pending():  # the groups pause for the orders waiting (a sync among them)
-                paused, version = time.monotonic(), process.version
-                if not self.take(self.receive("orders")):
-                    raise _Stopped
-                if process.version != version:
-                    for uid in sorted({prompts[row // sampling.n].index for row in open_rows}):
-                        process.records.write(
-                            {
-                                "event": "pause",
-                                "uid": uid,
-                                "version": process.version,
-                                "began": paused,
-                                "ended": time.monotonic(),
-                            }
-                        )
+            self.pause_for_orders(sorted({prompts[row // sampling.n].index for row in open_rows}))
         rows = [Completion(t, lp or None) for t, lp in zip(tokens, log_probs, strict=True)]
         batch = completions_batch(prompts, Completions(rows), sampling, process.tokenizer.pad_token_id, eos)
         return batch, [(first, v) for v in last]
+
+    def sample_turns_in_segments(
+        self, prompts: list[Example], sampling: SamplingParams, segment: int
+    ) -> tuple[RolloutBatch, list[tuple[int, int]]]:
+        """Partial rollouts of multi-turn trajectories: the multi-turn loop samples ``segment`` tokens of each at a
+        time (a turn cut goes on in the next call, :class:`~rlprof_train.workers.rollout.multi_turn.Segments`), and
+        between two calls the groups still going pause for the orders waiting, as :meth:`sample_in_segments`."""
+        rollout, process = self.process.rollout, self.process
+        assert isinstance(rollout, MultiTurnRollout)
+        first = process.version
+        last = [first] * (len(prompts) * sampling.n)
+
+        def between(sampled: list[int], going: list[int]) -> None:
+            for row in sampled:
+                last[row] = process.version
+            self.pause_for_orders(sorted({prompts[row // sampling.n].index for row in going}))
+
+        rollout.segments = Segments(segment, between)
+        try:
+            batch = rollout.generate(prompts, sampling)
+        finally:
+            rollout.segments = None
+        return batch, [(first, v) for v in last]
+
+    def pause_for_orders(self, uids: list[int]) -> None:
+        """The groups ``uids``, still being sampled, pause for the orders waiting (a weight sync among them: they go
+        on with the new weights), each pause across a sync recorded."""
+        process = self.process
+        while uids and self.link.pending():
+            paused, version = time.monotonic(), process.version
+            if not self.take(self.receive("orders")):
+                raise _Stopped
+            if process.version != version:
+                for uid in uids:
+                    process.records.write(
+                        {
+                            "event": "pause",
+                            "uid": uid,
+                            "version": process.version,
+                            "began": paused,
+                            "ended": time.monotonic(),
+                        }
+                    )
 
     def close(self) -> None:
         self.beside.close()

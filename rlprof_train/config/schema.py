@@ -690,8 +690,8 @@ class AsyncTrainingConfig:
     """Samples in flight at a weight sync pause for it and go on with the new weights (each trajectory records the
     first and last versions its tokens were drawn under); false: the sync waits for the group in flight, which
     finishes on the weights it started with. Here a rollout process samples its groups in flight
-    ``partial_rollout_segment`` tokens at a time and looks for a sync between two segments (continuing backends, one
-    turn)."""
+    ``partial_rollout_segment`` tokens at a time and looks for a sync between two segments (continuing backends;
+    multi-turn conversations between two calls of the multi-turn loop)."""
     concurrent_samples_per_replica: int = field(default=16, metadata=bounds(ge=1))
     """Prompt groups a rollout process samples at once (one batched call: verl's requests in flight per replica),
     at most those the budget lets it sample and its share of a local update's (a call's groups come back together)."""

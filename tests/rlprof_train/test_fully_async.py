@@ -19,6 +19,7 @@ from rlprof_train.fully_async_main import main as fully_async_main
 from rlprof_train.fully_async_trainer import aggregate_updates
 from rlprof_train.main_ppo import main as main_ppo
 from rlprof_train.one_step_off_policy import main as one_step_off_main
+from rlprof_train.preflight import validate
 from rlprof_train.rollout_stream import Budget
 
 from conftest import ROOT, subprocess_env
@@ -81,8 +82,8 @@ def test_a_steps_metrics_aggregate_its_local_updates_as_verl_does():
 
 def test_the_pipelines_keys_are_the_fully_async_trainers_and_its_limits_are_named(capsys):
     """The fully-async keys are refused by the other trainers (naming the one that takes them); verl's scripts'
-    ``data.train_batch_size=0`` becomes the local update's prompts; partial rollouts of multi-turn trajectories and
-    other ``gen_batch_size`` values are refused, all in one line."""
+    ``data.train_batch_size=0`` becomes the local update's prompts; other ``gen_batch_size`` values are refused,
+    all in one line; partial rollouts of multi-turn trajectories are taken."""
     assert main_ppo(["--config-name=demo", "async_training.require_batches=2", "--cfg", "job"]) == 2
     assert "python -m rlprof_train.fully_async_main" in capsys.readouterr().err
     pool = ["rollout.n_gpus_per_node=1", "rollout.total_rollout_steps=64"]
@@ -96,20 +97,18 @@ def test_the_pipelines_keys_are_the_fully_async_trainers_and_its_limits_are_name
     assert loaded.cfg.data.train_batch_size == 8 * loaded.cfg.async_training.require_batches
     assert any("data.train_batch_size=0: the fully-async trainer's local update takes" in n for n in loaded.notes)
 
-    bad = [
-        "actor_rollout_ref.rollout.multi_turn.enable=true",
-        "data.gen_batch_size=4",
-        "async_training.staleness_threshold=-1",
-    ]
+    bad = ["data.gen_batch_size=4", "async_training.staleness_threshold=-1"]
     code = fully_async_main(["--config-name=demo", *pool, *bad, "--cfg", "job"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert "async_training.staleness_threshold: -1.0 is out of range; allowed: a number >= 0" in err  # types first
-    code = fully_async_main(["--config-name=demo", *pool, *bad[:2], "--cfg", "job"])
+    code = fully_async_main(["--config-name=demo", *pool, *bad[:1], "--cfg", "job"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
-    assert "async_training.partial_rollout=True: not built for multi-turn rollouts here" in err
     assert "data.gen_batch_size=4: the fully-async trainer's rollout pool samples one prompt group at a time" in err
+    tools = load(["--config-name=tool_demo", *pool], 2, mode="fully_async").cfg  # multi-turn, partial rollouts
+    assert tools.async_training.partial_rollout and tools.actor_rollout_ref.rollout.multi_turn.enable
+    validate(tools, 2, "fully_async")
 
 
 RUN = (
@@ -246,6 +245,39 @@ def test_a_resumed_run_starts_both_pools_at_the_saved_version_with_no_group_trai
     assert {(r["version"], r["consumed_version"]) for r in samples if r["step"] == 4} == {(3, 3)}
     assert sorted(r["uid"] for r in samples) == sorted([p for p in range(1, 25)] * 2)  # 2 responses each
     assert all(0 <= r["consumed_version"] - r["version"] <= 1 for r in samples)
+
+
+@pytest.mark.slow
+def test_multi_turn_trajectories_pause_mid_conversation_for_a_sync_and_go_on_with_the_new_weights(tmp_path):
+    """The calculator tool demo, fully async with partial rollouts in segments of 4 tokens (1 + 1 processes, a sync
+    every update): syncs come while conversations are in flight, so they pause between two calls of the multi-turn
+    loop and go on with the new weights; each trajectory records its versions, the pauses are recorded, the turns
+    and tool calls are counted, and the partial metrics equal a count of the records."""
+    run = (
+        "rollout.n_gpus_per_node=1",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "async_training.partial_rollout_segment=4",
+        "async_training.trigger_parameter_sync_step=1",
+        "async_training.staleness_threshold=1",
+        "trainer.total_training_steps=4",
+    )
+    command = one_step_off_command(tmp_path, *run, processes=2, module="rlprof_train.fully_async_main")
+    command[command.index("--config-name=demo")] = "--config-name=tool_demo"
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = {r["step"]: r for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl")}
+    records = {rank: read_jsonl(tmp_path / "logs" / "pipeline" / f"rank{rank}.jsonl") for rank in (0, 1)}
+    samples = [r for r in records[0] if r["event"] == "sample"]
+    pauses = [r for r in records[1] if r["event"] == "pause"]
+    partial = [r for r in samples if r["version"] > r["first_version"]]
+    assert pauses and partial, "syncs came while conversations were in flight"
+    assert {r["uid"] for r in partial} <= {p["uid"] for p in pauses}
+    assert all(steps[s]["num_turns/max"] >= 3 and steps[s]["tools/calculator/calls"] > 0 for s in steps)
+    for step, metrics in steps.items():
+        spans = [r["version"] - r["first_version"] for r in samples if r["step"] == step]
+        assert metrics["fully_async/partial/partial_ratio"] == pytest.approx(sum(s > 0 for s in spans) / len(spans))
+        assert metrics["fully_async/partial/max_partial_span"] == max(spans)
 
 
 @pytest.mark.slow

@@ -236,6 +236,59 @@ def test_turn_and_length_limits_end_trajectories_as_verl(tokenizer):
     assert batch.uid == [0, 0, 0] and batch.extras["multi_turn"]["trajectories"][0].tool_calls == 1
 
 
+class Streaming(Rollout):
+    """One trajectory's scripted turns, continued where a call stopped: each call gives the next ``budget`` tokens
+    of the current turn (its text and EOS), then the next turn."""
+
+    def __init__(self, tokenizer, turns: list[str]) -> None:
+        self.turns = [ids(tokenizer, text, eos=True) for text in turns]
+        self.turn, self.offset, self.budgets = 0, 0, []
+
+    def generate(self, prompts, sampling):
+        raise AssertionError("the multi-turn loop continues sequences")
+
+    def complete(self, contexts, n, budgets, sampling, keys):
+        assert len(contexts) == n == 1, "one trajectory"
+        tokens = self.turns[min(self.turn, len(self.turns) - 1)]
+        part = tokens[self.offset : self.offset + budgets[0]]
+        self.offset += len(part)
+        if self.offset == len(tokens):
+            self.turn, self.offset = self.turn + 1, 0
+        self.budgets.append(budgets[0])
+        return Completions([Completion(part, [-0.5] * len(part))])
+
+
+def test_in_segments_a_turn_cut_goes_on_in_the_next_call_and_the_process_is_asked_between_calls(tokenizer):
+    """Partial rollouts of a multi-turn trajectory (the fully-async trainer's ``partial_rollout``): calls of at most
+    a segment's tokens; a turn cut by one goes on in the next call, counted once, its tool call read when it ends;
+    after each call the rollout process is told which trajectories sampled and which go on (where it takes a weight
+    sync). The trajectory is the one sampled without segments, token for token."""
+    from rlprof_train.workers.rollout.multi_turn import Segments
+
+    call = hermes_call("calculator", {"expression": "3*4"})
+    prompt = Example(0, tuple(ids(tokenizer, "3*4=")), "rlprof/calculator", "12")
+    batches, asked = [], []
+    for segment in (None, 4):
+        backend = Streaming(tokenizer, [call, "12"])
+        looped = MultiTurnRollout(
+            backend, [CalculatorTool({}, CALCULATOR_SCHEMA)], MultiTurnConfig(enable=True), tokenizer
+        )
+        if segment is not None:
+            looped.segments = Segments(segment, lambda sampled, going: asked.append((sampled, going)))
+        try:
+            batches.append((looped.generate([prompt], SamplingParams(1, 1.0, 1.0, -1, 256)), backend.budgets))
+        finally:
+            looped.close()
+    (whole, whole_budgets), (cut, cut_budgets) = batches
+    assert len(whole_budgets) == 2 and len(cut_budgets) > 4 and max(cut_budgets) == 4
+    assert cut.responses.tolist() == whole.responses.tolist()
+    assert cut.response_mask.tolist() == whole.response_mask.tolist()
+    assert cut.extras["reward_extra_info"] == whole.extras["reward_extra_info"]  # turns (1 + 2 + 1) and the reward
+    assert cut.extras["multi_turn"]["trajectories"][0].tool_calls == 1
+    assert len(asked) == len(cut_budgets) and all(sampled == [0] for sampled, _ in asked)
+    assert [going for _, going in asked] == [[0]] * (len(asked) - 1) + [[]]
+
+
 def test_long_replies_are_cut_as_verl_cuts_them():
     text = "abcdefghij"
     assert truncate_reply(text, 4, "left") == "abcd...(truncated)"

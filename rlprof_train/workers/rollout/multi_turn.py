@@ -25,7 +25,7 @@ which follows the rollout role's block); the step's turns, calls and time split 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -47,6 +47,18 @@ from rlprof_train.workers.rollout.base import (
     noise_key,
     prompt_keys,
 )
+
+
+@dataclass
+class Segments:
+    """Partial rollouts (the fully-async trainer's ``partial_rollout``): a call samples at most ``size`` tokens of a
+    trajectory, and a turn cut there goes on in the next call (counted as one turn, its tool calls read once it ends);
+    after each call ``between(sampled, going)`` runs with the trajectories that sampled in it and those still going
+    (the rollout process takes the orders waiting there: a weight sync pauses the batch, which goes on with the new
+    weights)."""
+
+    size: int
+    between: Callable[[list[int], list[int]], None]
 
 
 @dataclass
@@ -126,6 +138,8 @@ class MultiTurnRollout(Rollout):
         self.tokenizer = tokenizer
         self.runner = ToolRunner(tools, settings.tool_timeout_s)
         self.replies = ToolReplies(tokenizer)
+        self.segments: Optional[Segments] = None
+        """Set by a rollout process sampling partial rollouts (:mod:`rlprof_train.rollout_stream`)."""
 
     def generate(self, prompts: list[Example], sampling: SamplingParams) -> RolloutBatch:
         start = time.perf_counter()
@@ -136,27 +150,34 @@ class MultiTurnRollout(Rollout):
         sampled: list[Completions] = []
         generating_s = tool_wait_s = 0.0
         active = list(range(len(trajectories)))
+        segment = self.segments.size if self.segments is not None else limit
+        eos = self.tokenizer.eos_token_id
+        turn_tokens: dict[int, list[int]] = {}  # a turn cut by a segment: its tokens so far
         while active:
             turn_start = time.perf_counter()
+            budgets = [min(segment, limit - len(trajectories[i].response)) for i in active]
             with rlprof.profile_range("gen_turn", role="rollout"):
                 if not sampled:  # the first turn: each prompt once, its n trajectories sampled together
                     contexts = [p.prompt_ids for p in prompts]
-                    done = self.backend.complete(contexts, n, [limit] * len(prompts), sampling, keys)
+                    done = self.backend.complete(contexts, n, budgets[::n], sampling, keys)
                 else:
                     contexts = [(*trajectories[i].prompt.prompt_ids, *trajectories[i].response) for i in active]
-                    budgets = [limit - len(trajectories[i].response) for i in active]
                     own = [noise_key(keys[i // n], i % n) for i in active]  # trajectory i: response i % n of its prompt
                     done = self.backend.complete(contexts, 1, budgets, sampling, own)
             sampled.append(done)
             generating_s += time.perf_counter() - turn_start
             wanted: list[tuple[int, list[ToolCall]]] = []
-            for index, completion in zip(active, done.rows, strict=True):
+            cut: list[int] = []
+            for index, budget, completion in zip(active, budgets, done.rows, strict=True):
                 trajectory = trajectories[index]
                 trajectory.extend(completion.token_ids, True, completion.log_probs)
+                turn = turn_tokens.pop(index, []) + list(completion.token_ids)
+                if len(completion.token_ids) == budget and len(trajectory.response) < limit and turn[-1:] != [eos]:
+                    turn_tokens[index] = turn  # the segment (not the length) ended it mid-turn: it goes on next call
+                    cut.append(index)
+                    continue
                 trajectory.assistant_turns += 1
-                found = (
-                    [] if self._over(trajectory, limit) else parse_hermes(self.tokenizer.decode(completion.token_ids))
-                )
+                found = [] if self._over(trajectory, limit) else parse_hermes(self.tokenizer.decode(turn))
                 trajectory.tool_calls += len(found)
                 if found:
                     wanted.append((index, found[: self.settings.max_parallel_calls]))
@@ -165,27 +186,44 @@ class MultiTurnRollout(Rollout):
             tools_start = time.perf_counter()
             results = self._call(trajectories, wanted, calls)
             tool_wait_s += time.perf_counter() - tools_start
-            active = []
-            for (index, _), replies in zip(wanted, results, strict=True):
-                trajectory = trajectories[index]
-                tokens = self.replies.tokens(
-                    [
-                        truncate_reply(
-                            r.text, self.settings.max_tool_response_length, self.settings.tool_response_truncate_side
-                        )
-                        for r in replies
-                    ]
-                )
-                trajectory.tool_rewards += [r.reward for r in replies if r.error is None]
-                if len(trajectory.response) + len(tokens) >= limit:  # the reply would not fit: verl ends here
-                    trajectory.seconds = time.perf_counter() - start
-                    continue
-                trajectory.extend(tokens, False)
-                trajectory.user_turns += 1
-                active.append(index)
+            sampled_now, active = active, list(cut)
+            active += self._reply(trajectories, wanted, results, limit, start)
+            active.sort()
+            if self.segments is not None:
+                self.segments.between(sampled_now, active)
         scores = [self._finish(t) for t in trajectories]
         split = RolloutSplit(time.perf_counter() - start, generating_s, tool_wait_s)
         return self._batch(trajectories, scores, sampling, sampled, calls, split)
+
+    def _reply(
+        self,
+        trajectories: list[Trajectory],
+        wanted: list[tuple[int, list[ToolCall]]],
+        results: list[list[CallResult]],
+        limit: int,
+        start: float,
+    ) -> list[int]:
+        """Each calling trajectory's tool replies appended (a reply that would not fit ends it, as in verl): the
+        trajectories that go on to another turn."""
+        going = []
+        for (index, _), replies in zip(wanted, results, strict=True):
+            trajectory = trajectories[index]
+            tokens = self.replies.tokens(
+                [
+                    truncate_reply(
+                        r.text, self.settings.max_tool_response_length, self.settings.tool_response_truncate_side
+                    )
+                    for r in replies
+                ]
+            )
+            trajectory.tool_rewards += [r.reward for r in replies if r.error is None]
+            if len(trajectory.response) + len(tokens) >= limit:  # the reply would not fit: verl ends here
+                trajectory.seconds = time.perf_counter() - start
+                continue
+            trajectory.extend(tokens, False)
+            trajectory.user_turns += 1
+            going.append(index)
+        return going
 
     def _over(self, trajectory: Trajectory, limit: int) -> bool:
         """Whether the trajectory ends after this generation turn whatever it says (verl's order of checks)."""
