@@ -14,7 +14,7 @@ from rlprof_train.models import load_causal_lm, load_tokenizer
 from rlprof_train.tiny_model import create_tiny_model
 from rlprof_train.workers.rollout import SamplingParams
 from rlprof_train.workers.rollout.base import noise_key
-from rlprof_train.workers.rollout.decode import Sampling, keyed_exponential, loop_applies, sample
+from rlprof_train.workers.rollout.decode import KeyedNoise, Sampling, loop_applies, sample
 from rlprof_train.workers.rollout.hf import HFRollout, _generate
 
 
@@ -211,11 +211,12 @@ def test_asked_for_them_the_rollout_returns_each_tokens_log_prob_under_the_distr
 
 
 def test_keyed_noise_is_exponential_and_a_rows_noise_depends_on_its_key_alone():
-    """The trainer's noise (``keyed_exponential``): Exp(1) (Kolmogorov-Smirnov distance within the 99.9% bound of
-    its sample size), unrelated between neighbouring tokens, steps and keys, and the same for a key whatever the
-    other rows of its batch."""
-    keys = torch.tensor([noise_key(7, row) for row in range(64)])
-    noise = keyed_exponential(keys, 3, 4096)  # [64, 4096]
+    """The trainer's noise (``KeyedNoise``): Exp(1) (Kolmogorov-Smirnov distance within the 99.9% bound of its sample
+    size), unrelated between neighbouring keys, and a row's draws the same whatever the other rows of its batch or
+    which of them still draw."""
+    keys = [noise_key(7, row) for row in range(64)]
+    cpu = torch.device("cpu")
+    noise = KeyedNoise(keys, cpu).draw(range(64), 4096, torch.float32, cpu)  # [64, 4096]
     values = noise.flatten().double().sort().values
     size = values.numel()
     expected = 1 - torch.exp(-values)
@@ -223,14 +224,14 @@ def test_keyed_noise_is_exponential_and_a_rows_noise_depends_on_its_key_alone():
         (torch.arange(1, size + 1) / size - expected).abs().max(), (torch.arange(size) / size - expected).abs().max()
     )
     assert distance < 1.95 / size**0.5
-    assert noise.min() > 0 and torch.isfinite(noise).all()
-    later = keyed_exponential(keys, 4, 4096)
-    for a, b in ((noise[:, :-1], noise[:, 1:]), (noise, later), (noise[:-1], noise[1:])):  # tokens, steps, keys
-        correlation = torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1]
-        assert abs(correlation) < 4 / a.numel() ** 0.5
-    alone = keyed_exponential(keys[5:6], 3, 4096)
-    shuffled = keyed_exponential(keys.flip(0), 3, 4096)
-    assert torch.equal(alone[0], noise[5]) and torch.equal(shuffled.flip(0), noise)
+    correlation = torch.corrcoef(torch.stack([noise[:-1].flatten(), noise[1:].flatten()]))[0, 1]
+    assert abs(correlation) < 4 / noise[1:].numel() ** 0.5
+    alone = KeyedNoise(keys[5:6], cpu)
+    together = KeyedNoise(keys, cpu)
+    for step in range(3):  # rows 0-4 stop drawing after step 0: row 5's draws stay its own
+        drawing = range(64) if step == 0 else range(5, 64)
+        mine = together.draw(drawing, 100, torch.float32, cpu)[5 - drawing[0]]
+        assert torch.equal(alone.draw(range(1), 100, torch.float32, cpu)[0], mine)
 
 
 def test_a_responses_tokens_depend_on_its_prompts_key_not_on_the_batch_chunk_or_random_state(model_dir, prompts):

@@ -13,7 +13,7 @@ from rlprof_train.models import CompiledForward, load_causal_lm, load_tokenizer,
 from rlprof_train.tiny_model import create_tiny_model
 from rlprof_train.workers.rollout import SamplingParams
 from rlprof_train.workers.rollout.base import noise_key
-from rlprof_train.workers.rollout.decode import Sampling, sample
+from rlprof_train.workers.rollout.decode import KeyedNoise, Sampling, sample
 from rlprof_train.workers.rollout.hf import HFRollout
 from rlprof_train.workers.rollout.static_decode import StaticDecoder, bucket, prompt_bucket
 
@@ -76,10 +76,9 @@ def test_it_samples_the_eager_loops_tokens_and_log_probs_from_the_same_random_st
     assert expected_log_probs is not None and got_log_probs is not None
     torch.testing.assert_close(got_log_probs, expected_log_probs, rtol=0, atol=1e-5)
     assert torch.equal(torch.rand(4), expected_next)  # the same draws were consumed
-    keys = torch.tensor([noise_key(5, row) for row in range(12 * 8)])  # the trainer's keyed noise: the same tokens
-    assert torch.equal(
-        decoder.sample(model, ids, mask, settings, keys=keys)[0], sample(model, ids, mask, settings, keys=keys)[0]
-    )
+    keys, cpu = [noise_key(5, row) for row in range(12 * 8)], torch.device("cpu")  # the trainer's keyed noise
+    compiled, _ = decoder.sample(model, ids, mask, settings, keyed=KeyedNoise(keys, cpu))
+    assert torch.equal(compiled, sample(model, ids, mask, settings, keyed=KeyedNoise(keys, cpu))[0])
     if temperature > 0:
         ends = {row.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in row else -1 for row in got.tolist()}
         assert len(ends) > 1, "rows end at different steps: finished rows are padded while the others go on"

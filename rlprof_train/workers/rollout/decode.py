@@ -11,11 +11,11 @@ Sampling is ``generate``'s, step for step: the same logits processors in the sam
 temperature, top-k, top-p), and ``torch.multinomial(p, 1)``'s own rule, ``argmax(p / q)`` with ``q ~ Exp(1)``. The
 noise ``q`` comes from one of two sources:
 
-- **keyed** (what the trainer uses): each row has a key (:func:`~.base.row_keys`: from the round's seed, its
-  prompt, its response index and its context's length) and its noise at decode step ``s`` for token ``v`` is a hash
-  of (key, s, v) (:func:`keyed_exponential`). A response's tokens then depend on its key and the model only: not on
-  the batch it is sampled in, its chunk, the rank or process that samples it, or how the processes are split into
-  pools (tested: alone and in a batch, the same tokens);
+- **keyed** (what the trainer uses, :class:`KeyedNoise`): each row draws from a generator of its own, seeded with
+  its key (:func:`~.base.row_keys`: from the round's seed, its prompt, its response index and its context's length).
+  A response's tokens then depend on its key and the model only: not on the batch it is sampled in, its chunk, the
+  rank or process that samples it, or how the processes are split into pools (tested: alone and in a batch, the
+  same tokens);
 - **torch's random state** (no keys): drawn for the full ``[B, V]`` batch every step, finished rows included, as
   ``generate`` draws it. From the same random state, the tokens are those ``generate`` samples (on the CPU, where
   ``generate`` checks for the end every step; tested): the proof that the rule is ``generate``'s.
@@ -30,6 +30,7 @@ of the processed scores (after temperature, top-k and top-p), verl's ``processed
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -110,37 +111,21 @@ def processors_for(sampling: Sampling) -> Any:
     return processors
 
 
-_MASK32 = 0xFFFFFFFF
+class KeyedNoise:
+    """The trainer's sampling noise: each row has a generator of its own, seeded with the row's key
+    (:func:`~.base.row_keys`), from which every decode step draws its ``Exp(1)`` noise over the vocabulary. A row's
+    draws are a function of its key alone: which other rows share its batch, or have ended, changes nothing (as
+    vLLM's per-request seeded generators)."""
 
+    def __init__(self, keys: Sequence[int], device: torch.device) -> None:
+        self.generators = [torch.Generator(device=device).manual_seed(key) for key in keys]
 
-def _low32_product(x: torch.Tensor, factor: int) -> torch.Tensor:
-    """``(x * factor) mod 2**32`` for int64 ``x`` in ``[0, 2**32)`` and a 32-bit ``factor``, without an int64
-    overflow (each partial product stays below ``2**49``)."""
-    low, high = x & 0xFFFF, x >> 16
-    return (low * factor + (((high * factor) & 0xFFFF) << 16)) & _MASK32
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """MurmurHash3's 32-bit finaliser (a bijection of ``[0, 2**32)`` that spreads every input bit over the output)."""
-    x = x ^ (x >> 16)
-    x = _low32_product(x, 0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = _low32_product(x, 0xC2B2AE35)
-    return x ^ (x >> 16)
-
-
-def keyed_exponential(keys: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
-    """Exp(1) noise ``[A, vocab]`` (float32) for rows of ``keys`` ``[A]`` (int64, :func:`~.base.row_keys`) at decode
-    step ``step``: element ``(a, v)`` is ``-log(u)`` with ``u`` the top 24 bits of a hash of ``(keys[a], step, v)``,
-    plus one half, over ``2**24`` (so ``0 < u < 1``: never an infinite or zero noise). A row's noise is a function of
-    its key alone: which other rows share its batch changes nothing."""
-    device = keys.device
-    step_part = _mix32(torch.tensor(step & _MASK32, dtype=torch.int64, device=device) ^ 0x68E31DA4)
-    row = _mix32((keys & _MASK32) ^ _mix32((keys >> 32) ^ step_part))  # [A]
-    token = _mix32(torch.arange(vocab, dtype=torch.int64, device=device) ^ 0x1B873593)  # [V]
-    hashed = _mix32(_mix32(row[:, None] ^ token[None, :]) ^ row[:, None])  # [A, V]
-    uniform = ((hashed >> 8).to(torch.float32) + 0.5) * 2.0**-24
-    return -torch.log(uniform)
+    def draw(self, rows: Sequence[int], vocab: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """This step's noise ``[len(rows), vocab]`` of ``rows`` (indices into the keys), each from its generator."""
+        noise = torch.empty((len(rows), vocab), dtype=dtype, device=device)
+        for slot, row in enumerate(rows):
+            noise[slot].exponential_(1, generator=self.generators[row])
+        return noise
 
 
 def draw(
@@ -151,23 +136,23 @@ def draw(
     rows: int,
     active: Optional[torch.Tensor] = None,
     with_log_probs: bool = False,
-    keys: Optional[torch.Tensor] = None,
+    keyed: Optional[KeyedNoise] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """One step's tokens ``[A]`` for the ``active`` rows' last logits ``[A, V]`` (``history``: their tokens so far,
     ``[A, step]``), and with ``with_log_probs`` each token's log-prob under the processed scores it was drawn from.
-    With ``keys`` (``[rows]``, every row's noise key) the noise is :func:`keyed_exponential` of the active
-    rows' keys at this step; without, torch's random state gives the exponential noise of
-    ``torch.multinomial(p, 1)`` for all ``rows`` of the batch, finished rows included. Either way the draws of a row
-    do not depend on which others are still going; ``active`` None: all rows are."""
+    With ``keyed`` the active rows' noise comes from their own generators; without, torch's random state gives the
+    exponential noise of ``torch.multinomial(p, 1)`` for all ``rows`` of the batch, finished rows included. Either
+    way the draws of a row do not depend on which others are still going; ``active`` None: all rows are."""
     scores = processors(history, logits)
     if sampling.temperature > 0:
         probs = torch.softmax(scores, dim=-1)
-        if keys is not None:
-            noise = keyed_exponential(keys if active is None else keys[active], history.shape[1], probs.shape[-1])
+        if keyed is not None:
+            drawing = range(rows) if active is None else active.tolist()
+            noise = keyed.draw(drawing, probs.shape[-1], probs.dtype, probs.device)
         else:
             noise = torch.empty((rows, probs.shape[-1]), dtype=probs.dtype, device=probs.device).exponential_(1)
             noise = noise if active is None else noise[active]
-        chosen = (probs / noise.to(probs.dtype)).argmax(dim=-1)
+        chosen = (probs / noise).argmax(dim=-1)
     else:
         chosen = scores.argmax(dim=-1)
     if not with_log_probs:
@@ -183,12 +168,12 @@ def sample(
     sampling: Sampling,
     step_times: Optional[list[float]] = None,
     with_log_probs: bool = False,
-    keys: Optional[torch.Tensor] = None,
+    keyed: Optional[KeyedNoise] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Responses ``[B·n, T]`` (T <= ``max_new_tokens``; rows of a prompt consecutive; EOS kept; pad after it) for
     left-padded prompts ``[B, P]`` with ``prompt_mask`` ``[B, P]``, and with ``with_log_probs`` each token's sampling
     log-prob ``[B·n, T]`` (0 after the EOS; else None); ``step_times`` gets ``time.perf_counter()`` once each step's
-    tokens are known (T of them); ``keys`` ``[B·n]``: each row's noise key (None: torch's random state)."""
+    tokens are known (T of them); ``keyed``: each row's own noise (None: torch's random state)."""
     from transformers import DynamicCache
 
     n, device = sampling.n, prompt_ids.device
@@ -214,7 +199,7 @@ def sample(
     for step in range(sampling.max_new_tokens):
         history = tokens[active, :step]
         chosen, chosen_log_probs = draw(
-            processors, sampling, history, logits, rows, active, log_probs is not None, keys
+            processors, sampling, history, logits, rows, active, log_probs is not None, keyed
         )
         tokens[active, step] = chosen
         if log_probs is not None and chosen_log_probs is not None:

@@ -24,7 +24,7 @@ from rlprof_train.workers.rollout.base import (
     prompt_keys,
     row_keys,
 )
-from rlprof_train.workers.rollout.decode import Sampling, loop_applies, sample
+from rlprof_train.workers.rollout.decode import KeyedNoise, Sampling, loop_applies, sample
 from rlprof_train.workers.rollout.engine_stats import RequestTimes, hf_request_times
 from rlprof_train.workers.rollout.registry import RolloutContext, register_rollout
 from rlprof_train.workers.rollout.static_decode import StaticDecoder
@@ -112,18 +112,16 @@ class HFRollout(ContinuingRollout):
                 for start in range(0, len(contexts), chunk_size):
                     chunk = contexts[start : start + chunk_size]
                     ids, mask = (t.to(self.device) for t in left_pad(chunk, self.tokenizer.pad_token_id))
-                    chunk_keys = torch.tensor(
-                        row_keys(keys[start : start + chunk_size], n, chunk), dtype=torch.int64, device=self.device
-                    )
+                    keyed = KeyedNoise(row_keys(keys[start : start + chunk_size], n, chunk), self.device)
                     step_times: list[float] = []
                     if not loop:  # generate: torch's random state, which the trainer seeds per step and rank
                         tokens, log_probs = _generate(model, ids, mask, settings, self.log_probs)
                     elif self.static is not None:
                         tokens, log_probs = self.static.sample(
-                            model, ids, mask, settings, step_times, self.log_probs, steps, chunk_keys
+                            model, ids, mask, settings, step_times, self.log_probs, steps, keyed
                         )
                     else:
-                        tokens, log_probs = sample(model, ids, mask, settings, step_times, self.log_probs, chunk_keys)
+                        tokens, log_probs = sample(model, ids, mask, settings, step_times, self.log_probs, keyed)
                     out = tokens.tolist()
                     scores = log_probs.tolist() if log_probs is not None else [None] * len(out)
                     lengths = [_length(row, settings.eos_token_id) for row in out]

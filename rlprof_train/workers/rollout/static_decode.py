@@ -29,7 +29,7 @@ from typing import Any, Optional
 import torch
 
 from rlprof_train.models import CompiledForward, position_ids
-from rlprof_train.workers.rollout.decode import Sampling, draw, processors_for, sample
+from rlprof_train.workers.rollout.decode import KeyedNoise, Sampling, draw, processors_for, sample
 
 MIN_BUCKET = 16
 KEPT_CACHES = 4
@@ -108,11 +108,11 @@ class StaticDecoder:
         step_times: Optional[list[float]] = None,
         with_log_probs: bool = False,
         steps: Optional[int] = None,
-        keys: Optional[torch.Tensor] = None,
+        keyed: Optional[KeyedNoise] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """What :func:`.decode.sample` returns for the same arguments: responses ``[B·n, T]`` and with
         ``with_log_probs`` their sampling log-probs; ``steps`` caps the decode steps below ``max_new_tokens`` (a
-        warm-up compiles with a few); ``keys`` ``[B·n]``: each row's noise key (None: torch's random state)."""
+        warm-up compiles with a few); ``keyed``: each real row's own noise (None: torch's random state)."""
         n, device = sampling.n, prompt_ids.device
         prompts, width = prompt_ids.shape
         padded = prompt_bucket(prompts)
@@ -121,7 +121,7 @@ class StaticDecoder:
         shape = (rows, positions, next(model.parameters()).dtype)
         new_shape = shape not in self.compiled
         if new_shape and self._past_most_shapes(shape):
-            return sample(model, prompt_ids, prompt_mask, sampling, step_times, with_log_probs, keys)
+            return sample(model, prompt_ids, prompt_mask, sampling, step_times, with_log_probs, keyed)
         if padded > prompts:  # padding rows: the last prompt again
             extra = padded - prompts
             prompt_ids = torch.cat([prompt_ids, prompt_ids[-1:].expand(extra, -1)])
@@ -151,7 +151,7 @@ class StaticDecoder:
         for step in range(total):
             history = tokens[:, :step]
             chosen, chosen_log_probs = draw(
-                processors, sampling, history, logits[:real], real, None, with_log_probs, keys
+                processors, sampling, history, logits[:real], real, None, with_log_probs, keyed
             )
             chosen = chosen.masked_fill(done, sampling.pad_token_id)
             tokens[:, step] = chosen
