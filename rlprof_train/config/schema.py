@@ -323,8 +323,8 @@ class RolloutConfig:
     response_length: int = field(default=512, metadata=bounds(ge=1))
     """New tokens per response (defaults to ``data.max_response_length``)."""
     micro_batch_size: Optional[int] = field(default=None, metadata=bounds(ge=1))
-    """hf: prompts per ``generate`` call; null = the whole batch, as verl's hf rollout (the chunking changes which
-    random numbers each sample draws, so it changes the samples: not a pure speed knob)."""
+    """hf: prompts per sampling call; null = the whole batch, as verl's hf rollout. Each response's noise is keyed
+    by its prompt, so the chunking changes the cost and the memory of a call, not the samples (tune searches it)."""
     log_prob_micro_batch_size_per_gpu: Optional[int] = field(default=None, metadata=bounds(ge=1))
     """Responses per old-log-prob forward on one rank; null: set it, or ``log_prob_use_dynamic_bsz``."""
     log_prob_use_dynamic_bsz: bool = False

@@ -3,7 +3,8 @@
 Every knob here is covered by an equivalence test (``tests/rlprof_train/test_knobs.py``: packed == padded, token-budget
 micro-batches == fixed ones, gradient and entropy checkpointing == plain, chunked entropy == whole; the loss is
 normalised by the mini-batch's global token counts, so any micro-batch split gives the same gradient; the compiled
-decode and the compiled training forward == eager in ``test_static_decode.py`` and ``test_fast_paths.py``), and the
+decode and the compiled training forward == eager in ``test_static_decode.py`` and ``test_fast_paths.py``; the hf
+rollout's prompts per call == the whole batch in ``test_hf_rollout.py``: each response's noise is keyed), and the
 verification at the end of a search checks it again on the first steps of the real run. Keys that change the
 algorithm (batch sizes per optimizer step, learning rates, clipping, KL, ``n``, sampling) are not in the space, and
 asking for one is refused naming the allowed keys.
@@ -66,6 +67,17 @@ def micro_batch(key: str, group: str, prompts: Callable[[TrainerConfig], int], a
         return [{key: v} for v in _powers_of_two(limit) if v != _get(cfg, key)]
 
     return Knob(key, group, candidates, applies)
+
+
+def prompts_per_call(key: str, applies: Applies) -> Knob:
+    """The hf rollout's prompts per sampling call: powers of two below the prompts one rank samples (all of them is
+    the default, null)."""
+
+    def candidates(cfg: TrainerConfig, world: int) -> list[dict[str, Any]]:
+        prompts = max(1, cfg.data.train_batch_size // world)
+        return [{key: v} for v in _powers_of_two(prompts)[:-1] if v != _get(cfg, key)]
+
+    return Knob(key, "rollout", candidates, applies)
 
 
 def flag(key: str, applies: Applies) -> Knob:
@@ -191,6 +203,7 @@ KNOBS = (
     flag(f"{ARR}.actor.entropy_checkpointing", _always),
     flag(f"{ARR}.actor.entropy_from_logits_with_chunking", _always),
     flag(f"{ARR}.ref.entropy_from_logits_with_chunking", _has_ref),
+    prompts_per_call(f"{ARR}.rollout.micro_batch_size", _read_by_rollout("micro_batch_size")),
     choices(
         f"{ARR}.rollout.max_num_batched_tokens",
         (2048, 4096, 8192, 16384, 32768),

@@ -47,9 +47,14 @@ def test_every_tunable_key_is_a_trainer_key_and_only_applicable_knobs_are_search
         cfg = load_trainer_config(["--config-name=demo", "algorithm.adv_estimator=gae", f"{ARR}.rollout.name=vllm"])
         for change in knob.candidates(cfg, 1):
             load_trainer_config(["--config-name=demo", *(f"{k}={v}" for k, v in change.items())])
-    grpo = {k.key for k in knobs_for(load_trainer_config(["--config-name=demo"]), None)}
+    demo = load_trainer_config(["--config-name=demo"])
+    grpo = {k.key for k in knobs_for(demo, None)}
     assert f"{ARR}.ref.log_prob_micro_batch_size_per_gpu" in grpo and not any(k.startswith("critic.") for k in grpo)
     assert not any("rollout.max_num_batched_tokens" in k for k in grpo)  # hf rollout: vLLM's knobs do nothing
+    (per_call,) = [k for k in KNOBS if k.key == f"{ARR}.rollout.micro_batch_size"]  # the hf rollout's prompts a call
+    assert per_call.key in grpo and [c[per_call.key] for c in per_call.candidates(demo, 2)] == [1, 2, 4, 8]
+    vllm = load_trainer_config(["--config-name=demo", f"{ARR}.rollout.name=vllm"])
+    assert per_call.key not in {k.key for k in knobs_for(vllm, None)}
     gae = {k.key for k in knobs_for(load_trainer_config(["--config-name=demo", "algorithm.adv_estimator=gae"]), None)}
     assert "critic.ppo_micro_batch_size_per_gpu" in gae
     (micro,) = [k for k in KNOBS if k.key == f"{ARR}.actor.ppo_micro_batch_size_per_gpu"]
