@@ -221,42 +221,18 @@ KNOBS = (
 )
 TUNABLE = tuple(part for knob in KNOBS for part in knob.key.split("+"))
 """Every key a trial may change."""
+ROLLOUT_FIRST = ("rollout", "pools", "log_prob", "micro_batching", "packing", "token_budget", "compile", "memory")
+TRAINING_FIRST = ("micro_batching", "pools", "log_prob", "packing", "token_budget", "rollout", "compile", "memory")
 GROUP_ORDER = {
-    "async-rollout-bound": (
-        "rollout",
-        "pools",
-        "log_prob",
-        "micro_batching",
-        "packing",
-        "token_budget",
-        "compile",
-        "memory",
-    ),
-    "async-train-bound": (
-        "micro_batching",
-        "pools",
-        "log_prob",
-        "packing",
-        "token_budget",
-        "rollout",
-        "compile",
-        "memory",
-    ),
-    "rollout-bound": ("rollout", "pools", "log_prob", "micro_batching", "packing", "token_budget", "compile", "memory"),
-    "training-bound": (
-        "micro_batching",
-        "pools",
-        "log_prob",
-        "packing",
-        "token_budget",
-        "rollout",
-        "compile",
-        "memory",
-    ),
+    "async-rollout-bound": ROLLOUT_FIRST,
+    "async-train-bound": TRAINING_FIRST,
+    "rollout-bound": ROLLOUT_FIRST,
+    "training-bound": TRAINING_FIRST,
     "memory-bound": ("memory", "token_budget", "packing", "micro_batching", "log_prob", "rollout", "compile", "pools"),
 }
 """Which knob groups are searched first, by what ``rlprof report`` diagnosed on the base trial (an asynchronous
-trainer's own rules first: the pool's own speed knobs, then the split between the pools, as the report advises)."""
+trainer's own rules first, :func:`ordered_groups`: the pool's own speed knobs, then the split between the pools, as
+the report advises)."""
 DEFAULT_ORDER = GROUP_ORDER["training-bound"]
 
 

@@ -247,6 +247,17 @@ def test_a_resumed_run_starts_both_pools_at_the_saved_version_with_no_group_trai
     assert all(0 <= r["consumed_version"] - r["version"] <= 1 for r in samples)
 
 
+def partial_run(tmp_path: Path, *run: str, config: str = "demo") -> tuple[dict[int, dict], dict[int, list[dict]]]:
+    """A fully-async run of 1 + 1 processes (``config``, then ``run``): its metrics by step and the pipeline records
+    of the trainer (rank 0) and the rollout process (rank 1)."""
+    command = one_step_off_command(tmp_path, *run, processes=2, module="rlprof_train.fully_async_main")
+    command[command.index("--config-name=demo")] = f"--config-name={config}"
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = {r["step"]: r for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl")}
+    return steps, {rank: read_jsonl(tmp_path / "logs" / "pipeline" / f"rank{rank}.jsonl") for rank in (0, 1)}
+
+
 @pytest.mark.slow
 def test_multi_turn_trajectories_pause_mid_conversation_for_a_sync_and_go_on_with_the_new_weights(tmp_path):
     """The calculator tool demo, fully async with partial rollouts in segments of 4 tokens (1 + 1 processes, a sync
@@ -262,12 +273,7 @@ def test_multi_turn_trajectories_pause_mid_conversation_for_a_sync_and_go_on_wit
         "async_training.staleness_threshold=1",
         "trainer.total_training_steps=4",
     )
-    command = one_step_off_command(tmp_path, *run, processes=2, module="rlprof_train.fully_async_main")
-    command[command.index("--config-name=demo")] = "--config-name=tool_demo"
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = {r["step"]: r for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl")}
-    records = {rank: read_jsonl(tmp_path / "logs" / "pipeline" / f"rank{rank}.jsonl") for rank in (0, 1)}
+    steps, records = partial_run(tmp_path, *run, config="tool_demo")
     samples = [r for r in records[0] if r["event"] == "sample"]
     pauses = [r for r in records[1] if r["event"] == "pause"]
     partial = [r for r in samples if r["version"] > r["first_version"]]
@@ -301,11 +307,7 @@ def test_partial_rollouts_pause_a_group_in_flight_for_a_sync_and_go_on_with_the_
         "async_training.staleness_threshold=1",
         "trainer.total_training_steps=6",
     )
-    command = one_step_off_command(tmp_path, *run, processes=2, module="rlprof_train.fully_async_main")
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=subprocess_env(), cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    steps = {r["step"]: r for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl")}
-    records = {rank: read_jsonl(tmp_path / "logs" / "pipeline" / f"rank{rank}.jsonl") for rank in (0, 1)}
+    steps, records = partial_run(tmp_path, *run)
     samples = [r for r in records[0] if r["event"] == "sample"]
     pauses = [r for r in records[1] if r["event"] == "pause"]
     partial = [r for r in samples if r["version"] > r["first_version"]]
