@@ -12,7 +12,10 @@ where CUDA would raise:
 - indexing a device tensor with host indices works (torch moves them); indexing a host tensor with device indices,
   or writing device values into a host tensor through an index tensor (or host values into a device one), fails;
 - ``copy_`` and plain slice assignment copy across; ``.to``, ``.cuda()`` and ``.cpu()`` move;
-- ``.numpy()`` of a device tensor fails.
+- ``.numpy()`` of a device tensor fails;
+- a random generator made for ``cuda`` (``torch.Generator(device="cuda")``) is a CPU generator standing for one
+  (:class:`SimulatedGenerator`: its draws are the CPU's); drawing into a tensor with a generator of the other side
+  fails, as CUDA's "Expected a 'cuda' device type for generator".
 
 What a call returns is on the device when one of its tensors was (or its ``device=`` said ``cuda``). Gradients are
 made by autograd's engine, below the level this mode sees: a parameter's gradient is put on its side by a hook.
@@ -109,6 +112,20 @@ def _describe(tensors: list[torch.Tensor]) -> str:
     return ", ".join(f"{'cuda' if on_device(t) else 'cpu'} {tuple(t.shape)}" for t in tensors)
 
 
+class SimulatedGenerator(torch.Generator):
+    """``torch.Generator`` while the mode is on: one made for ``cuda`` is a CPU generator marked as the device's."""
+
+    on_device: bool
+
+    def __new__(cls, device: Any = "cpu") -> SimulatedGenerator:
+        generator = super().__new__(cls, "cpu")
+        generator.on_device = bool(_is_cuda(device))
+        return generator
+
+    def __init__(self, device: Any = "cpu") -> None:
+        pass
+
+
 class SimulatedCuda(TorchFunctionMode):
     """``with SimulatedCuda():`` every torch call in the block is checked as CUDA would (see the module doc)."""
 
@@ -119,11 +136,11 @@ class SimulatedCuda(TorchFunctionMode):
         self._saved: Any = None
 
     def __enter__(self) -> SimulatedCuda:
-        """Two adjustments while the mode is on: a checkpoint's recomputation is checked against the forward by
+        """Three adjustments while the mode is on: a checkpoint's recomputation is checked against the forward by
         shape and dtype only (the tensors it saves are made below this mode, on the real device); transformers'
         ``from_pretrained`` runs outside the mode (its meta-device initialisation, a function mode of its own, does
         not compose with this one: buffers came out uninitialised). Without ``device_map`` it returns a model on the
-        host either way; moving it is what is checked."""
+        host either way; moving it is what is checked. ``torch.Generator`` is :class:`SimulatedGenerator`."""
         if self._depth == 0:
             from transformers import PreTrainedModel
 
@@ -131,7 +148,9 @@ class SimulatedCuda(TorchFunctionMode):
             self._saved = (
                 checks[checkpoint_module._DEFAULT_DETERMINISM_MODE],
                 PreTrainedModel.__dict__["from_pretrained"],
+                torch.Generator,
             )
+            torch.Generator = SimulatedGenerator  # type: ignore[misc]
             checks[checkpoint_module._DEFAULT_DETERMINISM_MODE] = lambda x: {"shape": x.shape, "dtype": x.dtype}
             load = self._saved[1].__func__
 
@@ -151,7 +170,9 @@ class SimulatedCuda(TorchFunctionMode):
             from transformers import PreTrainedModel
 
             checks = checkpoint_module._allowed_determinism_checks_to_fns
-            checks[checkpoint_module._DEFAULT_DETERMINISM_MODE], PreTrainedModel.from_pretrained = self._saved
+            checks[checkpoint_module._DEFAULT_DETERMINISM_MODE], PreTrainedModel.from_pretrained, torch.Generator = (
+                self._saved
+            )
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
@@ -168,6 +189,13 @@ class SimulatedCuda(TorchFunctionMode):
             raise DeviceMismatch("numpy() of a cuda tensor: move it to the host first (Tensor.cpu())")
         if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__):
             self._check_indexing(func, args)
+        elif isinstance(kwargs.get("generator"), torch.Generator) and args and isinstance(args[0], torch.Tensor):
+            generator_on_device = getattr(kwargs["generator"], "on_device", False)
+            if generator_on_device != on_device(args[0]):
+                raise DeviceMismatch(
+                    f"{resolve_name(func) or func}: a {'cuda' if generator_on_device else 'cpu'} generator drawing "
+                    f"into a {'cuda' if on_device(args[0]) else 'cpu'} tensor"
+                )
         elif func is not torch.Tensor.copy_:
             tensors = _tensors((args, kwargs))
             if _mixes(tensors):

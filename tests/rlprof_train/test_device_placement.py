@@ -267,6 +267,11 @@ def test_the_simulation_raises_where_cuda_raises():
         assert on_device(on[torch.tensor([0, 2])])  # host indices into a device tensor, as in CUDA
         assert not on_device(on.cpu()) and on_device(off.to("cuda")) and on_device(torch.zeros_like(on))
         off[:] = on  # a copy across devices
+        with pytest.raises(DeviceMismatch, match="a cpu generator drawing into a cuda tensor"):
+            on.exponential_(1, generator=torch.Generator(device="cpu"))
+        with pytest.raises(DeviceMismatch, match="a cuda generator drawing into a cpu tensor"):
+            off.exponential_(1, generator=torch.Generator(device="cuda"))
+        assert on_device(on.exponential_(1, generator=torch.Generator(device="cuda")))
 
 
 CUDA_OOM = (
