@@ -136,6 +136,8 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
         "tests/rlprof_train/test_tune.py::test_vllms_knobs_are_searched_with_the_vllm_rollout",
         "tests/rlprof_train/test_tune.py::test_tune_searches_the_one_step_off_trainers_pool_split_and_verifies_the_"
         "same_math",
+        "tests/rlprof_train/test_one_step_off.py::test_the_rollout_pool_runs_vllm_and_multi_turn_tool_rollouts["
+        "multi-turn hf]",
         "tests/rlprof_train/test_vllm.py::test_verls_rollout_prometheus_keys_put_vllms_series_and_every_dashboard_query_"
         "in_a_real_server",
         *(

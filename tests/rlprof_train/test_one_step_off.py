@@ -360,10 +360,15 @@ POOL_BACKENDS = {
     ),
     "multi-turn hf": ("--config-name=tool_demo", "actor_rollout_ref.rollout.n=2"),
 }
+POOL_CASES = [
+    "vllm",
+    # multi-turn in a rollout process also runs in the test command, in the fully-async trainer's partial rollouts
+    pytest.param("multi-turn hf", marks=pytest.mark.long),
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", POOL_BACKENDS)
+@pytest.mark.parametrize("backend", POOL_CASES)
 def test_the_rollout_pool_runs_vllm_and_multi_turn_tool_rollouts(tmp_path, backend):
     """One process trains, one generates, 2 steps: with a vLLM engine in the rollout process, and the hf backend
     over several turns calling the calculator tool there. Each batch arrives with what the backend returned (the tool
