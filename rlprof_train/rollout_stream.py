@@ -45,8 +45,8 @@ from rlprof_train.workers.rollout.base import (
     ContinuingRollout,
     SamplingParams,
     completions_batch,
-    noise_key,
     prompt_keys,
+    trajectory_keys,
 )
 from rlprof_train.workers.rollout.multi_turn import MultiTurnRollout, Segments
 
@@ -269,7 +269,7 @@ class Stream:
                 started = True
             else:
                 contexts = [(*prompts[row // sampling.n].prompt_ids, *tokens[row]) for row in open_rows]
-                own = [noise_key(keys[row // sampling.n], row % sampling.n) for row in open_rows]
+                own = trajectory_keys(keys, sampling.n, open_rows)
                 sampled = rollout.complete(contexts, 1, budgets, sampling, own).rows
             still_open = []
             for row, budget, completion in zip(open_rows, budgets, sampled, strict=True):

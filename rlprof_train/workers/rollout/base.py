@@ -44,6 +44,12 @@ def prompt_keys(prompts: Sequence[Example], sampling: SamplingParams) -> list[in
     return [noise_key(sampling.seed, p.index) for p in prompts]
 
 
+def trajectory_keys(keys: Sequence[int], n: int, rows: Sequence[int]) -> list[int]:
+    """The own key of each trajectory ``rows[i]`` (response ``row % n`` of prompt ``row // n``, whose key is in
+    ``keys``): what a trajectory continued on its own (a later turn, a later segment) is completed with."""
+    return [noise_key(keys[row // n], row % n) for row in rows]
+
+
 def row_keys(keys: Sequence[int], n: int, contexts: Sequence[Sequence[int]]) -> list[int]:
     """The noise key of each of the ``n`` continuations of each context (context ``i``'s at ``i*n .. i*n+n-1``):
     its context's key, its index among the ``n`` and the context's length (a trajectory continued later draws

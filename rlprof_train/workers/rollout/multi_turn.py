@@ -44,8 +44,8 @@ from rlprof_train.workers.rollout.base import (
     ContinuingRollout,
     Rollout,
     SamplingParams,
-    noise_key,
     prompt_keys,
+    trajectory_keys,
 )
 
 
@@ -162,8 +162,7 @@ class MultiTurnRollout(Rollout):
                     done = self.backend.complete(contexts, n, budgets[::n], sampling, keys)
                 else:
                     contexts = [(*trajectories[i].prompt.prompt_ids, *trajectories[i].response) for i in active]
-                    own = [noise_key(keys[i // n], i % n) for i in active]  # trajectory i: response i % n of its prompt
-                    done = self.backend.complete(contexts, 1, budgets, sampling, own)
+                    done = self.backend.complete(contexts, 1, budgets, sampling, trajectory_keys(keys, n, active))
             sampled.append(done)
             generating_s += time.perf_counter() - turn_start
             wanted: list[tuple[int, list[ToolCall]]] = []
