@@ -17,12 +17,16 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import signal
 import socket
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import psutil
 import torch
 
 import rlprof
@@ -239,6 +243,22 @@ def pool_lost(doing: str, peers: str) -> Iterator[None]:
         raise PoolLost(f"{peers} stopped answering while this process {doing} (see the error above)") from exc
 
 
+def ended_here(members: list[Member]) -> list[Member]:
+    """The ``members`` on this host whose process has ended (gone, or a zombie its launcher has not reaped yet);
+    those on other hosts cannot be seen from here."""
+    host, ended = socket.gethostname(), []
+    for member in members:
+        if member.host != host:
+            continue
+        try:
+            if psutil.Process(member.pid).status() != psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.NoSuchProcess:
+            pass
+        ended.append(member)
+    return ended
+
+
 def generate(rollout: Rollout, order: Generate, pool: Pool, version: int, records: PipelineLog) -> Generated:
     """This process's part of ``order``'s prompts, sampled (on the host: the batches cross over gloo)."""
     prompts = part(order.prompts, pool.rank, pool.size)
@@ -282,6 +302,10 @@ class PooledRollout(Rollout):
         self.members: list[Member] = []
         self.step_in_flight: Optional[int] = None
         self.lost = False
+        self.doing: Optional[str] = None
+        """The exchange with the rollout pool under way (None: this process works on its own)."""
+        self.before_sigterm: Any = None
+        """SIGTERM's handler before :meth:`_terminated` (None: not installed)."""
 
     def start(self, model_path: str, run_id: str, log_probs: bool, resumed: bool) -> None:
         """Have the rollout processes load the policy; learn who they are (to name one that stops answering)."""
@@ -289,16 +313,48 @@ class PooledRollout(Rollout):
             if self.env.is_main:
                 self.link.send(Start(model_path, run_id, log_probs, resumed))
             self.members = self.link.exchange(None)
+        self.name_the_ended_on_sigterm()
+
+    def name_the_ended_on_sigterm(self) -> None:
+        """Install :meth:`_terminated` as SIGTERM's handler until :meth:`close` (the main thread only can)."""
+        if threading.current_thread() is threading.main_thread():
+            self.before_sigterm = signal.signal(signal.SIGTERM, self._terminated) or signal.SIG_DFL
+
+    def _terminated(self, signum: int, frame: Any) -> None:
+        """SIGTERM: where a rollout process of this host has ended, say so in the line a lost pool gets (torchrun
+        ends the other processes of a node within 0.1 s of one dying, often before this one's next exchange with it
+        fails); then what SIGTERM did before."""
+        ended = ended_here(self.members)
+        if ended:
+            gone = "; ".join(str(m) for m in ended)
+            doing = self.doing or "worked on its step"
+            print(
+                f"error on rank {self.env.rank}: {PoolLost.__name__}: {self._peers()} stopped answering while this "
+                f"process {doing}: {gone} ended, and the launcher ends this process (SIGTERM)",
+                file=sys.stderr,
+                flush=True,
+            )
+        previous, self.before_sigterm = self.before_sigterm, None
+        signal.signal(signal.SIGTERM, previous)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signum)
+
+    def _peers(self) -> str:
+        return f"the rollout pool ({'; '.join(str(m) for m in self.members) or 'its processes'})"
 
     @contextlib.contextmanager
     def _lost(self, doing: str) -> Iterator[None]:
-        members = "; ".join(str(m) for m in self.members) or "its processes"
+        self.doing = doing
         try:
-            with pool_lost(doing, f"the rollout pool ({members})"):
+            with pool_lost(doing, self._peers()):
                 yield
         except PoolLost:
             self.lost = True  # nothing more to tell it, at close either
             raise
+        finally:
+            self.doing = None
 
     def publish_weights(self, version: int) -> dict[str, float]:
         """The actor's weights to every rollout process (after the batch in flight, if any, is collected), as
@@ -371,6 +427,9 @@ class PooledRollout(Rollout):
 
     def close(self) -> None:
         """Collect what is in flight and tell the rollout processes to stop (unless the pool was lost)."""
+        if self.before_sigterm is not None:
+            signal.signal(signal.SIGTERM, self.before_sigterm)
+            self.before_sigterm = None
         if self.lost:
             return
         self._settle()

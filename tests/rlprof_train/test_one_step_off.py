@@ -662,6 +662,48 @@ def test_a_killed_trainer_process_ends_the_launch_with_nothing_left(tmp_path):
     assert not left_running(list(ranks.values()))
 
 
+NAMED_ON_SIGTERM = """
+import os, signal, socket, subprocess, sys, time, types
+from rlprof_train.rollout_pool import Member, PooledRollout
+reaped = subprocess.Popen([sys.executable, "-c", "pass"])
+reaped.wait()
+zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+time.sleep(2)  # it ends; nobody reaps it
+host = socket.gethostname()
+pooled = PooledRollout(None, types.SimpleNamespace(rank=0), lambda: None, 0)
+pooled.members = [Member(0, 1, host, reaped.pid), Member(1, 2, host, zombie.pid), Member(2, 3, host, os.getpid())]
+pooled.members += [Member(3, 4, "elsewhere", 1)] if sys.argv[1] == "ended" else []
+if sys.argv[1] == "alive":
+    pooled.members = pooled.members[2:]
+pooled.name_the_ended_on_sigterm()
+print(reaped.pid, zombie.pid, os.getpid(), flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("members", ["ended", "alive"])
+def test_sigterm_names_the_rollout_processes_of_this_host_that_ended(members):
+    """torchrun ends a node's processes within 0.1 s of one dying, often before the trainer's next exchange with the
+    dead rollout process fails: its SIGTERM names the rollout processes of this host that ended (exited or a zombie),
+    then the process dies of it as before; none ended (a Ctrl-C, a stopped job): no line."""
+    run = subprocess.run([sys.executable, "-c", NAMED_ON_SIGTERM, members], capture_output=True, text=True, timeout=60)
+    assert run.returncode == -signal.SIGTERM, run.stderr
+    host = socket.gethostname()
+    if members == "alive":
+        assert run.stderr == ""
+        return
+    reaped, zombie, me = (int(pid) for pid in run.stdout.split())
+    members = [(0, 1, reaped), (1, 2, zombie), (2, 3, me)]
+    everyone = "; ".join(f"rollout rank {r} (launch rank {g}, pid {p} on {host})" for r, g, p in members)
+    everyone += "; rollout rank 3 (launch rank 4, pid 1 on elsewhere)"
+    ended = "; ".join(f"rollout rank {r} (launch rank {g}, pid {p} on {host})" for r, g, p in members[:2])
+    assert run.stderr.splitlines() == [
+        f"error on rank 0: PoolLost: the rollout pool ({everyone}) stopped answering while this process worked on its "
+        f"step: {ended} ended, and the launcher ends this process (SIGTERM)"
+    ]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("trainer", ASYNC_TRAINERS)
 def test_a_killed_rollout_process_stops_the_trainer_naming_it(tmp_path, trainer):
