@@ -10,7 +10,8 @@
 # override on two imbalanced one-step-off runs, applied and timed, verl's fully-async DAPO script as published, the
 # GAE actor-critic's learning, LoRA's checkpoint and resume, the compiled rollout's timing before step 1, tune's crashing
 # trial, its memory limit and its search of the one-step-off trainer's pool split, the one-step-off rollout pool's
-# multi-turn run (kept out for the test command's time: CI under 45 minutes);
+# multi-turn run, and 22 end-to-end runs listed in tests/project/test_docs.py's CI_TIME (kept out for the test
+# command's time: CI under 45 minutes);
 # .venv/bin/python -m pytest tests -m long -s; .venv/bin/python -m pytest benchmarks -m long -s: two sessions, as each
 # folder has its own conftest). A speed target the benchmarks still miss after their retries is listed as MISSED in
 # their summary, not failed (RLPROF_SPEED_TARGETS=report: a busy machine must not turn this command red).

@@ -72,7 +72,7 @@ def test_an_estimator_registered_from_user_code_is_used_by_the_trainer_config(ca
         del algos.ADV_ESTIMATORS["grpo_max_baseline"]
 
 
-@pytest.mark.slow  # over 7 s: kept out of the quick loop
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_a_rollout_registered_in_the_reward_file_trains_by_name(tmp_path):
     code = tmp_path / "oracle.py"
     code.write_text(BLOCKS[4])

@@ -124,7 +124,7 @@ REWARD = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_the_trainers_peak_holds_the_reward_buffer_and_zero_offload_states_lead_the_actor(tmp_path):
     reward = tmp_path / "reward_fn.py"
     reward.write_text(REWARD)

@@ -204,7 +204,7 @@ def firing(server: PrometheusServer) -> list[dict]:
         return [a for a in json.load(answer)["data"]["alerts"] if a["state"] == "firing"]
 
 
-@pytest.mark.slow
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_a_server_scrapes_both_ranks_through_the_targets_files_and_fires_the_stall_alert(tmp_path, capsys):
     """A real Prometheus server given only the run's targets files and rlprof's rules, during a two-rank run whose
     rank 1 hangs 20 s in its reward at step 3 (as the watchdog's tests make one): both ranks up, RLProfRankStalled

@@ -521,7 +521,7 @@ def dapo_run(folder: Path, reward: Path, *overrides: str) -> tuple[subprocess.Co
     return result, [r for r in read_jsonl(folder / "logs" / "metrics.jsonl") if r["step"] > 0]
 
 
-@pytest.mark.slow
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_dynamic_sampling_drops_solved_groups_says_so_and_the_report_shows_the_extra_generation(tmp_path, capsys):
     """Most prompts are solved by every response (those whose answer is not a multiple of 3): each step needs several
     rounds of 8 prompts to keep 8 groups. The log and the metrics say how many groups were dropped and how many

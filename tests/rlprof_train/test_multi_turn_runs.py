@@ -176,6 +176,7 @@ def test_the_nsys_report_holds_each_turn_and_tool_call(tmp_path, nsys, capfd, mo
     assert by_role[("tool", "calculator")] >= 1
 
 
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_the_vllm_rollout_calls_the_tool_and_its_log_probs_match_the_actors_over_the_conversation(tmp_path):
     """vLLM continues each conversation from its tokens: the policy's tokens of every turn get the engine's
     log-probs, which the actor's recomputation over the whole conversation (tool replies included) must match."""

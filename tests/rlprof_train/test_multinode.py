@@ -74,6 +74,7 @@ def two_nodes(tmp_path: Path, *overrides: str, timeout: float = 600) -> list[tup
     return results
 
 
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_two_nodes_without_a_shared_disk_train_and_profile_both_ranks(tmp_path, capsys):
     nodes = two_nodes(tmp_path, *TRAINING, "trainer.save_freq=-1", "trainer.resume_mode=disable")
     for folder, code, output in nodes:

@@ -25,6 +25,7 @@ def run(folder, *overrides) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT, env=subprocess_env())
 
 
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_a_resume_that_changes_the_experiment_is_refused_or_applied_when_allowed(tmp_path):
     first = run(tmp_path, "trainer.total_training_steps=2")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -46,6 +47,7 @@ def test_a_resume_that_changes_the_experiment_is_refused_or_applied_when_allowed
     assert recorded["actor_rollout_ref"]["actor"]["optim"]["lr"] == pytest.approx(1e-2)  # what ran
 
 
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_a_checkpoint_whose_weights_changed_on_disk_is_skipped_for_the_previous_one(tmp_path):
     """An exponent bit flipped in 1024 float32 weights of the newest checkpoint, the file's size unchanged: the
     resume names the file and resumes from the checkpoint before (it used to load it and train on NaN losses)."""

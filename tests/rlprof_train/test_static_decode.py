@@ -97,7 +97,7 @@ def test_calls_within_a_bucket_reuse_the_compiled_step_and_a_new_bucket_compiles
     assert shapes(decoder) == [*before, (32 * 8, 16)]
 
 
-@pytest.mark.slow
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_more_shapes_than_torchs_recompile_limit_compile_beside_the_training_graphs(model_dir, tokenizer):
     """torch's recompile limit (8) counts every graph of the model class's forward: the compiled training passes'
     (with and without gradients) and each decode shape's. A run with validation and multi-turn contexts passes it, and

@@ -74,6 +74,7 @@ def assert_learns(curve: list[float], label: str, plateau: float, plateau_steps:
     assert start <= 0.3 and end >= plateau, (start, end, windows)
 
 
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_grpo_learns_the_arithmetic_task(tmp_path):
     run_trainer(tmp_path, "trainer.test_freq=100")  # the demo's settings: GRPO, 300 steps
     assert_learns(rewards(tmp_path), "GRPO", plateau=0.6)  # 0.10 -> 0.65 measured, still rising at step 300
@@ -148,6 +149,7 @@ def test_the_nsys_launcher_profiles_a_trainer_run_with_every_phase(tmp_path, nsy
         assert re.search(rf"│ {role} +│ {phase} +│ +1 │", after), (role, phase)  # the launcher's role table
 
 
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_killed_run_resumes_with_the_same_steps_and_data_order(tmp_path):
     steps = (
         "trainer.total_training_steps=40",

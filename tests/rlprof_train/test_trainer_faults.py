@@ -75,6 +75,7 @@ def steps(folder: Path) -> list[int]:
     return [r["step"] for r in read_jsonl(folder / "logs" / "metrics.jsonl")]
 
 
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_a_fresh_start_never_appends_to_an_earlier_runs_log(tmp_path):
     run(tmp_path, "trainer.total_training_steps=2")
     result = run(tmp_path, "trainer.total_training_steps=4")
@@ -111,6 +112,7 @@ def test_a_second_run_on_the_same_folders_is_refused_naming_the_first(tmp_path):
     assert checkpoint.saved_steps(tmp_path / "ckpt") == [2, 4, 6]
 
 
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     run(tmp_path, "trainer.total_training_steps=3", "trainer.save_freq=1")
     newest = tmp_path / "ckpt" / "global_step_3"
@@ -243,6 +245,7 @@ def test_an_error_on_one_of_two_ranks_ends_both_with_the_traceback_and_no_hang(t
     assert "error on rank 1" in result.stderr
 
 
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_a_stopped_rank_ends_the_job_after_the_collective_timeout_naming_it(tmp_path):
     """Rank 1 frozen (SIGSTOP) mid-run: rank 0's collective gives up after trainer.collective_timeout_s instead of
     torch's 30 minutes (DeepSpeed's groups included), and its last line names rank 1 and where both ranks were."""

@@ -477,7 +477,7 @@ def test_the_reverse_tasks_embedded_model_has_four_layers_and_one_token_per_digi
         create_tiny_model(tmp_path / "other", task="gsm8k")
 
 
-@pytest.mark.slow
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_the_embedded_model_is_the_same_bytes_whatever_kernels_the_parent_process_chose(tmp_path, monkeypatch):
     """A build with the parent's ATen kernels set to AVX2 and one set to AVX-512 write the same weights (without
     :data:`REPRODUCIBLE_MATH` they differ on a CPU with AVX-512: float sums are ordered by the kernels)."""

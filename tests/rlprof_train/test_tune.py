@@ -155,7 +155,7 @@ def tune(tmp_path, *args, timeout=1200):
     return result, results
 
 
-@pytest.mark.slow
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_from_a_poor_base_tune_returns_a_verified_faster_configuration_with_the_same_math(tmp_path):
     """What tune computes from a poor base (tune_runs.POOR_BASE_SEARCH): a best configuration of the searched knobs,
     faster than the base beyond noise side by side (the 95% interval of the speed-up above 1, whatever its size:

@@ -324,7 +324,7 @@ def test_critic_warmup_steps_train_the_critic_only(tmp_path):
     ]
 
 
-@pytest.mark.slow
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_validation_in_chunks_of_val_batch_size_scores_as_one_batch(tmp_path):
     common = ("trainer.total_training_steps=1", "trainer.test_freq=1", "trainer.val_before_train=true")
     whole = _run(tmp_path / "whole", *common)

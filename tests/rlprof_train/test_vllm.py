@@ -156,6 +156,7 @@ def run_trainer(tmp_path, *overrides):
     return subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT, env=subprocess_env())
 
 
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_grpo_with_vllm_rollout_learns_like_hf(tmp_path):
     from rlprof.tracking.jsonl import read_jsonl
 
@@ -190,6 +191,7 @@ def test_a_model_vllm_cannot_serve_names_the_reason(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the rewind of seeded generators fails on CPU generators only")
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_sampled_seeded_batch_with_more_prompt_tokens_than_the_step_budget_runs(tmp_path):
     """256 sampled, seeded sequences of about 10 prompt tokens against a budget of 64 tokens a step: vLLM would split
     prefills and rewind each request's CPU generator (``CPU Generator does not use offset`` in step 1).
@@ -298,6 +300,7 @@ def test_an_interrupted_vllm_run_leaves_no_engine_process_running(tmp_path):
             psutil.Process(pid).kill()
 
 
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_lengths_past_the_models_positions_are_refused_before_the_engine_loads(tmp_path):
     result = run_trainer(
         tmp_path, "actor_rollout_ref.rollout.name=vllm", "data.max_prompt_length=300", "trainer.total_training_steps=1"
@@ -343,6 +346,7 @@ def test_gpu_vllm_rollout_runs_steps(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
 
 
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_two_ranks_and_their_engines_make_one_timeline_in_order_that_tensorboard_serves(tmp_path):
     """issue 29's timeline: a 2-rank run with the vLLM rollout and the torch tool on every rank; `rlprof timeline`
     puts both trainers and both engines in one trace, and each engine's work where its trainer waits for it: the

@@ -176,7 +176,7 @@ def two_ranks(folder: Path, *overrides: str) -> list[str]:
     return trainer_command(folder, *SMALL_RUN, "trainer.watchdog.min_s=3", *overrides, prefix=prefix)
 
 
-@pytest.mark.slow
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_rank_1_hanging_in_its_reward_is_named_with_its_line_and_listed_by_report(tmp_path, capsys):
     reward = reward_sleeping_on_rank_1(tmp_path, 12)
     profile = tmp_path / "profile"
