@@ -790,7 +790,8 @@ def test_an_async_trainer_learns_as_the_synchronous_trainer_within_the_run_to_ru
     spread of the final validation reward; two seeds of each asynchronous trainer (one-step-off: each batch sampled by
     weights one update old; fully async: staleness 0.5, a sync every 2 updates; the rollout's log-probs as the old
     ones) land within it, widened by the spread itself, and their mean training reward is no lower than the
-    synchronous runs' lowest less their spread (measured, one-step-off: 0.172-0.175 against 0.165-0.166)."""
+    synchronous runs' lowest less their spread (one-step-off 0.172-0.175 against 0.165-0.166 on 2026-12-06; on
+    2026-12-07, the sampling noise keyed, 0.298-0.300 against 0.301-0.302: failed, open in issue 59)."""
     runs = [learning_run(tmp_path / f"{trainer}{seed}", seed, trainer) for seed in ASYNC_SEEDS]
     figures = [learning_figures(r, trainer) for r in runs]
     print(f"\n(mean reward, final validation reward): synchronous {sync_learning}; {trainer} {figures}")
