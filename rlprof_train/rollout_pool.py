@@ -240,7 +240,12 @@ def pool_lost(doing: str, peers: str) -> Iterator[None]:
     except RuntimeError as exc:  # gloo's errors (DistBackendError and its kin are RuntimeErrors)
         if isinstance(exc, PoolLost):
             raise
-        raise PoolLost(f"{peers} stopped answering while this process {doing} (see the error above)") from exc
+        raise PoolLost(f"{stopped_answering(peers, doing)} (see the error above)") from exc
+
+
+def stopped_answering(peers: str, doing: str) -> str:
+    """What a lost pool's line says: who stopped answering, and what this process was doing."""
+    return f"{peers} stopped answering while this process {doing}"
 
 
 def ended_here(members: list[Member]) -> list[Member]:
@@ -329,8 +334,8 @@ class PooledRollout(Rollout):
             gone = "; ".join(str(m) for m in ended)
             doing = self.doing or "worked on its step"
             print(
-                f"error on rank {self.env.rank}: {PoolLost.__name__}: {self._peers()} stopped answering while this "
-                f"process {doing}: {gone} ended, and the launcher ends this process (SIGTERM)",
+                f"error on rank {self.env.rank}: {PoolLost.__name__}: {stopped_answering(self._peers(), doing)}: "
+                f"{gone} ended, and the launcher ends this process (SIGTERM)",
                 file=sys.stderr,
                 flush=True,
             )

@@ -41,7 +41,7 @@ def session(tmp_path, *, leave: bool) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
 
 
-@pytest.mark.slow  # the quick loop under 2 minutes
+@pytest.mark.slow  # set-up heavy: out of the quick loop
 def test_a_process_left_running_fails_the_session_naming_it_and_its_test(tmp_path):
     result = session(tmp_path, leave=True)
     out = result.stdout

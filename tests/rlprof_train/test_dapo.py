@@ -422,7 +422,7 @@ def test_validation_samples_only_with_do_sample_as_verl():
     assert len(seeds) == 4  # each validation of each run draws afresh
 
 
-@pytest.mark.slow  # the quick loop under 2 minutes
+@pytest.mark.slow  # set-up heavy: out of the quick loop
 def test_model_config_overrides_reach_the_loaded_model_and_unknown_keys_are_named(tmp_path):
     model = create_tiny_model(tmp_path / "model", sft_steps=0)
     overrides = {"max_position_embeddings": 1024, "attention_dropout": 0.25, "embd_pdrop": 0.0}

@@ -27,7 +27,7 @@ from rlprof_train.workers.rollout.static_decode import StaticDecoder
 from conftest import build_reward_model
 from simulated_cuda import SIMULATED, DeviceMismatch, SimulatedCuda, on_device
 
-pytestmark = pytest.mark.slow  # trainer runs of about a minute in all: out of the quick loop (under 2 minutes)
+pytestmark = pytest.mark.slow  # trainer runs of about a minute in all: out of the quick loop
 
 SMALL = (
     "data.train_batch_size=4",

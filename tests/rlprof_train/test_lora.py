@@ -59,7 +59,7 @@ def test_only_adapters_train_and_disabling_them_gives_the_base_model(base_dir):
     assert not torch.allclose(adapted, reference, atol=1e-3)
 
 
-@pytest.mark.slow  # the quick loop under 2 minutes
+@pytest.mark.slow  # set-up heavy: out of the quick loop
 def test_merged_weights_are_peft_merge_and_unload(base_dir):
     """What vLLM is given after an update: the base model's names, ``W + B A * alpha / r``, equal to PEFT's own
     ``merge_and_unload`` of a copy; the adapters stay unmerged in the trained model."""

@@ -554,7 +554,7 @@ def test_the_rollout_pools_sampling_beside_the_step_is_in_no_share_of_it():
     )
 
 
-@pytest.mark.slow  # the quick loop under 2 minutes
+@pytest.mark.slow  # set-up heavy: out of the quick loop
 def test_a_rollout_pool_is_the_one_step_off_trainers_and_its_limits_are_named(tmp_path):
     """main_ppo refuses a rollout pool and hybrid_engine=False, naming the one-step-off entry; the one-step-off
     trainer names each setting its rollout pool does not run yet, with its pool size checked against the launch,

@@ -234,7 +234,7 @@ def sync_arguments(work: Path, keep_async: bool = False) -> list[str]:
     return out
 
 
-@pytest.mark.slow  # the quick loop under 2 minutes
+@pytest.mark.slow  # set-up heavy: out of the quick loop
 def test_the_asynchronous_keys_of_every_dapo_script_are_refused_by_name_in_one_line(place, tmp_path):
     """A script's command as published (its --config flags aside): one error naming each asynchronous key it sets,
     nothing run. (A colocated script runs verl's synchronous trainer: it has none.)"""
@@ -255,7 +255,7 @@ def test_the_asynchronous_keys_of_every_dapo_script_are_refused_by_name_in_one_l
     assert checked >= len(SCRIPTS) - 2
 
 
-@pytest.mark.slow  # the quick loop under 2 minutes
+@pytest.mark.slow  # set-up heavy: out of the quick loop
 def test_every_key_of_every_dapo_script_is_applied_named_or_refused_in_one_line(place, tmp_path):
     """Each script's synchronous form (with a user's moves) loads here, or stops with one error naming what is not
     here (SGLang, NPU expert parallelism, a custom dataset class): nothing else."""
@@ -398,7 +398,7 @@ MODES = {
 """Each entry module's trainer here (docs/trainer.md's rule)."""
 
 
-@pytest.mark.slow  # the quick loop under 2 minutes
+@pytest.mark.slow  # set-up heavy: out of the quick loop
 def test_every_key_of_the_async_folders_other_scripts_is_accepted_a_no_op_or_refused_by_name(
     place, tmp_path, monkeypatch
 ):
