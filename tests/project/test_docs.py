@@ -19,7 +19,7 @@ DAPO_LONG = (
     ),
     "fully_async_policy/shell/dapo_7b_math_fsdp2_64_64.sh",
     "fully_async_policy/shell/dapo_7b_math_fsdp2_64_64_mis.sh",
-    *(f"one_step_off_policy/shell/dapo_7b_math_fsdp2_{kind}.sh" for kind in ("64_64", "64_64_ris", "colocate")),
+    *(f"one_step_off_policy/shell/dapo_7b_math_fsdp2_{kind}.sh" for kind in ("4_12", "64_64", "64_64_ris", "colocate")),
 )
 """verl's DAPO scripts trained 2 steps with -m long (docs/trainer.md: twelve train, two in the test command)."""
 REFERENCE = re.compile(r"`((?:tests|benchmarks)/[\w/]+\.py)::(\w+)`")
@@ -101,11 +101,13 @@ CI_TIME = (
     "tests/rlprof_train/test_dapo.py::test_dynamic_sampling_drops_solved_groups_says_so_and_the_report_shows_the_extra_"
     "generation",
     "tests/rlprof_train/test_watchdog.py::test_rank_1_hanging_in_its_reward_is_named_with_its_line_and_listed_by_report",
+    "tests/rlprof_train/test_one_step_off.py::test_a_runs_learning_does_not_depend_on_how_its_processes_are_split_"
+    "between_the_pools",
 )
 """End-to-end runs of 18-175 s moved to the long runs for the test command's time (stop 65's CI took 4288 s, a fresh
-clone's tests 57 minutes here): the code paths they run stay in the command through shorter tests; what only they
-check (GRPO's and vLLM's learning, tune's verified search, a resume's data order, ...) runs with ``-m long``
-(docs/setup.md)."""
+clone's tests 57 minutes here; stop 66's 2863 s, the last one added): the code paths they run stay in the command
+through shorter tests; what only they check (GRPO's and vLLM's learning, tune's verified search, a resume's data
+order, ...) runs with ``-m long`` (docs/setup.md)."""
 
 
 @pytest.mark.slow  # 15 s (collections of benchmarks/ and tests/): kept out of the quick loop

@@ -204,7 +204,7 @@ def one_step_off_command(
     return command
 
 
-@pytest.mark.slow
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_a_runs_learning_does_not_depend_on_how_its_processes_are_split_between_the_pools(tmp_path):
     """Three processes, one generating or two (the split ``tune`` searches), the trainer computing the old log-probs:
     every learning metric tune's verification compares (GAE: the critic's too) is equal for the first 3 steps within
