@@ -10,7 +10,7 @@
 # override on two imbalanced one-step-off runs, applied and timed, verl's fully-async DAPO script as published, the
 # GAE actor-critic's learning, LoRA's checkpoint and resume, the compiled rollout's timing before step 1, tune's crashing
 # trial, its memory limit and its search of the one-step-off trainer's pool split, the one-step-off rollout pool's
-# multi-turn run, and 23 end-to-end runs listed in tests/project/test_docs.py's CI_TIME (kept out for the test
+# multi-turn run, and 25 end-to-end runs listed in tests/project/test_docs.py's CI_TIME (kept out for the test
 # command's time: CI under 45 minutes);
 # .venv/bin/python -m pytest tests -m long -s; .venv/bin/python -m pytest benchmarks -m long -s: two sessions, as each
 # folder has its own conftest). A speed target the benchmarks still miss after their retries is listed as MISSED in
@@ -19,10 +19,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The one-time builds (embedded models, DeepSpeed's CPU ops) beside the checks, in a process group of their own that
+# an early exit ends (scripts/warm_builds.py)
+mkdir -p outputs
+setsid .venv/bin/python scripts/warm_builds.py > outputs/warm_builds.log 2>&1 &
+warm=$!
+trap 'kill -- -"$warm" 2>/dev/null || true' EXIT
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 .venv/bin/python scripts/import_graph.py
 .venv/bin/mkdocs build --strict --quiet
+wait "$warm" || { echo "scripts/warm_builds.py failed:" >&2; cat outputs/warm_builds.log >&2; exit 1; }
+trap - EXIT
 .venv/bin/python -m pytest tests -m "not long" --durations=30 "$@"
 RLPROF_SPEED_TARGETS=report .venv/bin/python -m pytest benchmarks -m "not long" -p no:cacheprovider --benchmark-columns=min,mean,rounds -q -s

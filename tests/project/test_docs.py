@@ -103,6 +103,8 @@ CI_TIME = (
     "tests/rlprof_train/test_watchdog.py::test_rank_1_hanging_in_its_reward_is_named_with_its_line_and_listed_by_report",
     "tests/rlprof_train/test_one_step_off.py::test_a_runs_learning_does_not_depend_on_how_its_processes_are_split_"
     "between_the_pools",
+    "tests/rlprof_train/test_one_step_off.py::test_the_rollout_pool_runs_vllm_and_multi_turn_tool_rollouts[vllm]",
+    "tests/rlprof_train/test_tune.py::test_an_interrupted_tune_stops_its_trial_and_writes_what_it_found[SIGHUP]",
 )
 """End-to-end runs of 18-175 s moved to the long runs for the test command's time (stop 65's CI took 4288 s, a fresh
 clone's tests 57 minutes here; stop 66's 2863 s, the last one added): the code paths they run stay in the command

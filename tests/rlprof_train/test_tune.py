@@ -248,7 +248,10 @@ def test_vllms_knobs_are_searched_with_the_vllm_rollout(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stop", ["SIGINT", "SIGHUP"])
+@pytest.mark.parametrize(
+    "stop",
+    ["SIGINT", pytest.param("SIGHUP", marks=pytest.mark.long)],  # CI time: SIGHUP in the test command's long runs
+)
 def test_an_interrupted_tune_stops_its_trial_and_writes_what_it_found(tmp_path, stop):
     """Ctrl-C (or a closed SSH session) during the second configuration: the trial's processes stop with tune, the
     partial results and the best so far are written, exit 128 + the signal's number (it used to exit with a
