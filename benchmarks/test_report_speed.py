@@ -76,7 +76,10 @@ def test_report_starts_without_torch_in_under_100_mb(benchmark):
     assert facts["peak_mb"] < STARTUP_TARGET_MB
 
 
-@pytest.mark.parametrize("order", ["as written", "one thread out of order"])
+@pytest.mark.parametrize(
+    "order",
+    ["as written", pytest.param("one thread out of order", marks=pytest.mark.long)],  # CI time: in the long runs
+)
 def test_report_reads_a_large_gpu_trace_10x_faster_than_hta_in_bounded_memory(benchmark, tmp_path, order, speed_target):
     if not (HTA / "hta").is_dir():
         pytest.skip("Holistic Trace Analysis is not installed in .venv/hta (scripts/setup.sh installs it)")

@@ -105,6 +105,16 @@ CI_TIME = (
     "between_the_pools",
     "tests/rlprof_train/test_one_step_off.py::test_the_rollout_pool_runs_vllm_and_multi_turn_tool_rollouts[vllm]",
     "tests/rlprof_train/test_tune.py::test_an_interrupted_tune_stops_its_trial_and_writes_what_it_found[SIGHUP]",
+    "tests/rlprof_train/test_one_step_off.py::test_the_same_seed_samples_the_same_batches",
+    "tests/rlprof_train/test_one_step_off.py::test_a_resumed_run_continues_the_parameter_versions_with_no_prompt_"
+    "trained_twice",
+    "tests/rlprof_train/test_one_step_off.py::test_compare_sets_a_synchronous_run_beside_a_one_step_off_run_of_the_"
+    "same_config",
+    "tests/rlprof_train/test_fast_paths.py::test_the_compiled_forward_gives_the_eager_log_probs_entropies_and_"
+    "gradients_with_one_graph_for_all_shapes",
+    "tests/rlprof_train/test_multi_turn_runs.py::test_a_rollout_waiting_on_a_slow_tool_is_named_by_the_report_with_"
+    "the_timeout_to_set",
+    "tests/rlprof_train/test_vllm.py::test_after_sync_vllm_greedy_equals_the_actors_greedy[3]",
 )
 """End-to-end runs of 18-175 s moved to the long runs for the test command's time (stop 65's CI took 4288 s, a fresh
 clone's tests 57 minutes here; stop 66's 2863 s, the last one added): the code paths they run stay in the command
@@ -159,7 +169,10 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
         "benchmarks/test_rollout.py",
         "benchmarks/test_async_speed.py",
         "benchmarks/test_async_advice.py",
+        "benchmarks/test_report_speed.py",
     }, long
+    speed = "benchmarks/test_report_speed.py::test_report_reads_a_large_gpu_trace_10x_faster_than_hta_in_bounded_memory"
+    assert {test for test in long if test.startswith(speed)} == {f"{speed}[one thread out of order]"}, long
     assert {test for test in long if test.startswith("benchmarks/test_soak.py")} == {f"{soak}[5000 windows]"}, long
     rest = collected("not long")
     assert rest and not rest & long and f"{soak}[500 windows]" in rest

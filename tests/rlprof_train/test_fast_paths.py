@@ -80,7 +80,7 @@ def test_the_rollouts_compile_is_timed_once_before_step_1_and_logged_with_it(tmp
     assert len(eager) == 3 and not any("timing_s/rollout_compile" in r for r in eager)
 
 
-@pytest.mark.slow
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_the_compiled_forward_gives_the_eager_log_probs_entropies_and_gradients_with_one_graph_for_all_shapes():
     """The padded path (the trainer's run above takes the packed one): micro-batches of other sizes and widths reuse
     the first call's graph (dynamic shapes); the values and gradients are the eager forward's up to float rounding."""

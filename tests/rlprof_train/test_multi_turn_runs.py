@@ -132,6 +132,7 @@ SLOW_TOOL_CONFIG = """tools:
 """
 
 
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_a_rollout_waiting_on_a_slow_tool_is_named_by_the_report_with_the_timeout_to_set(tmp_path, capsys):
     """A tool that takes 0.6 s and hangs on one call in eight: the hanging calls are given up after the 3 s timeout
     and counted as failures, the run goes on and ends; the report names the wait and a timeout of twice the median

@@ -484,7 +484,7 @@ STOP_AT_3 = ("trainer.total_training_steps=3", "trainer.save_freq=3")
 """The first launch of ``resumed``: 3 steps and their checkpoint (the second launch resumes from it, to step 6)."""
 
 
-@pytest.mark.slow
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_the_same_seed_samples_the_same_batches(small_runs):
     """Two runs of one config (one process trains, one generates): every step's rewards and response lengths agree
     up to step 3, where ``resumed`` stopped, as two runs of the synchronous trainer do (each response's sampling
@@ -496,7 +496,7 @@ def test_the_same_seed_samples_the_same_batches(small_runs):
     assert len(runs[0]) == 6 and runs[0][:3] == runs[1][:3]
 
 
-@pytest.mark.slow
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_a_resumed_run_continues_the_parameter_versions_with_no_prompt_trained_twice(small_runs):
     """``resumed`` started again from its step-3 checkpoint: both pools start at parameter version 3 (the rollout
     process gets the saved weights: batch 4 is sampled by them, staleness 0, as a first step), then the versions go
@@ -518,7 +518,7 @@ def test_a_resumed_run_continues_the_parameter_versions_with_no_prompt_trained_t
     assert len({uid for p in prompts.values() for uid in p}) == sum(len(p) for p in prompts.values())  # once each
 
 
-@pytest.mark.slow
+@pytest.mark.long  # CI time: in the test command's long runs
 def test_compare_sets_a_synchronous_run_beside_a_one_step_off_run_of_the_same_config(small_runs):
     """The same config on two processes each: synchronous (both train and generate) and one-step-off (one trains,
     one generates; verl's bypass mode in both). ``rlprof compare`` names each run's processes, finds the rollout

@@ -69,7 +69,7 @@ def train_a_little(actor, tokenizer, steps: int = 3) -> None:
         actor.update(batch)
 
 
-@pytest.mark.parametrize("zero_stage", [2, 3])
+@pytest.mark.parametrize("zero_stage", [2, pytest.param(3, marks=pytest.mark.long)])  # CI time: 3 in the long runs
 def test_after_sync_vllm_greedy_equals_the_actors_greedy(model_dir, dist_env, zero_stage):
     from rlprof_train.models import load_tokenizer
     from rlprof_train.workers.actor import ActorWorker
