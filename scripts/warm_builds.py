@@ -1,8 +1,8 @@
 """The test command's one-time builds, made at once while its checks run (ruff, mypy, the docs site: one core
-each): the embedded models of the demo's and the tool demo's tasks (a single-threaded process each, about 100 s on
-our machines, for the same bytes everywhere) and, on the CPU, DeepSpeed's JIT-compiled ops the trainer loads (its
-shared-memory collective and CPU Adam, into torch's extensions folder). Without it the first tests that need each
-build it, one after another, while the other core idles.
+each): the embedded models of the demo's and the tool demo's tasks (a single-threaded process each, one to two
+minutes on our machines, for the same bytes everywhere) and, on the CPU, DeepSpeed's JIT-compiled ops the trainer
+loads (its shared-memory collective and CPU Adam, into torch's extensions folder). Without it the first tests that
+need each build it, one after another, while the other core idles.
 
     .venv/bin/python scripts/warm_builds.py
 """

@@ -163,8 +163,8 @@ KNOB_RUNS = {
 @pytest.fixture(scope="module")
 def trainer_runs(tmp_path_factory):
     """Three 40-step GRPO runs of the bundled trainer: the defaults, packed sequences, a 10x KL coefficient. They run
-    at once, a thread each (what each learns is seeded, not timed; the speed test checks each ratio against its own
-    interval, not a value): half the time of one after the other on two cores."""
+    at once, a thread each, on the machine's cores (what each learns is seeded, not timed; the speed test checks each
+    ratio against its own interval, not a value)."""
     root = tmp_path_factory.mktemp("knobs")
     env = subprocess_env(OMP_NUM_THREADS="1")
     launched = {}
