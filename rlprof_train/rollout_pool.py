@@ -307,6 +307,8 @@ class PooledRollout(Rollout):
         self.members: list[Member] = []
         self.step_in_flight: Optional[int] = None
         self.lost = False
+        self.abandoned = False
+        """This rank failed (:meth:`abandon`): it is on its way out with its own error line."""
         self.doing: Optional[str] = None
         """The exchange with the rollout pool under way (None: this process works on its own)."""
         self.before_sigterm: Any = None
@@ -328,7 +330,10 @@ class PooledRollout(Rollout):
     def _terminated(self, signum: int, frame: Any) -> None:
         """SIGTERM: where a rollout process of this host has ended, say so in the line a lost pool gets (torchrun
         ends the other processes of a node within 0.1 s of one dying, often before this one's next exchange with it
-        fails); then what SIGTERM did before."""
+        fails); then what SIGTERM did before. A rank already unwinding its own error (:meth:`abandon`) lets it
+        finish: SIGTERM would cut it before its line (torchrun's SIGKILL follows 30 s on if it does not end)."""
+        if self.abandoned:
+            return
         ended = ended_here(self.members)
         if ended:
             gone = "; ".join(str(m) for m in ended)
@@ -427,12 +432,13 @@ class PooledRollout(Rollout):
 
     def abandon(self) -> None:
         """This rank failed: :meth:`close` then waits for nothing and tells the pool nothing (its processes stop when
-        this one's exit breaks their link)."""
-        self.lost = True
+        this one's exit breaks their link), and SIGTERM no longer cuts the way out (:meth:`_terminated`)."""
+        self.lost = self.abandoned = True
 
     def close(self) -> None:
-        """Collect what is in flight and tell the rollout processes to stop (unless the pool was lost)."""
-        if self.before_sigterm is not None:
+        """Collect what is in flight and tell the rollout processes to stop (unless the pool was lost); SIGTERM's
+        handler as before, unless this rank failed (then it stays, to the process's end)."""
+        if self.before_sigterm is not None and not self.abandoned:
             signal.signal(signal.SIGTERM, self.before_sigterm)
             self.before_sigterm = None
         if self.lost:
