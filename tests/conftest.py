@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 
@@ -28,13 +30,40 @@ def _no_session_leaks():
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+@contextlib.contextmanager
+def world_of_one(device: str) -> Iterator[Any]:
+    """The trainer's process group in this process (``init_distributed``: a world of one), for a module's tests; at
+    the end destroyed and the variables it set removed, so that the tests after it (another module's, in whatever
+    order the test command's workers take them) see no group and no ``RANK``."""
+    import torch
+
+    from rlprof_train.workers.engine import init_distributed
+
+    saved = {name: os.environ.get(name) for name in (*LAUNCHER_VARIABLES, "DS_ACCELERATOR")}
+    try:
+        yield init_distributed(device)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
     """This environment for a child program, minus what a process group left here (tests that run DeepSpeed in
-    this process set RANK/MASTER_PORT...; a child inheriting them would try to join that group's port) and this
-    process's wandb service (a child using it would have its relative paths resolved in this process's folder).
+    this process set RANK/MASTER_PORT...; a child inheriting them would try to join that group's port), this
+    process's wandb service (a child using it would have its relative paths resolved in this process's folder) and
+    pytest-xdist's worker variables (a child pytest would take itself for a worker: pytest-benchmark's off there).
     ``PYTHONPATH`` is the repository first, then the caller's entries (a GPU machine's wheels installed into a folder,
     scripts/gpu_kit.sh)."""
-    env = {k: v for k, v in os.environ.items() if k not in (*LAUNCHER_VARIABLES, "WANDB_SERVICE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (*LAUNCHER_VARIABLES, "WANDB_SERVICE") and not k.startswith("PYTEST_XDIST_")
+    }
     inherited = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != str(ROOT)]
     env.update(PYTHONPATH=os.pathsep.join([str(ROOT), *inherited]), **extra)
     return env

@@ -7,6 +7,8 @@ after pytest's summary and writes into streams already closed (vLLM's executor s
 error ---`` after the summary line). After each test the plugin notes which of the process's descendants are new;
 at the end it names each survivor with the first test after which it was seen and fails the session (it stops
 none: a killed service makes its client's exit handler print a traceback, the very noise this check is against).
+Under pytest-xdist each worker checks its own tests' processes and hands the lines to the controller, which reports
+them and fails the session.
 
 Processes that the interpreter itself owns for its whole life are not the tests' to stop: multiprocessing's
 resource tracker, and torch's compile-worker pool (torch stops it at exit, before anything is finalized).
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 import pytest
@@ -23,6 +26,8 @@ import pytest
 GRACE_S = 5.0
 """How long a process that is already ending may take to be gone before it counts as left running."""
 
+WORKER_KEY = "process_leaks"
+"""The key of a pytest-xdist worker's output that carries its survivors' lines to the controller."""
 INTERPRETER_HELPERS = ("multiprocessing.resource_tracker", "torch._inductor.compile_worker")
 """Command-line fragments of the helper processes the interpreter owns for its lifetime."""
 
@@ -55,6 +60,8 @@ class ProcessLeaks:
     def __init__(self) -> None:
         self.before = set(_descendants())
         self.started: dict[tuple[int, float], Started] = {}
+        self.from_workers: list[str] = []
+        """What pytest-xdist's workers found left running (the controller's list)."""
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
@@ -76,14 +83,23 @@ class ProcessLeaks:
                 return left
             time.sleep(0.2)
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """pytest-xdist's controller: a worker ended, with the lines of what its tests left running."""
+        self.from_workers += getattr(node, "workeroutput", {}).get(WORKER_KEY, [])
+
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        left = self.survivors()
-        if not left:
+        lines = [f"pid {s.pid}, first seen after {s.test}: {s.command[:300]}" for s in self.survivors()]
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:  # a pytest-xdist worker: its controller reports and fails the session
+            workeroutput[WORKER_KEY] = lines
+            return
+        lines += self.from_workers
+        if not lines:
             return
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        lines = [f"pid {s.pid}, first seen after {s.test}: {s.command[:300]}" for s in left]
-        message = f"{len(left)} processes started by the tests were still running at the end:"
+        message = f"{len(lines)} processes started by the tests were still running at the end:"
         if reporter is not None:
             reporter.write_sep("=", "processes left running", red=True)
             for line in (message, *lines):

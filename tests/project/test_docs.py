@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, subprocess_env
 
 DOCS = ROOT / "docs"
 DAPO_LONG = (
@@ -153,6 +153,7 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
             capture_output=True,
             text=True,
             cwd=ROOT,
+            env=subprocess_env(),
             timeout=300,
         )
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

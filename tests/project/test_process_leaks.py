@@ -32,25 +32,31 @@ TESTS = textwrap.dedent(
 )
 
 
-def session(tmp_path, *, leave: bool) -> subprocess.CompletedProcess:
-    source = TESTS.format(seconds=37) if leave else TESTS.split("\n\ndef test_leaves")[0] + "\n"
+WORKERS = {"one process": (), "two xdist workers": ("-n", "2")}
+"""The test command runs its tests in two pytest-xdist workers: each worker's leaks reach the session's end."""
+
+
+def session(tmp_path, *, leave: bool, workers: tuple[str, ...] = (), seconds: int = 37) -> subprocess.CompletedProcess:
+    source = TESTS.format(seconds=seconds) if leave else TESTS.split("\n\ndef test_leaves")[0] + "\n"
     (tmp_path / "test_children.py").write_text(source)
     plugins = ["-p", "process_leaks", "-p", "no:cacheprovider"]
-    command = [sys.executable, "-m", "pytest", "-q", *plugins, "test_children.py"]
+    command = [sys.executable, "-m", "pytest", "-q", *plugins, *workers, "test_children.py"]
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "tests")}
     return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
 
 
 @pytest.mark.slow  # set-up heavy: out of the quick loop
-def test_a_process_left_running_fails_the_session_naming_it_and_its_test(tmp_path):
-    result = session(tmp_path, leave=True)
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_process_left_running_fails_the_session_naming_it_and_its_test(tmp_path, workers):
+    seconds = 37 + list(WORKERS).index(workers)  # each case's own orphan
+    result = session(tmp_path, leave=True, workers=WORKERS[workers], seconds=seconds)
     out = result.stdout
     assert result.returncode == 1, out
     assert "2 passed" in out and "processes left running" in out
     assert "1 processes started by the tests were still running at the end:" in out
-    assert "first seen after test_children.py::test_leaves_one_running: sleep 37" in out
+    assert f"first seen after test_children.py::test_leaves_one_running: sleep {seconds}" in out
     assert "test_stops_its_child" not in out.split("processes left running")[1]
-    left = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "37"]]
+    left = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", str(seconds)]]
     for process in left:  # the inner session's orphan, now this test's to stop
         process.kill()
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import ROOT, subprocess_env
 
 BENCHMARK = """
 def test_met(speed_target):
@@ -21,7 +21,7 @@ def test_missed(speed_target):
 
 def run_benchmarks(tmp_path, mode: str | None) -> subprocess.CompletedProcess:
     (tmp_path / "test_targets.py").write_text(BENCHMARK)
-    env = {k: v for k, v in os.environ.items() if k != "RLPROF_SPEED_TARGETS"}
+    env = {k: v for k, v in subprocess_env().items() if k != "RLPROF_SPEED_TARGETS"}
     env["PYTHONPATH"] = f"{ROOT / 'benchmarks'}{os.pathsep}{ROOT}"
     if mode is not None:
         env["RLPROF_SPEED_TARGETS"] = mode

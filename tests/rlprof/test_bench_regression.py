@@ -5,7 +5,6 @@ an unchanged tree, and ``rlprof compare`` on two benchmark files."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,8 @@ import pytest
 
 from rlprof.analysis.bench_compare import compare_benchmarks
 from rlprof.cli import main
+
+from conftest import subprocess_env
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "scripts" / "bench.sh"
@@ -41,7 +42,7 @@ def test_train_step(rlprof_benchmark):
 
 
 def bench(project: Path, *args: str, slow: bool = False) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("SLOW_ACTOR", "RLPROF_BENCH_STORAGE")}
+    env = {k: v for k, v in subprocess_env().items() if k not in ("SLOW_ACTOR", "RLPROF_BENCH_STORAGE")}
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     if slow:
         env["SLOW_ACTOR"] = "1"

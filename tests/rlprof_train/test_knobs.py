@@ -13,6 +13,8 @@ from rlprof_train.config.load import load_trainer_config
 from rlprof_train.models import ValueModel, load_causal_lm, response_log_probs
 from rlprof_train.tiny_model import build_tiny_llama, build_tokenizer
 
+from conftest import world_of_one
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
@@ -123,9 +125,8 @@ def test_padded_budget_groups_rows_of_similar_shape_and_trim_removes_their_paddi
 
 @pytest.fixture(scope="module")
 def dist_env():
-    from rlprof_train.workers.engine import init_distributed
-
-    return init_distributed("cpu")
+    with world_of_one("cpu") as env:
+        yield env
 
 
 def actor_grads(model_dir, env, batch: RolloutBatch, *overrides: str, layer_calls: list | None = None) -> torch.Tensor:

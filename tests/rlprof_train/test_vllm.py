@@ -3,6 +3,7 @@ actor's current weights under ZeRO 2 and ZeRO 3, GRPO learns with it, and start-
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import json
@@ -23,7 +24,7 @@ from rlprof_train.config.load import load_trainer_config
 from rlprof_train.data import Example
 from rlprof_train.workers.rollout.base import SamplingParams
 
-from conftest import ROOT, foreground_sigint, open_in_perfetto, subprocess_env, trainer_command
+from conftest import ROOT, foreground_sigint, open_in_perfetto, subprocess_env, trainer_command, world_of_one
 
 pytestmark = [
     pytest.mark.slow,
@@ -42,9 +43,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dist_env():
-    from rlprof_train.workers.engine import init_distributed
-
-    return init_distributed("cuda" if torch.cuda.is_available() else "cpu")
+    with world_of_one("cuda" if torch.cuda.is_available() else "cpu") as env:
+        yield env
 
 
 def examples(tokenizer) -> list[Example]:
@@ -112,9 +112,26 @@ def test_after_sync_vllm_greedy_equals_the_actors_greedy(model_dir, dist_env, ze
     assert total.item() == dist_env.world_size
 
 
-def all_vllm_processes() -> set[int]:
-    """The process ids of every ``VLLM::`` process on the machine."""
-    return {p.pid for p in psutil.process_iter(["name"]) if (p.info["name"] or "").startswith("VLLM::")}
+def vllm_descendants(pid: int) -> dict[int, float]:
+    """The ``VLLM::`` processes under process ``pid`` now: their pid -> start time (noted while a run lives, they are
+    found again orphaned, and never confused with another test's engines running beside)."""
+    found = {}
+    for process in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # ended while being looked at
+            if process.name().startswith("VLLM::"):
+                found[process.pid] = process.create_time()
+    return found
+
+
+def still_running(processes: dict[int, float]) -> list[psutil.Process]:
+    """Those of ``processes`` (pid -> start time) still running."""
+    running = []
+    for pid, started in processes.items():
+        with contextlib.suppress(psutil.Error):
+            process = psutil.Process(pid)
+            if process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE:
+                running.append(process)
+    return running
 
 
 def vllm_processes() -> list[str]:
@@ -200,7 +217,6 @@ def test_sampled_seeded_batch_with_more_prompt_tokens_than_the_step_budget_runs(
     the queue, and no request takes longer than the whole generation phase timed by the trainer."""
     from rlprof.tracking.jsonl import read_jsonl
 
-    engines_before = all_vllm_processes()
     command = trainer_command(
         tmp_path,
         "actor_rollout_ref.rollout.name=vllm",
@@ -216,15 +232,23 @@ def test_sampled_seeded_batch_with_more_prompt_tokens_than_the_step_budget_runs(
         "actor_rollout_ref.actor.reuse_on_policy_log_probs=true",
         "actor_rollout_ref.actor.use_kl_loss=false",
     )
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=900, cwd=ROOT, env=subprocess_env(OMP_NUM_THREADS="1")
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert "vLLM on CPU runs with enable_chunked_prefill=false:" in result.stdout + result.stderr
-    assert "Initializing a V1 LLM engine" in result.stdout + result.stderr  # what the refusal test looks for
-    assert all_vllm_processes() <= engines_before  # the run's engine processes ended with it
+    log, engines = tmp_path / "out.txt", {}
+    with log.open("w") as out:
+        run = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=subprocess_env(OMP_NUM_THREADS="1")
+        )
+        deadline = time.monotonic() + 900
+        while run.poll() is None:
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            engines |= vllm_descendants(run.pid)
+            time.sleep(0.5)
+    output = log.read_text()
+    assert run.returncode == 0, output[-4000:]
+    assert "vLLM on CPU runs with enable_chunked_prefill=false:" in output
+    assert "Initializing a V1 LLM engine" in output  # what the refusal test looks for
+    assert engines and not still_running(engines)  # the run's engine processes ended with it
     rows = [r for r in read_jsonl(tmp_path / "logs" / "metrics.jsonl") if r["step"] > 0]
-    (cache,) = re.findall(r"vLLM: a KV cache of (\d+) blocks of (\d+) tokens", result.stdout + result.stderr)
+    (cache,) = re.findall(r"vLLM: a KV cache of (\d+) blocks of (\d+) tokens", output)
     blocks, block = int(cache[0]), int(cache[1])
     for row in rows:
         assert row["prompt_length/max"] + row["response_length/max"] <= block
@@ -269,7 +293,6 @@ def test_an_interrupted_vllm_run_leaves_no_engine_process_running(tmp_path):
     """SIGINT to the trainer alone (a launcher's or a scheduler's signal, not the terminal's group-wide Ctrl-C): the
     run ends with 130 and vLLM's processes end with it. With vLLM's engine core in a process of its own, that
     process and its worker were left running, orphaned, for minutes after the trainer had gone."""
-    before = all_vllm_processes()
     log = tmp_path / "out.txt"
     with log.open("w") as out:
         run = subprocess.Popen(
@@ -280,24 +303,25 @@ def test_an_interrupted_vllm_run_leaves_no_engine_process_running(tmp_path):
             env=subprocess_env(),
             preexec_fn=foreground_sigint,  # noqa: PLW1509  (one call before exec)
         )
+    started: dict[int, float] = {}
     try:
         deadline = time.monotonic() + 300
         metrics = tmp_path / "logs" / "metrics.jsonl"
         while not metrics.exists() or '"step": 2,' not in metrics.read_text():  # training, the engine started
             assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
-        started = all_vllm_processes() - before
+        started = vllm_descendants(run.pid)
         assert started, "the run started no vLLM process"
         run.send_signal(signal.SIGINT)
         assert run.wait(timeout=60) == 130, log.read_text()[-3000:]
         deadline = time.monotonic() + 30
-        while started & all_vllm_processes() and time.monotonic() < deadline:
+        while still_running(started) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not started & all_vllm_processes(), "vLLM processes outlived the interrupted run"
+        assert not still_running(started), "vLLM processes outlived the interrupted run"
     finally:
         run.kill()
-        for pid in all_vllm_processes() - before:
-            psutil.Process(pid).kill()
+        for process in still_running(started):
+            process.kill()
 
 
 @pytest.mark.long  # CI time: in the test command's long runs
