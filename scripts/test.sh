@@ -15,7 +15,10 @@
 # .venv/bin/python -m pytest tests -m long -s; .venv/bin/python -m pytest benchmarks -m long -s: two sessions, as each
 # folder has its own conftest). A speed target the benchmarks still miss after their retries is listed as MISSED in
 # their summary, not failed (RLPROF_SPEED_TARGETS=report: a busy machine must not turn this command red).
-# Quick loop while developing: .venv/bin/python -m pytest -m "not slow and not long"
+# The tests run in two pytest-xdist workers (most of their runs are processes of one core each: one after the other
+# they left a core idle), a test file's tests in one worker (--dist loadfile: its module fixtures made once); the
+# benchmarks in one process, as their ratios need a quiet machine.
+# Quick loop while developing: .venv/bin/python -m pytest -m "not slow and not long" -n 2 --dist loadfile
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -32,5 +35,5 @@ trap 'kill -- -"$warm" 2>/dev/null || true' EXIT
 .venv/bin/mkdocs build --strict --quiet
 wait "$warm" || { echo "scripts/warm_builds.py failed:" >&2; cat outputs/warm_builds.log >&2; exit 1; }
 trap - EXIT
-.venv/bin/python -m pytest tests -m "not long" --durations=30 "$@"
+.venv/bin/python -m pytest tests -m "not long" -n 2 --dist loadfile --durations=30 "$@"
 RLPROF_SPEED_TARGETS=report .venv/bin/python -m pytest benchmarks -m "not long" -p no:cacheprovider --benchmark-columns=min,mean,rounds -q -s
