@@ -5,17 +5,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import pytest
 
 import rlprof
+
+if TYPE_CHECKING:
+    from rlprof_train.workers.engine import DistEnv
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "rl_loop.py"
@@ -31,7 +35,7 @@ LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "M
 
 
 @contextlib.contextmanager
-def world_of_one(device: str) -> Iterator[Any]:
+def world_of_one(device: str) -> Iterator[DistEnv]:
     """The trainer's process group in this process (``init_distributed``: a world of one), for a module's tests; at
     the end destroyed and the variables it set removed, so that the tests after it (another module's, in whatever
     order the test command's workers take them) see no group and no ``RANK``."""
@@ -39,17 +43,32 @@ def world_of_one(device: str) -> Iterator[Any]:
 
     from rlprof_train.workers.engine import init_distributed
 
+    assert not torch.distributed.is_initialized(), "an earlier test left its process group made: use world_of_one"
     saved = {name: os.environ.get(name) for name in (*LAUNCHER_VARIABLES, "DS_ACCELERATOR")}
     try:
         yield init_distributed(device)
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        forget_deepspeeds_groups()
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def forget_deepspeeds_groups() -> None:
+    """DeepSpeed keeps its communication backend and the groups it made from the world (a copy of it, the
+    data-parallel group, ...) in module globals: after ``destroy_process_group`` a new world needs them made anew
+    (else its engines use a destroyed group: "Group ... is not registered")."""
+    import deepspeed.comm.comm
+    from deepspeed.utils import groups
+
+    deepspeed.comm.comm.cdb = None
+    for name, value in vars(groups).copy().items():
+        if name == "mpu" or (name.startswith("_") and name.endswith(("_GROUP", "_GROUP_RANKS"))):
+            setattr(groups, name, {} if isinstance(value, dict) else None)
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
@@ -101,10 +120,22 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free now, below the kernel's ephemeral range: the connections of the tests running beside (the other
+    worker's) take their ports from that range, and could take one picked there before its server binds it."""
+    low = int(EPHEMERAL_PORTS.read_text().split()[0]) if EPHEMERAL_PORTS.exists() else 32768
+    for _ in range(1000):
+        port = random.SystemRandom().randrange(max(1024, low - 12000), low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # in use (or lingering)
+                continue
+            return port
+    raise AssertionError(f"no free port below {low}")
 
 
 def run_example(

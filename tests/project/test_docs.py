@@ -135,6 +135,8 @@ def test_the_test_command_runs_every_benchmark_but_the_long_ones():
     lines = [line for line in (ROOT / "scripts" / "test.sh").read_text().splitlines() if not line.startswith("#")]
     commands = [line for line in lines if "pytest benchmarks" in line or "pytest tests" in line]
     assert len(commands) == 2 and all('-m "not long"' in command for command in commands), commands
+    tests, benchmarks = sorted(commands, key=lambda command: "pytest benchmarks" in command)
+    assert "-n 2 --dist loadfile" in tests and " -n " not in benchmarks  # two workers; the benchmarks' ratios alone
 
     def collected(marker: str, folder: str = "benchmarks") -> set[str]:
         result = subprocess.run(

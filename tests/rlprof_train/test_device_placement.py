@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import pytest
@@ -24,7 +25,7 @@ from rlprof_train.config.load import load_trainer_config
 from rlprof_train.workers.engine import DistEnv
 from rlprof_train.workers.rollout.static_decode import StaticDecoder
 
-from conftest import build_reward_model
+from conftest import build_reward_model, world_of_one
 from simulated_cuda import SIMULATED, DeviceMismatch, SimulatedCuda, on_device
 
 pytestmark = pytest.mark.slow  # trainer runs of about a minute in all: out of the quick loop
@@ -64,13 +65,14 @@ class Placement(NamedTuple):
         ),
     ],
 )
-def placement(request) -> Placement:
+def placement(request) -> Iterator[Placement]:
     """This process's world of one on ``cuda:0``: simulated on the CPU, or the real device."""
-    from rlprof_train.workers.engine import init_distributed
-
     if request.param == "cuda":
-        return Placement(init_distributed("cuda"), simulated=False)
-    return Placement(dataclasses.replace(init_distributed("cpu"), device=SIMULATED), simulated=True)
+        with world_of_one("cuda") as env:
+            yield Placement(env, simulated=False)
+        return
+    with world_of_one("cpu") as env:
+        yield Placement(dataclasses.replace(env, device=SIMULATED), simulated=True)
 
 
 def is_on_device(tensor: torch.Tensor, placement: Placement) -> bool:

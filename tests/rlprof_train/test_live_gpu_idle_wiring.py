@@ -1,5 +1,5 @@
 """The trainer's live gauge of the GPU's idle share (rlprof.live_gpu_idle), wired in PPOTrainer.fit: in this process
-on the host (its default process group stays made, as test_device_placement's do: here, after the library's tests)."""
+on the host, in a world of one made for the test and gone after it (conftest.world_of_one)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from rlprof.live_gpu_idle import WindowGpuIdle
 from tests.rlprof.test_prometheus import free_ports
 from tests.rlprof.test_session import torch_config
 
+from conftest import world_of_one
+
 
 def test_the_trainer_hands_each_torch_trace_to_its_gauge_read_by_its_live_backend_and_closes_it(tmp_path, monkeypatch):
     """The trainer's wiring, in this process on the host: the gauge follows the session (every trace of the torch
@@ -15,7 +17,6 @@ def test_the_trainer_hands_each_torch_trace_to_its_gauge_read_by_its_live_backen
     (on a CPU the trace measures no GPU: the samples stay empty)."""
     from rlprof_train import trainer as trainer_module
     from rlprof_train.config.load import load_trainer_config
-    from rlprof_train.workers.engine import init_distributed
     from tests.rlprof_train.test_device_placement import SMALL
 
     made: list[tuple[WindowGpuIdle, list]] = []
@@ -46,7 +47,8 @@ def test_the_trainer_hands_each_torch_trace_to_its_gauge_read_by_its_live_backen
     )
     session = rlprof.init(torch_config(tmp_path / "profile", steps=[2]))
     try:
-        trainer_module.PPOTrainer(cfg, init_distributed("cpu"), "gauge", lambda line: None).fit()
+        with world_of_one("cpu") as env:
+            trainer_module.PPOTrainer(cfg, env, "gauge", lambda line: None).fit()
     finally:
         rlprof.shutdown()
     ((gauge, backends),) = made

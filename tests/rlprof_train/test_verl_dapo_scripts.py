@@ -215,7 +215,13 @@ def run(
         WANDB_SILENT="true",
         **({"RLPROF_RECORD_ONLY": "1"} if record_only else {}),
     )
-    return subprocess.run(["bash", str(SHELL / name)], capture_output=True, text=True, timeout=900, cwd=work, env=env)
+    with (work / ".xtrace").open("w") as trace:  # the scripts' `set -x` lines kept out of their stderr: written
+        # there beside a pipeline's own errors, they could split a line ("tee: ..." found inside a trace line)
+        env["BASH_XTRACEFD"] = str(trace.fileno())
+        command = ["bash", str(SHELL / name)]
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=900, cwd=work, env=env, pass_fds=(trace.fileno(),)
+        )
 
 
 def sync_arguments(work: Path, keep_async: bool = False) -> list[str]:
