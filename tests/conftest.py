@@ -127,8 +127,9 @@ def free_port() -> int:
     """A port free now, below the kernel's ephemeral range: the connections of the tests running beside (the other
     worker's) take their ports from that range, and could take one picked there before its server binds it."""
     low = int(EPHEMERAL_PORTS.read_text().split()[0]) if EPHEMERAL_PORTS.exists() else 32768
+    pick = random.SystemRandom()  # not the tests' seeded generator
     for _ in range(1000):
-        port = random.SystemRandom().randrange(max(1024, low - 12000), low)
+        port = pick.randrange(max(1024, low - 12000), low)
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))

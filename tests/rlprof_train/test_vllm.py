@@ -112,15 +112,25 @@ def test_after_sync_vllm_greedy_equals_the_actors_greedy(model_dir, dist_env, ze
     assert total.item() == dist_env.world_size
 
 
-def vllm_descendants(pid: int) -> dict[int, float]:
-    """The ``VLLM::`` processes under process ``pid`` now: their pid -> start time (noted while a run lives, they are
-    found again orphaned, and never confused with another test's engines running beside)."""
-    found = {}
+def vllm_children(pid: int) -> list[psutil.Process]:
+    """The processes under process ``pid`` that vLLM started (``VLLM::EngineCore``, ``VLLM::Worker``)."""
+    found = []
     for process in psutil.Process(pid).children(recursive=True):
         with contextlib.suppress(psutil.Error):  # ended while being looked at
             if process.name().startswith("VLLM::"):
-                found[process.pid] = process.create_time()
+                found.append(process)
     return found
+
+
+def vllm_processes() -> list[str]:
+    """The names of this process's children that vLLM started."""
+    return [p.name() for p in vllm_children(os.getpid())]
+
+
+def vllm_descendants(pid: int) -> dict[int, float]:
+    """The ``VLLM::`` processes under process ``pid`` now: their pid -> start time (noted while a run lives, they are
+    found again orphaned, and never confused with another test's engines running beside)."""
+    return {p.pid: p.create_time() for p in vllm_children(pid)}
 
 
 def still_running(processes: dict[int, float]) -> list[psutil.Process]:
@@ -132,11 +142,6 @@ def still_running(processes: dict[int, float]) -> list[psutil.Process]:
             if process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE:
                 running.append(process)
     return running
-
-
-def vllm_processes() -> list[str]:
-    """The names of this process's children that vLLM started (``VLLM::EngineCore``, ``VLLM::Worker``)."""
-    return [p.name() for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM::")]
 
 
 def check_sync(engine, actor, tokenizer) -> None:
