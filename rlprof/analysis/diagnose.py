@@ -580,7 +580,8 @@ def async_rollout_bound(rule: Rule, report: Report, run: Run, options: ReportOpt
 def async_train_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
     """The rollouter of an asynchronous run waits (its queue full, its staleness budget spent) while the trainer
     hardly does: the trainer pool sets the pace. The update's own speed knobs first, then a process moved to the
-    trainer pool (as :func:`async_rollout_bound`)."""
+    trainer pool (as :func:`async_rollout_bound`). Where the rollouter waits mostly for weights, or the trainer's
+    sync takes as long as the rest of its work, the pace is the sync's (:func:`async_sync_bound`), not this rule's."""
     medians = _pipeline(report)
     idle = medians.get("fully_async/rollouter/idle_ratio")
     trainer_idle = medians.get("fully_async/trainer/idle_ratio", 0.0)
@@ -591,6 +592,8 @@ def async_train_bound(rule: Rule, report: Report, run: Run, options: ReportOptio
     evidence |= {f"rollouter_wait_s/{reason}": seconds for reason, seconds in waits.items()}
     if waits and waits.get("weights", 0.0) >= max(waits.values()):
         return None  # its waits are for weights: the sync rule's
+    if _sync_outweighs_the_update(report, trainer_idle):
+        return None  # the trainer's pace is its sync's: the sync rule's (a full queue through a sync reads queue_full)
     why = (
         " (" + ", ".join(f"{reason} {seconds:.3g} s" for reason, seconds in sorted(waits.items())) + " a window)"
         if waits
@@ -605,6 +608,17 @@ def async_train_bound(rule: Rule, report: Report, run: Run, options: ReportOptio
     )
     overrides = _training_speedups(run, heaviest, evidence) + _move_processes(run, "trainer")
     return rule.finding(message, evidence, overrides)
+
+
+def _sync_outweighs_the_update(report: Report, trainer_idle: float) -> bool:
+    """The trainer spends at least as long publishing its weights (its ``sync_rollout_weights`` phase, median) as on
+    the rest of its busy time, ``step * (1 - idle)`` (the median step, the trainer's idle ratio). (Without that
+    phase the rollouter's waits tell: a wait for weights longer than half its version time is also the longest.)"""
+    if report.breakdown is None:
+        return False
+    sync = next((p.median_s for p in report.breakdown.phases if p.phase == "sync_rollout_weights"), 0.0)
+    busy = report.breakdown.step_median_s * (1 - trainer_idle)
+    return sync > 0 and sync >= busy - sync
 
 
 def async_sync_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:

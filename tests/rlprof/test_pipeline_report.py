@@ -70,7 +70,9 @@ def test_a_train_bound_loop_names_the_updates_own_knobs_then_the_pool_split_towa
 
 
 def test_a_loop_held_by_its_syncs_names_the_sync_interval_and_partial_rollouts(tmp_path, capsys):
-    records = AsyncLoop(gen_s=0.002, update_s=0.004, slow_update_s=0.004, sync_s=0.04, sync_every=1).run(12)
+    """A sync 40 times the update: on a busy machine the threads' other steps stretch (a full queue at a sync's start
+    then reads queue_full), still far short of the sync."""
+    records = AsyncLoop(gen_s=0.002, update_s=0.004, slow_update_s=0.004, sync_s=0.16, sync_every=1).run(12)
     async_training = {"trigger_parameter_sync_step": 1, "partial_rollout": False}
     found = report(logged_run(tmp_path / "sync", records, async_training), capsys)
     (finding,) = async_findings(found).values()
@@ -81,6 +83,30 @@ def test_a_loop_held_by_its_syncs_names_the_sync_interval_and_partial_rollouts(t
         "async_training.partial_rollout=True",
     ]
     assert "it changes what is learned" in finding["message"]
+
+
+@pytest.mark.parametrize("sync_s", [6.0, 4.0])
+def test_a_rollouter_waiting_on_a_full_queue_through_the_trainers_syncs_is_sync_bound_not_train_bound(
+    tmp_path, capsys, sync_s
+):
+    """The rollouter idle, its queue full longer than it waits for weights, the trainer hardly idle: train-bound's
+    pattern, but the trainer spends 6 s of its 10-s step publishing weights (more than the rest of its work): the
+    sync sets the pace. At 4 s of 10 the update does, and both rules speak."""
+    records = [
+        {
+            "timing_s/step": 10.0,
+            "timing_s/sync_rollout_weights": sync_s,
+            "fully_async/trainer/idle_ratio": 0.01,
+            "fully_async/rollouter/idle_ratio": 0.7,
+            "fully_async/rollouter/version_time": 10.0,
+            "fully_async/rollouter/wait_s/queue_full": 4.5,
+            "fully_async/rollouter/wait_s/weights": 2.5,
+        }
+        for _ in range(6)
+    ]
+    found = async_findings(report(logged_run(tmp_path / "run", records, {"partial_rollout": False}), capsys))
+    expected = {"async-sync-bound"} if sync_s == 6.0 else {"async-sync-bound", "async-train-bound"}
+    assert set(found) == expected
 
 
 def test_samples_dropped_as_stale_name_the_staleness_budget(tmp_path, capsys):
