@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from rlprof.analysis.gpu import GpuSummary
-from rlprof.analysis.report_model import Finding, Report, ReportOptions, WindowTrace
+from rlprof.analysis.report_model import Finding, PhaseStat, Report, ReportOptions, WindowTrace
 from rlprof.analysis.run import Run
 from rlprof.analysis.trace_model import captured_idle_us, judged_idle_share, judged_span_us
 
@@ -610,15 +610,20 @@ def async_train_bound(rule: Rule, report: Report, run: Run, options: ReportOptio
     return rule.finding(message, evidence, overrides)
 
 
+def _sync_phase(report: Report) -> Optional[PhaseStat]:
+    """The trainer's ``sync_rollout_weights`` phase (``timing_s/sync_rollout_weights``), where it logged one."""
+    phases = report.breakdown.phases if report.breakdown else []
+    return next((p for p in phases if p.phase == "sync_rollout_weights"), None)
+
+
 def _sync_outweighs_the_update(report: Report, trainer_idle: float) -> bool:
-    """The trainer spends at least as long publishing its weights (its ``sync_rollout_weights`` phase, median) as on
-    the rest of its busy time, ``step * (1 - idle)`` (the median step, the trainer's idle ratio). (Without that
-    phase the rollouter's waits tell: a wait for weights longer than half its version time is also the longest.)"""
-    if report.breakdown is None:
+    """The trainer spends at least as long publishing its weights (its sync phase's median) as on the rest of its
+    busy time, ``step * (1 - idle)`` (the median step, the trainer's idle ratio)."""
+    sync = _sync_phase(report)
+    if sync is None or report.breakdown is None:
         return False
-    sync = next((p.median_s for p in report.breakdown.phases if p.phase == "sync_rollout_weights"), 0.0)
     busy = report.breakdown.step_median_s * (1 - trainer_idle)
-    return sync > 0 and sync >= busy - sync
+    return sync.median_s > 0 and sync.median_s >= busy - sync.median_s
 
 
 def async_sync_bound(rule: Rule, report: Report, run: Run, options: ReportOptions) -> Optional[Finding]:
@@ -627,8 +632,7 @@ def async_sync_bound(rule: Rule, report: Report, run: Run, options: ReportOption
     medians = _pipeline(report)
     version_time = medians.get("fully_async/rollouter/version_time")
     weights = medians.get("fully_async/rollouter/wait_s/weights")
-    phases = report.breakdown.phases if report.breakdown else []
-    sync = next((p for p in phases if p.phase == "sync_rollout_weights"), None)
+    sync = _sync_phase(report)
     rollouter_share = weights / version_time if weights is not None and version_time else 0.0
     trainer_share = sync.share if sync is not None else 0.0
     if max(rollouter_share, trainer_share) < rule.thresholds["share"]:
