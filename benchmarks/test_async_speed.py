@@ -34,7 +34,7 @@ from rlprof_train.tiny_model import create_tiny_model
 
 pytestmark = pytest.mark.long
 
-REPETITIONS = 3
+REPETITIONS = 5
 ATTEMPTS = 2
 STEPS = 12
 SETUPS = {
